@@ -1,0 +1,102 @@
+package core
+
+import "fmt"
+
+// Algorithm decides requests against a per-key State. Implementations are
+// pure: the outcome depends only on the policy, the state, the cost and now
+// (Unix nanoseconds). They never read a clock and never keep per-key data
+// outside the State. Stores call them with the state locked, so an Algorithm
+// needs no synchronisation of its own.
+//
+// Five algorithms are built in: TokenBucket, LeakyBucket, FixedWindow,
+// SlidingWindowLog and SlidingWindowCounter. A user adds one by implementing
+// this interface; the in-memory store runs any Algorithm, while stores that
+// run their own code (Redis) accept only the algorithms they implement.
+type Algorithm interface {
+	// Name returns a stable identifier such as "token_bucket".
+	Name() string
+
+	// Validate reports rule fields the algorithm cannot use. NewPolicy has
+	// already checked the bounds that apply to every algorithm.
+	Validate(r Rule) error
+
+	// Capacity returns the largest cost a valid rule admits at once.
+	Capacity(r Rule) int64
+
+	// Decide reports whether cost units are admitted at now for the state
+	// s. If commit is true and the request is admitted, Decide updates s to
+	// charge it; otherwise it leaves s unchanged. A cost of 0 reports the
+	// state without charging. Decide is called only with
+	// 0 <= cost <= p.Capacity(). A zero State is a key never seen before,
+	// whose quota is whole.
+	Decide(p *Policy, s *State, cost, now int64, commit bool) Decision
+
+	// Expiry returns the Unix nanosecond time from which s decides exactly
+	// like a zero State, so that a store may forget it (0 when s already
+	// does). Stores use it to drop recovered keys and to set key expiries.
+	Expiry(p *Policy, s *State) int64
+}
+
+// State is the per-key state of an Algorithm: two registers whose meaning
+// the algorithm defines, plus storage used by SlidingWindowLog. Its zero
+// value is the state of a key never seen before. Algorithms own the
+// registers; stores only copy State values and pass pointers to them.
+type State struct {
+	A, B int64
+	log  *timeLog
+}
+
+// Built-in algorithms.
+var (
+	// TokenBucket is a bucket of Burst tokens (default Limit) refilled
+	// continuously at Limit/Window; a new key starts full and a request of
+	// cost c is admitted when c tokens are available. It is implemented in
+	// the exact form of the generic cell rate algorithm (GCRA), with the
+	// theoretical arrival time kept as whole nanoseconds plus a fraction in
+	// units of 1/Limit ns, so no rounding error accumulates however many
+	// requests are made.
+	TokenBucket Algorithm = tokenBucket{}
+
+	// LeakyBucket is the leaky bucket as a meter: the bucket's level drains
+	// at Limit/Window and a request of cost c is admitted when level + c
+	// fits in Burst (default 1, which spaces requests at least Window/Limit
+	// apart). With Rule.MaxDelay it shapes instead: an overflowing request
+	// that would fit within MaxDelay is admitted with Decision.Delay set.
+	LeakyBucket Algorithm = leakyBucket{}
+
+	// FixedWindow counts units in windows aligned to multiples of Window
+	// since the Unix epoch and admits while count + cost <= Limit.
+	FixedWindow Algorithm = fixedWindow{}
+
+	// SlidingWindowLog remembers every admission in the trailing window
+	// (now-Window, now] and admits while their total + cost <= Limit. It is
+	// exact and costs memory in proportion to the admissions in the window:
+	// up to 16 bytes per admitted request (requests admitted at the same
+	// instant share an entry), so up to 16 x Limit bytes per key.
+	SlidingWindowLog Algorithm = slidingWindowLog{}
+
+	// SlidingWindowCounter approximates a sliding window with two counters:
+	// the previous fixed window's count weighted by the fraction of it still
+	// inside the sliding window, plus the current window's count. A request
+	// is admitted when prev x (Window-elapsed)/Window + curr + cost <= Limit,
+	// compared exactly in integers. It uses 16 bytes per key; Limit must be
+	// below 2^32.
+	SlidingWindowCounter Algorithm = slidingWindowCounter{}
+)
+
+// Algorithms returns the built-in algorithms.
+func Algorithms() []Algorithm {
+	return []Algorithm{TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter}
+}
+
+// ParseAlgorithm returns the built-in algorithm with the given Name, such as
+// "token_bucket", for configuration files. An unknown name is an error
+// wrapping ErrUnknownAlgorithm.
+func ParseAlgorithm(name string) (Algorithm, error) {
+	for _, a := range Algorithms() {
+		if a.Name() == name {
+			return a, nil
+		}
+	}
+	return nil, fmt.Errorf("%w %q (want one of token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter)", ErrUnknownAlgorithm, name)
+}

@@ -1,0 +1,105 @@
+package core
+
+import (
+	"errors"
+	"time"
+)
+
+// The token and leaky buckets share one exact GCRA implementation. The
+// state is the theoretical arrival time TAT = A + B/Limit nanoseconds
+// (0 <= B < Limit): the time at which the bucket would be whole again. A
+// unit costs Window/Limit ns of TAT; the bucket admits while
+// TAT' - now <= tau, tau being capacity x Window/Limit.
+
+type tokenBucket struct{}
+
+func (tokenBucket) Name() string { return "token_bucket" }
+
+func (tokenBucket) Validate(r Rule) error {
+	if r.MaxDelay != 0 {
+		return errors.New("MaxDelay applies only to LeakyBucket")
+	}
+	return nil
+}
+
+func (tokenBucket) Capacity(r Rule) int64 {
+	if r.Burst > 0 {
+		return r.Burst
+	}
+	return r.Limit
+}
+
+func (tokenBucket) Decide(p *Policy, s *State, cost, now int64, commit bool) Decision {
+	return gcraDecide(p, s, cost, now, commit)
+}
+
+func (tokenBucket) Expiry(p *Policy, s *State) int64 { return gcraExpiry(s) }
+
+type leakyBucket struct{}
+
+func (leakyBucket) Name() string { return "leaky_bucket" }
+
+func (leakyBucket) Validate(Rule) error { return nil }
+
+func (leakyBucket) Capacity(r Rule) int64 {
+	if r.Burst > 0 {
+		return r.Burst
+	}
+	return 1
+}
+
+func (leakyBucket) Decide(p *Policy, s *State, cost, now int64, commit bool) Decision {
+	return gcraDecide(p, s, cost, now, commit)
+}
+
+func (leakyBucket) Expiry(p *Policy, s *State) int64 { return gcraExpiry(s) }
+
+func gcraExpiry(s *State) int64 {
+	return s.A + b2i(s.B > 0)
+}
+
+func gcraDecide(p *Policy, s *State, cost, now int64, commit bool) Decision {
+	d := Decision{Limit: p.capacity, Policy: p}
+	// base = max(TAT, now): a clock behind TAT sees fewer tokens, never more.
+	bq, br := now, uint64(0)
+	if s.A > now || (s.A == now && s.B > 0) {
+		bq, br = s.A, uint64(s.B)
+	}
+	// TAT' = base + cost x Window/Limit.
+	q, nr := mulAddDiv(uint64(cost), uint64(p.window), br, p.limit)
+	nq := bq + int64(q)
+	// Admit while TAT' - now <= tau + MaxDelay.
+	dq := nq - now
+	if lessEq(dq, nr, p.tauQ+p.maxDelay, p.tauR) {
+		d.Allowed = true
+		if !lessEq(dq, nr, p.tauQ, p.tauR) {
+			d.Delay = time.Duration(ceilDiff(dq, nr, p.tauQ, p.tauR))
+		}
+		d.Remaining = gcraRemaining(p, dq, nr)
+		d.ResetAfter = time.Duration(ceilDiff(dq, nr, 0, 0))
+		if commit && cost > 0 {
+			s.A, s.B = nq, int64(nr)
+		}
+		return d
+	}
+	// Refused: admitted once TAT' - now' <= tau + MaxDelay.
+	d.RetryAfter = time.Duration(ceilDiff(dq, nr, p.tauQ+p.maxDelay, p.tauR))
+	d.Remaining = gcraRemaining(p, bq-now, br)
+	d.ResetAfter = time.Duration(ceilDiff(bq-now, br, 0, 0))
+	return d
+}
+
+// gcraRemaining returns the whole tokens left when TAT - now = dq + dr/Limit:
+// capacity - ceil((TAT-now) / (Window/Limit)), at least 0.
+func gcraRemaining(p *Policy, dq int64, dr uint64) int64 {
+	if !lessEq(dq, dr, p.tauQ, p.tauR) {
+		return 0
+	}
+	// (dq x Limit + dr) / Window <= capacity, so the quotient fits.
+	q, r := mulAddDiv(uint64(dq), p.limit, dr, uint64(p.window))
+	used := int64(q) + b2i(r > 0)
+	if used >= p.capacity {
+		return 0
+	}
+	return p.capacity - used
+}

@@ -1,0 +1,219 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Resolver chooses the Policy for a key, for tiers (free, pro, internal) and
+// per-tenant overrides. A nil Policy with a nil error means the Limiter's
+// default policy.
+type Resolver interface {
+	Resolve(ctx context.Context, key string) (*Policy, error)
+}
+
+// ResolverFunc adapts a function to Resolver.
+type ResolverFunc func(ctx context.Context, key string) (*Policy, error)
+
+// Resolve calls f.
+func (f ResolverFunc) Resolve(ctx context.Context, key string) (*Policy, error) { return f(ctx, key) }
+
+// Tiers returns a Resolver that validates every rule of tiers now and, per
+// request, maps the key to a tier name with tierOf and that name to its
+// policy. An unknown or empty tier name resolves to the Limiter's default
+// policy. Rules are validated at construction: an invalid one is an error.
+func Tiers(tierOf func(ctx context.Context, key string) string, tiers map[string]Rule) (Resolver, error) {
+	if tierOf == nil {
+		return nil, errors.New("ratelimit: Tiers needs a tierOf function")
+	}
+	ps := make(map[string]*Policy, len(tiers))
+	for name, r := range tiers {
+		p, err := NewPolicy(r)
+		if err != nil {
+			return nil, fmt.Errorf("tier %q: %w", name, err)
+		}
+		ps[name] = p
+	}
+	return ResolverFunc(func(ctx context.Context, key string) (*Policy, error) {
+		return ps[tierOf(ctx, key)], nil
+	}), nil
+}
+
+// Limiter decides requests: it reads its Clock once per call, asks its
+// Store, and reports to its Observer. It is safe for concurrent use.
+//
+// Allow and AllowN decide one key under the Limiter's policy (or the one its
+// Resolver picks); Take decides a layered batch of requests atomically.
+type Limiter struct {
+	policy   *Policy
+	store    Store
+	mem      *MemoryStore // store, when it is a *MemoryStore
+	clock    Clock
+	observer Observer
+	resolver Resolver
+	dryRun   bool
+}
+
+// Option configures a Limiter.
+type Option func(*Limiter)
+
+// WithStore sets the Store. The default is a new MemoryStore with the
+// default configuration.
+func WithStore(s Store) Option { return func(l *Limiter) { l.store = s } }
+
+// WithClock sets the Clock. The default is SystemClock().
+func WithClock(c Clock) Option { return func(l *Limiter) { l.clock = c } }
+
+// WithObserver sets the Observer. The default is none.
+func WithObserver(o Observer) Option { return func(l *Limiter) { l.observer = o } }
+
+// WithResolver sets a Resolver that picks the policy of each Allow and AllowN
+// call by key. The default is none: every key gets the Limiter's policy.
+func WithResolver(r Resolver) Option { return func(l *Limiter) { l.resolver = r } }
+
+// WithDryRun marks the Limiter as deciding without enforcing: decisions are
+// made, charged when allowed and reported with DryRun set, and callers such
+// as the HTTP middleware let refused requests through. The default is false.
+func WithDryRun(on bool) Option { return func(l *Limiter) { l.dryRun = on } }
+
+// New returns a Limiter whose Allow and AllowN decide under rule. It returns
+// an error wrapping ErrInvalidRule for an invalid rule; nothing is checked
+// later at request time.
+func New(rule Rule, opts ...Option) (*Limiter, error) {
+	p, err := NewPolicy(rule)
+	if err != nil {
+		return nil, err
+	}
+	return NewWithPolicy(p, opts...)
+}
+
+// NewWithPolicy is like New for an existing Policy. A nil policy makes a
+// Limiter for Take only; its Allow and AllowN return an error unless a
+// Resolver supplies a policy.
+func NewWithPolicy(p *Policy, opts ...Option) (*Limiter, error) {
+	l := &Limiter{policy: p}
+	for _, o := range opts {
+		o(l)
+	}
+	if l.store == nil {
+		m, err := NewMemoryStore(nil)
+		if err != nil {
+			return nil, err
+		}
+		l.store = m
+	}
+	if l.clock == nil {
+		l.clock = SystemClock()
+	}
+	l.mem, _ = l.store.(*MemoryStore)
+	return l, nil
+}
+
+// Must panics if err is not nil and returns l otherwise, for limiters
+// built at program start: core.Must(core.New(rule)).
+func Must(l *Limiter, err error) *Limiter {
+	if err != nil {
+		panic(err)
+	}
+	return l
+}
+
+// Policy returns the Limiter's default policy (nil for a Take-only Limiter).
+func (l *Limiter) Policy() *Policy { return l.policy }
+
+// Store returns the Limiter's store.
+func (l *Limiter) Store() Store { return l.store }
+
+// Clock returns the Limiter's clock.
+func (l *Limiter) Clock() Clock { return l.clock }
+
+// Observer returns the Limiter's observer, or nil.
+func (l *Limiter) Observer() Observer { return l.observer }
+
+// DryRun reports whether the Limiter is in dry-run mode.
+func (l *Limiter) DryRun() bool { return l.dryRun }
+
+// ErrNoPolicy is returned by Allow and AllowN on a Limiter with no policy
+// for the key.
+var ErrNoPolicy = errors.New("ratelimit: no policy for this key")
+
+// Allow is shorthand for AllowN(ctx, key, 1).
+func (l *Limiter) Allow(ctx context.Context, key string) (Decision, error) {
+	return l.AllowN(ctx, key, 1)
+}
+
+// AllowN reports whether cost units may be charged to key now, and charges
+// them if so. It returns ErrInvalidCost for cost < 1 and
+// ErrCostExceedsCapacity, with a refusing Decision, for a cost above the
+// policy's capacity. A refusal is a Decision with Allowed false and a nil
+// error; a non-nil error other than those two is a store failure.
+func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Decision, error) {
+	p := l.policy
+	if l.resolver != nil {
+		rp, err := l.resolver.Resolve(ctx, key)
+		if err != nil {
+			return Decision{}, fmt.Errorf("ratelimit: resolving the policy: %w", err)
+		}
+		if rp != nil {
+			p = rp
+		}
+	}
+	if p == nil {
+		return Decision{}, ErrNoPolicy
+	}
+	reqs := [1]Request{{Policy: p, Key: key, Cost: cost}}
+	var out [1]Decision
+	_, err := l.Take(ctx, reqs[:], out[:])
+	return out[0], err
+}
+
+// Take decides a batch of requests atomically (see Store) and reports
+// whether all were admitted. out must be at least as long as reqs. Errors
+// are as for Store.Take.
+func (l *Limiter) Take(ctx context.Context, reqs []Request, out []Decision) (bool, error) {
+	now := l.clock.Now()
+	var err error
+	if l.mem != nil {
+		err = l.mem.Take(ctx, now, reqs, out)
+	} else {
+		err = l.takeStore(ctx, now, reqs, out)
+	}
+	ok := err == nil && len(reqs) > 0
+	if err == nil {
+		for i := range reqs {
+			ok = ok && out[i].Allowed
+		}
+	}
+	if l.observer != nil {
+		l.observe(reqs, out, ok, now, err)
+	}
+	return ok, err
+}
+
+// takeStore calls a Store that is not the MemoryStore through the interface,
+// on copies, so that the caller's arrays stay on its stack in the common
+// in-memory case.
+func (l *Limiter) takeStore(ctx context.Context, now time.Time, reqs []Request, out []Decision) error {
+	rc := append([]Request(nil), reqs...)
+	oc := make([]Decision, len(reqs))
+	err := l.store.Take(ctx, now, rc, oc)
+	copy(out, oc)
+	return err
+}
+
+func (l *Limiter) observe(reqs []Request, out []Decision, ok bool, start time.Time, err error) {
+	lat := l.clock.Now().Sub(start)
+	if err != nil && !errors.Is(err, ErrCostExceedsCapacity) {
+		ps := make([]*Policy, len(reqs))
+		for i := range reqs {
+			ps[i] = reqs[i].Policy
+		}
+		l.observer.ObserveError(ErrorEvent{Policies: ps, Err: err, Latency: lat})
+		return
+	}
+	for i := range reqs {
+		l.observer.ObserveDecision(DecisionEvent{Key: reqs[i].Key, Decision: out[i], Admitted: ok, DryRun: l.dryRun, Latency: lat})
+	}
+}

@@ -1,0 +1,131 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+func TestLimiterAllow(t *testing.T) {
+	clk := core.NewFakeClock(t0)
+	rec := &recorder{}
+	l := core.Must(core.New(core.Rule{Name: "a", Limit: 2, Window: time.Second}, core.WithClock(clk), core.WithObserver(rec)))
+	ctx := context.Background()
+	for i, want := range []bool{true, true, false} {
+		d, err := l.Allow(ctx, "k")
+		if err != nil || d.Allowed != want {
+			t.Fatalf("request %d: %+v %v, want allowed=%v", i, d, err, want)
+		}
+	}
+	clk.Advance(500 * time.Millisecond)
+	if d, _ := l.Allow(ctx, "k"); !d.Allowed {
+		t.Fatal("half a second refills one token")
+	}
+	if _, err := l.AllowN(ctx, "k", 0); !errors.Is(err, core.ErrInvalidCost) {
+		t.Fatalf("cost 0: %v", err)
+	}
+	d, err := l.AllowN(ctx, "k", 3)
+	if !errors.Is(err, core.ErrCostExceedsCapacity) || d.Allowed || d.RetryAfter != 0 {
+		t.Fatalf("cost 3: %+v %v", d, err)
+	}
+	if len(rec.decisions) != 5 {
+		t.Fatalf("observer saw %d decisions, want 5", len(rec.decisions))
+	}
+	if e := rec.decisions[2]; e.Key != "k" || e.Decision.Allowed || e.Admitted || e.DryRun {
+		t.Fatalf("third event: %+v", e)
+	}
+	if l.Policy().Name() != "a" || l.Clock() != core.Clock(clk) || l.Observer() != core.Observer(rec) || l.DryRun() {
+		t.Fatal("accessors")
+	}
+}
+
+func TestLimiterTiers(t *testing.T) {
+	tiers, err := core.Tiers(func(_ context.Context, key string) string {
+		if key == "acme" {
+			return "pro"
+		}
+		return ""
+	}, map[string]core.Rule{"pro": {Name: "pro", Limit: 3, Window: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := core.Must(core.New(core.Rule{Name: "free", Limit: 1, Window: time.Minute}, core.WithResolver(tiers), core.WithClock(core.NewFakeClock(t0))))
+	count := func(key string) int {
+		n := 0
+		for i := 0; i < 5; i++ {
+			if d, err := l.Allow(context.Background(), key); err != nil {
+				t.Fatal(err)
+			} else if d.Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	if n := count("acme"); n != 3 {
+		t.Errorf("pro tier admitted %d, want 3", n)
+	}
+	if n := count("someone"); n != 1 {
+		t.Errorf("free tier admitted %d, want 1", n)
+	}
+	if _, err := core.Tiers(func(context.Context, string) string { return "" }, map[string]core.Rule{"bad": {}}); !errors.Is(err, core.ErrInvalidRule) {
+		t.Errorf("invalid tier rule: %v", err)
+	}
+	if _, err := core.Tiers(nil, nil); err == nil {
+		t.Error("nil tierOf accepted")
+	}
+}
+
+func TestLimiterWithoutPolicy(t *testing.T) {
+	l := core.Must(core.NewWithPolicy(nil))
+	if _, err := l.Allow(context.Background(), "k"); !errors.Is(err, core.ErrNoPolicy) {
+		t.Fatalf("err = %v", err)
+	}
+	boom := errors.New("boom")
+	l = core.Must(core.New(core.PerSecond(1), core.WithResolver(core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return nil, boom }))))
+	if _, err := l.Allow(context.Background(), "k"); !errors.Is(err, boom) {
+		t.Fatalf("resolver error lost: %v", err)
+	}
+}
+
+type failingStore struct{ err error }
+
+func (f failingStore) Take(context.Context, time.Time, []core.Request, []core.Decision) error {
+	return f.err
+}
+
+func TestLimiterStoreErrorObserved(t *testing.T) {
+	rec := &recorder{}
+	boom := errors.New("backend down")
+	l := core.Must(core.New(core.PerSecond(1), core.WithStore(failingStore{boom}), core.WithObserver(rec)))
+	if _, err := l.Allow(context.Background(), "k"); !errors.Is(err, boom) {
+		t.Fatalf("err = %v", err)
+	}
+	if len(rec.errs) != 1 || !errors.Is(rec.errs[0].Err, boom) || len(rec.errs[0].Policies) != 1 {
+		t.Fatalf("error events: %+v", rec.errs)
+	}
+}
+
+func TestLimiterDryRunAndBatch(t *testing.T) {
+	rec := &recorder{}
+	l := core.Must(core.NewWithPolicy(nil, core.WithDryRun(true), core.WithObserver(rec), core.WithClock(core.NewFakeClock(t0))))
+	a := core.MustPolicy(core.Rule{Name: "a", Limit: 5, Window: time.Minute})
+	b := core.MustPolicy(core.Rule{Name: "b", Limit: 1, Window: time.Minute})
+	reqs := []core.Request{{Policy: a, Key: "ip", Cost: 1}, {Policy: b, Key: "user", Cost: 1}}
+	out := make([]core.Decision, 2)
+	for i, want := range []bool{true, false} {
+		ok, err := l.Take(context.Background(), reqs, out)
+		if err != nil || ok != want {
+			t.Fatalf("batch %d: ok=%v err=%v", i, ok, err)
+		}
+	}
+	last := rec.decisions[len(rec.decisions)-2:]
+	if !last[0].DryRun || last[0].Admitted || !last[0].Decision.Allowed || last[1].Decision.Allowed {
+		t.Fatalf("dry-run events: %+v", last)
+	}
+	if out[0].Remaining != 4 {
+		t.Fatalf("refused batch charged layer a: Remaining %d, want 4", out[0].Remaining)
+	}
+}

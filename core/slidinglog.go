@@ -1,0 +1,132 @@
+package core
+
+import "time"
+
+// slidingWindowLog keeps, in State.log, one entry per admission instant
+// (a time and the units admitted then), oldest first.
+type slidingWindowLog struct{}
+
+func (slidingWindowLog) Name() string { return "sliding_window_log" }
+
+func (slidingWindowLog) Validate(r Rule) error { return windowValidate(r) }
+
+func (slidingWindowLog) Capacity(r Rule) int64 { return r.Limit }
+
+type logEntry struct{ t, n int64 }
+
+// timeLog is a ring buffer of log entries. Entries older than a cutoff are
+// dropped lazily, when a committed decision prunes them.
+type timeLog struct {
+	ents  []logEntry
+	head  int   // index of the oldest entry
+	len   int   // number of entries
+	total int64 // sum of n over the entries
+}
+
+func (l *timeLog) at(i int) *logEntry { return &l.ents[(l.head+i)%len(l.ents)] }
+
+func (l *timeLog) newest() int64 {
+	if l == nil || l.len == 0 {
+		return 0
+	}
+	return l.at(l.len - 1).t
+}
+
+// expired returns the number of leading entries with t <= cutoff and the
+// units they hold.
+func (l *timeLog) expired(cutoff int64) (k int, units int64) {
+	for k < l.len {
+		e := l.at(k)
+		if e.t > cutoff {
+			break
+		}
+		units += e.n
+		k++
+	}
+	return k, units
+}
+
+func (l *timeLog) drop(k int, units int64) {
+	l.head = (l.head + k) % max(len(l.ents), 1)
+	l.len -= k
+	l.total -= units
+	if l.len == 0 {
+		l.head = 0
+	}
+}
+
+func (l *timeLog) push(t, n int64) {
+	if l.len > 0 {
+		if last := l.at(l.len - 1); last.t == t {
+			last.n += n
+			l.total += n
+			return
+		}
+	}
+	if l.len == len(l.ents) {
+		grown := make([]logEntry, max(4, 2*len(l.ents)))
+		for i := 0; i < l.len; i++ {
+			grown[i] = *l.at(i)
+		}
+		l.ents, l.head = grown, 0
+	}
+	*l.at(l.len) = logEntry{t, n}
+	l.len++
+	l.total += n
+}
+
+func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool) Decision {
+	d := Decision{Limit: p.capacity, Policy: p}
+	l := s.log
+	// Units admitted in (now-Window, now] count, and so do any recorded
+	// after now by a clock that has since stepped back. A new admission is
+	// recorded no earlier than the newest one, keeping the log ordered; a
+	// later record expires later, so a backwards clock never credits quota.
+	at := now
+	var k int
+	var gone, valid int64
+	if l != nil && l.len > 0 {
+		at = max(now, l.newest())
+		k, gone = l.expired(now - p.window)
+		valid = l.total - gone
+	}
+	if valid+cost <= p.capacity {
+		d.Allowed = true
+		d.Remaining = p.capacity - valid - cost
+		switch {
+		case cost > 0:
+			d.ResetAfter = time.Duration(at + p.window - now)
+		case valid > 0:
+			d.ResetAfter = time.Duration(l.newest() + p.window - now)
+		}
+		if commit && cost > 0 {
+			if l == nil {
+				l = &timeLog{}
+				s.log = l
+			}
+			l.drop(k, gone)
+			l.push(at, cost)
+		}
+		return d
+	}
+	// Refused: wait until enough of the oldest units leave the window.
+	need := valid + cost - p.capacity
+	for i := k; i < l.len; i++ {
+		e := l.at(i)
+		need -= e.n
+		if need <= 0 {
+			d.RetryAfter = time.Duration(e.t + p.window - now)
+			break
+		}
+	}
+	d.Remaining = max(p.capacity-valid, 0)
+	d.ResetAfter = time.Duration(l.newest() + p.window - now)
+	return d
+}
+
+func (slidingWindowLog) Expiry(p *Policy, s *State) int64 {
+	if s.log == nil || s.log.len == 0 {
+		return 0
+	}
+	return s.log.newest() + p.window
+}

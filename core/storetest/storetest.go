@@ -1,0 +1,549 @@
+// Package storetest is a conformance suite for core.Store implementations,
+// in the manner of testing/fstest: a store that passes it decides exactly
+// like the in-memory store for the same inputs.
+//
+// A store's test calls Run with a function returning a fresh, empty store:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) core.Store {
+//			return mystore.New(...)
+//		})
+//	}
+//
+// The suite passes explicit times to Store.Take, all whole milliseconds, so
+// a store with its own clock must be configured to use the time it is given.
+// It checks, for every built-in algorithm, explicit traces (times and costs
+// against expected Allowed, Remaining, RetryAfter and ResetAfter), that
+// RetryAfter is never early, that Remaining stays within [0, Limit], that
+// batches are all-or-nothing, that keys and policies are independent, that
+// a clock stepping backwards credits nothing, huge and tiny windows, cost
+// validation, and exact admitted counts under concurrency.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+// T0 is the suite's starting time: a Unix time aligned to every window the
+// suite uses (a multiple of one hour).
+var T0 = time.Unix(1_800_000_000-1_800_000_000%3600, 0)
+
+// Run runs the conformance suite. newStore is called once per subtest and
+// must return a fresh store holding no state; register its cleanup on t.
+func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
+	t.Helper()
+	t.Run("Traces", func(t *testing.T) { testTraces(t, newStore) })
+	t.Run("RetryAfterNeverEarly", func(t *testing.T) { testRetryAfter(t, newStore) })
+	t.Run("RemainingBounds", func(t *testing.T) { testBounds(t, newStore) })
+	t.Run("BatchAllOrNothing", func(t *testing.T) { testBatch(t, newStore) })
+	t.Run("IndependentKeys", func(t *testing.T) { testIndependent(t, newStore) })
+	t.Run("ClockBackwards", func(t *testing.T) { testBackwards(t, newStore) })
+	t.Run("HugeAndTinyWindows", func(t *testing.T) { testWindows(t, newStore) })
+	t.Run("CostValidation", func(t *testing.T) { testCost(t, newStore) })
+	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, newStore) })
+}
+
+// Step is one request of a trace and the decision expected for it.
+type Step struct {
+	At         time.Duration // since T0
+	Cost       int64
+	Allowed    bool
+	Remaining  int64
+	RetryAfter time.Duration
+	ResetAfter time.Duration
+	Delay      time.Duration
+	Err        error // expected error (errors.Is), if any
+}
+
+// Trace is a rule and the steps that exercise it on one key.
+type Trace struct {
+	Name  string
+	Rule  core.Rule
+	Steps []Step
+}
+
+const ms = time.Millisecond
+
+// Traces returns the explicit traces the suite checks, one or more per
+// built-in algorithm. They are exported so that other tests (a reference
+// model, documentation) can replay them.
+func Traces() []Trace {
+	return []Trace{
+		{"TokenBucket", core.Rule{Name: "tb", Algorithm: core.TokenBucket, Limit: 4, Window: time.Second}, []Step{
+			{At: 0, Cost: 1, Allowed: true, Remaining: 3, ResetAfter: 250 * ms},
+			{At: 0, Cost: 2, Allowed: true, Remaining: 1, ResetAfter: 750 * ms},
+			{At: 0, Cost: 2, Remaining: 1, RetryAfter: 250 * ms, ResetAfter: 750 * ms},
+			{At: 250 * ms, Cost: 2, Allowed: true, Remaining: 0, ResetAfter: 1000 * ms},
+			{At: 250 * ms, Cost: 1, Remaining: 0, RetryAfter: 250 * ms, ResetAfter: 1000 * ms},
+			{At: 2250 * ms, Cost: 4, Allowed: true, Remaining: 0, ResetAfter: 1000 * ms},
+			{At: 2250 * ms, Cost: 5, Remaining: 0, ResetAfter: 1000 * ms, Err: core.ErrCostExceedsCapacity},
+			{At: 3250 * ms, Cost: 1, Allowed: true, Remaining: 3, ResetAfter: 250 * ms},
+		}},
+		{"TokenBucketBurst", core.Rule{Name: "tbb", Algorithm: core.TokenBucket, Limit: 1, Window: time.Second, Burst: 3}, []Step{
+			{At: 0, Cost: 3, Allowed: true, Remaining: 0, ResetAfter: 3000 * ms},
+			{At: 500 * ms, Cost: 1, Remaining: 0, RetryAfter: 500 * ms, ResetAfter: 2500 * ms},
+			{At: 1000 * ms, Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 3000 * ms},
+			{At: 4000 * ms, Cost: 2, Allowed: true, Remaining: 1, ResetAfter: 2000 * ms},
+		}},
+		{"LeakyBucket", core.Rule{Name: "lb", Algorithm: core.LeakyBucket, Limit: 2, Window: time.Second}, []Step{
+			{At: 0, Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 500 * ms},
+			{At: 100 * ms, Cost: 1, Remaining: 0, RetryAfter: 400 * ms, ResetAfter: 400 * ms},
+			{At: 500 * ms, Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 500 * ms},
+			{At: 1000 * ms, Cost: 2, Remaining: 1, Err: core.ErrCostExceedsCapacity},
+			{At: 1000 * ms, Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 500 * ms},
+		}},
+		{"LeakyBucketShaping", core.Rule{Name: "lbs", Algorithm: core.LeakyBucket, Limit: 2, Window: time.Second, MaxDelay: time.Second}, []Step{
+			{At: 0, Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 500 * ms},
+			{At: 0, Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 1000 * ms, Delay: 500 * ms},
+			{At: 0, Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 1500 * ms, Delay: 1000 * ms},
+			{At: 0, Cost: 1, Remaining: 0, RetryAfter: 500 * ms, ResetAfter: 1500 * ms},
+			{At: 600 * ms, Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 1400 * ms, Delay: 900 * ms},
+		}},
+		{"FixedWindow", core.Rule{Name: "fw", Algorithm: core.FixedWindow, Limit: 3, Window: 10 * time.Second}, []Step{
+			{At: 1000 * ms, Cost: 2, Allowed: true, Remaining: 1, ResetAfter: 9000 * ms},
+			{At: 2000 * ms, Cost: 2, Remaining: 1, RetryAfter: 8000 * ms, ResetAfter: 8000 * ms},
+			{At: 2000 * ms, Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 8000 * ms},
+			{At: 9999 * ms, Cost: 1, Remaining: 0, RetryAfter: 1 * ms, ResetAfter: 1 * ms},
+			{At: 10000 * ms, Cost: 3, Allowed: true, Remaining: 0, ResetAfter: 10000 * ms},
+			{At: 10000 * ms, Cost: 1, Remaining: 0, RetryAfter: 10000 * ms, ResetAfter: 10000 * ms},
+			{At: 25000 * ms, Cost: 1, Allowed: true, Remaining: 2, ResetAfter: 5000 * ms},
+		}},
+		{"SlidingWindowLog", core.Rule{Name: "swl", Algorithm: core.SlidingWindowLog, Limit: 3, Window: 10 * time.Second}, []Step{
+			{At: 0, Cost: 1, Allowed: true, Remaining: 2, ResetAfter: 10000 * ms},
+			{At: 4000 * ms, Cost: 2, Allowed: true, Remaining: 0, ResetAfter: 10000 * ms},
+			{At: 5000 * ms, Cost: 1, Remaining: 0, RetryAfter: 5000 * ms, ResetAfter: 9000 * ms},
+			{At: 10000 * ms, Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 10000 * ms},
+			{At: 12000 * ms, Cost: 2, Remaining: 0, RetryAfter: 2000 * ms, ResetAfter: 8000 * ms},
+			{At: 14000 * ms, Cost: 2, Allowed: true, Remaining: 0, ResetAfter: 10000 * ms},
+			{At: 30000 * ms, Cost: 1, Allowed: true, Remaining: 2, ResetAfter: 10000 * ms},
+		}},
+		{"SlidingWindowCounter", core.Rule{Name: "swc", Algorithm: core.SlidingWindowCounter, Limit: 4, Window: 10 * time.Second}, []Step{
+			{At: 0, Cost: 4, Allowed: true, Remaining: 0, ResetAfter: 20000 * ms},
+			{At: 5000 * ms, Cost: 1, Remaining: 0, RetryAfter: 7500 * ms, ResetAfter: 15000 * ms},
+			{At: 12500 * ms, Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 17500 * ms},
+			{At: 12500 * ms, Cost: 1, Remaining: 0, RetryAfter: 2500 * ms, ResetAfter: 17500 * ms},
+			{At: 15000 * ms, Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 15000 * ms},
+			{At: 45000 * ms, Cost: 2, Allowed: true, Remaining: 2, ResetAfter: 15000 * ms},
+		}},
+	}
+}
+
+// Harness wraps a store with the suite's conventions: a fixed T0, one
+// policy per rule, and errors reported through t.
+type Harness struct {
+	T     testing.TB
+	Store core.Store
+}
+
+// Take decides a single request at T0+at.
+func (h Harness) Take(p *core.Policy, key string, cost int64, at time.Duration) (core.Decision, error) {
+	h.T.Helper()
+	var out [1]core.Decision
+	err := h.Store.Take(context.Background(), T0.Add(at), []core.Request{{Policy: p, Key: key, Cost: cost}}, out[:])
+	return out[0], err
+}
+
+func mustPolicy(t testing.TB, r core.Rule) *core.Policy {
+	t.Helper()
+	p, err := core.NewPolicy(r)
+	if err != nil {
+		t.Fatalf("policy: %v", err)
+	}
+	return p
+}
+
+func uniqueKey(t testing.TB, base string) string {
+	return fmt.Sprintf("%s:%s:%d", t.Name(), base, keySeq.Add(1))
+}
+
+var keySeq atomic.Int64
+
+func testTraces(t *testing.T, newStore func(*testing.T) core.Store) {
+	for _, tr := range Traces() {
+		t.Run(tr.Name, func(t *testing.T) {
+			h := Harness{t, newStore(t)}
+			p := mustPolicy(t, tr.Rule)
+			key := uniqueKey(t, "trace")
+			for i, s := range tr.Steps {
+				d, err := h.Take(p, key, s.Cost, s.At)
+				if s.Err != nil {
+					if !errors.Is(err, s.Err) {
+						t.Fatalf("step %d (+%v cost %d): err = %v, want %v", i, s.At, s.Cost, err, s.Err)
+					}
+				} else if err != nil {
+					t.Fatalf("step %d (+%v cost %d): %v", i, s.At, s.Cost, err)
+				}
+				got := Step{At: s.At, Cost: s.Cost, Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter, Delay: d.Delay, Err: s.Err}
+				if s.Err != nil {
+					// Over capacity: only the refusal, the absent retry
+					// promise and the untouched remaining are specified.
+					got.ResetAfter, s.ResetAfter = 0, 0
+				}
+				if got != s {
+					t.Errorf("step %d (+%v cost %d):\n got allowed=%v remaining=%d retry=%v reset=%v delay=%v\nwant allowed=%v remaining=%d retry=%v reset=%v delay=%v",
+						i, s.At, s.Cost, got.Allowed, got.Remaining, got.RetryAfter, got.ResetAfter, got.Delay,
+						s.Allowed, s.Remaining, s.RetryAfter, s.ResetAfter, s.Delay)
+				}
+				if d.Limit != p.Capacity() {
+					t.Errorf("step %d: Limit = %d, want capacity %d", i, d.Limit, p.Capacity())
+				}
+				if d.Policy != p {
+					t.Errorf("step %d: Policy = %v, want %v", i, d.Policy, p)
+				}
+			}
+		})
+	}
+}
+
+// suiteRules returns one rule per algorithm with capacity c, for the
+// property tests.
+func suiteRules(c int64, w time.Duration) []core.Rule {
+	var rs []core.Rule
+	for _, a := range core.Algorithms() {
+		r := core.Rule{Name: "p-" + a.Name(), Algorithm: a, Limit: c, Window: w}
+		if a == core.LeakyBucket {
+			r.Burst = c
+		}
+		rs = append(rs, r)
+	}
+	return rs
+}
+
+func testRetryAfter(t *testing.T, newStore func(*testing.T) core.Store) {
+	for _, r := range suiteRules(5, 10*time.Second) {
+		t.Run(r.Algorithm.Name(), func(t *testing.T) {
+			h := Harness{t, newStore(t)}
+			p := mustPolicy(t, r)
+			rng := rand.New(rand.NewPCG(1, uint64(len(r.Name))))
+			key := uniqueKey(t, "retry")
+			at := time.Duration(0)
+			checked := 0
+			for i := 0; i < 200; i++ {
+				at += time.Duration(rng.IntN(1500)) * ms
+				cost := int64(1 + rng.IntN(3))
+				d, err := h.Take(p, key, cost, at)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Allowed {
+					if d.RetryAfter != 0 {
+						t.Fatalf("+%v: allowed with RetryAfter %v", at, d.RetryAfter)
+					}
+					continue
+				}
+				if d.RetryAfter <= 0 {
+					t.Fatalf("+%v cost %d: refused with RetryAfter %v", at, cost, d.RetryAfter)
+				}
+				if d.RetryAfter > ms {
+					// Tight: one millisecond earlier is still refused.
+					early, err := h.Take(p, key, cost, at+d.RetryAfter-ms)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if early.Allowed {
+						t.Fatalf("+%v cost %d: admitted %v before RetryAfter %v", at, cost, ms, d.RetryAfter)
+					}
+				}
+				at += d.RetryAfter
+				d2, err := h.Take(p, key, cost, at)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !d2.Allowed {
+					t.Fatalf("retry after exactly RetryAfter refused: +%v cost %d: %+v", at, cost, d2)
+				}
+				checked++
+			}
+			if checked < 10 {
+				t.Fatalf("only %d refusals exercised; the trace is too gentle", checked)
+			}
+		})
+	}
+}
+
+func testBounds(t *testing.T, newStore func(*testing.T) core.Store) {
+	for _, r := range suiteRules(7, 3*time.Second) {
+		t.Run(r.Algorithm.Name(), func(t *testing.T) {
+			h := Harness{t, newStore(t)}
+			p := mustPolicy(t, r)
+			rng := rand.New(rand.NewPCG(2, uint64(len(r.Name))))
+			key := uniqueKey(t, "bounds")
+			at := time.Duration(0)
+			for i := 0; i < 300; i++ {
+				at += time.Duration(rng.IntN(700)) * ms
+				d, err := h.Take(p, key, int64(1+rng.IntN(7)), at)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Remaining < 0 || d.Remaining > d.Limit || d.Limit != 7 {
+					t.Fatalf("+%v: Remaining %d outside [0, %d]", at, d.Remaining, d.Limit)
+				}
+				if d.ResetAfter < 0 || d.RetryAfter < 0 {
+					t.Fatalf("+%v: negative duration %+v", at, d)
+				}
+			}
+		})
+	}
+}
+
+func testBatch(t *testing.T, newStore func(*testing.T) core.Store) {
+	for _, a := range core.Algorithms() {
+		t.Run(a.Name(), func(t *testing.T) {
+			s := newStore(t)
+			ip := mustPolicy(t, withBurst(core.Rule{Name: "ip-" + a.Name(), Algorithm: a, Limit: 5, Window: time.Hour}))
+			user := mustPolicy(t, withBurst(core.Rule{Name: "user-" + a.Name(), Algorithm: a, Limit: 2, Window: time.Hour}))
+			ipKey, userKey := uniqueKey(t, "ip"), uniqueKey(t, "user")
+			take := func(uk string) [2]core.Decision {
+				t.Helper()
+				var out [2]core.Decision
+				err := s.Take(context.Background(), T0, []core.Request{
+					{Policy: ip, Key: ipKey, Cost: 1},
+					{Policy: user, Key: uk, Cost: 1},
+				}, out[:])
+				if err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+			for i := 0; i < 2; i++ {
+				d := take(userKey)
+				if !d[0].Allowed || !d[1].Allowed {
+					t.Fatalf("batch %d refused: %+v", i, d)
+				}
+			}
+			d := take(userKey)
+			if !d[0].Allowed || d[1].Allowed {
+				t.Fatalf("third batch: ip allowed=%v user allowed=%v, want true/false", d[0].Allowed, d[1].Allowed)
+			}
+			if d[0].Remaining != 3 {
+				t.Fatalf("refused batch reports ip Remaining %d, want 3 (uncharged)", d[0].Remaining)
+			}
+			if d[1].RetryAfter <= 0 {
+				t.Fatalf("refusing layer has RetryAfter %v", d[1].RetryAfter)
+			}
+			// The refused batch charged nothing: another user behind the
+			// same ip sees 3 left before its charge, 2 after.
+			d = take(uniqueKey(t, "user2"))
+			if !d[0].Allowed || d[0].Remaining != 2 {
+				t.Fatalf("after a refused batch, ip Remaining = %d (allowed %v), want 2", d[0].Remaining, d[0].Allowed)
+			}
+			// The ip layer refusing leaves the user layer uncharged.
+			for i := 0; i < 2; i++ {
+				take(uniqueKey(t, "drain"))
+			}
+			fresh := uniqueKey(t, "fresh")
+			d = take(fresh)
+			if d[0].Allowed || !d[1].Allowed || d[1].Remaining != 2 {
+				t.Fatalf("ip exhausted: %+v / %+v, want ip refused, user allowed with Remaining 2", d[0], d[1])
+			}
+			h := Harness{t, s}
+			d1, err := h.Take(user, fresh, 1, 0)
+			if err != nil || !d1.Allowed || d1.Remaining != 1 {
+				t.Fatalf("user key charged by a refused batch: %+v %v", d1, err)
+			}
+			// Duplicates are rejected.
+			var out [2]core.Decision
+			err = s.Take(context.Background(), T0, []core.Request{{Policy: ip, Key: "dup", Cost: 1}, {Policy: ip, Key: "dup", Cost: 1}}, out[:])
+			if !errors.Is(err, core.ErrDuplicateRequest) {
+				t.Fatalf("duplicate batch: err = %v, want ErrDuplicateRequest", err)
+			}
+		})
+	}
+}
+
+func withBurst(r core.Rule) core.Rule {
+	if r.Algorithm == core.LeakyBucket {
+		r.Burst = r.Limit
+	}
+	return r
+}
+
+func testIndependent(t *testing.T, newStore func(*testing.T) core.Store) {
+	for _, r := range suiteRules(3, time.Minute) {
+		t.Run(r.Algorithm.Name(), func(t *testing.T) {
+			h := Harness{t, newStore(t)}
+			p := mustPolicy(t, r)
+			other := r
+			other.Name = r.Name + "-other"
+			q := mustPolicy(t, other)
+			a, b := uniqueKey(t, "a"), uniqueKey(t, "b")
+			for i := 0; i < 3; i++ {
+				if d, err := h.Take(p, a, 1, 0); err != nil || !d.Allowed {
+					t.Fatalf("a #%d: %+v %v", i, d, err)
+				}
+			}
+			if d, _ := h.Take(p, a, 1, 0); d.Allowed {
+				t.Fatal("a admitted beyond its limit")
+			}
+			if d, err := h.Take(p, b, 1, 0); err != nil || !d.Allowed || d.Remaining != 2 {
+				t.Fatalf("b affected by a: %+v %v", d, err)
+			}
+			if d, err := h.Take(q, a, 1, 0); err != nil || !d.Allowed || d.Remaining != 2 {
+				t.Fatalf("same key under another policy affected: %+v %v", d, err)
+			}
+		})
+	}
+}
+
+func testBackwards(t *testing.T, newStore func(*testing.T) core.Store) {
+	for _, r := range suiteRules(4, 10*time.Second) {
+		t.Run(r.Algorithm.Name(), func(t *testing.T) {
+			h := Harness{t, newStore(t)}
+			p := mustPolicy(t, r)
+			key := uniqueKey(t, "back")
+			base := time.Hour
+			admitted := 0
+			for i := 0; i < 4; i++ {
+				if d, _ := h.Take(p, key, 1, base+time.Duration(i)*ms); d.Allowed {
+					admitted++
+				}
+			}
+			if admitted != 4 {
+				t.Fatalf("admitted %d of 4", admitted)
+			}
+			// The clock steps back by up to an hour: nothing is credited.
+			for _, back := range []time.Duration{-ms, -5 * time.Second, -10 * time.Second, -11 * time.Second, -time.Hour + 1} {
+				if d, err := h.Take(p, key, 1, base+back); err != nil || d.Allowed {
+					t.Fatalf("clock stepped back %v: admitted (%+v, %v)", back, d, err)
+				} else if d.RetryAfter <= 0 {
+					t.Fatalf("clock stepped back %v: RetryAfter %v", back, d.RetryAfter)
+				}
+			}
+			// And time moving on again restores the quota.
+			if d, err := h.Take(p, key, 4, base+time.Minute); err != nil || !d.Allowed {
+				t.Fatalf("a minute later: %+v %v", d, err)
+			}
+		})
+	}
+}
+
+func testWindows(t *testing.T, newStore func(*testing.T) core.Store) {
+	for _, a := range core.Algorithms() {
+		t.Run(a.Name(), func(t *testing.T) {
+			h := Harness{t, newStore(t)}
+			year := 365 * 24 * time.Hour
+			huge := mustPolicy(t, withBurst(core.Rule{Name: "huge", Algorithm: a, Limit: 1000, Window: year}))
+			key := uniqueKey(t, "huge")
+			if d, err := h.Take(huge, key, 1000, 0); err != nil || !d.Allowed || d.Remaining != 0 {
+				t.Fatalf("huge window: %+v %v", d, err)
+			}
+			d, err := h.Take(huge, key, 1, time.Hour)
+			if err != nil || d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > 2*year {
+				t.Fatalf("huge window, second request: %+v %v", d, err)
+			}
+			tiny := mustPolicy(t, withBurst(core.Rule{Name: "tiny", Algorithm: a, Limit: 1, Window: ms}))
+			key = uniqueKey(t, "tiny")
+			n := 0
+			for i := 0; i < 100; i++ {
+				if d, err := h.Take(tiny, key, 1, time.Duration(i)*ms); err != nil {
+					t.Fatal(err)
+				} else if d.Allowed {
+					n++
+				}
+			}
+			if n < 50 || n > 100 {
+				t.Fatalf("tiny window (1 per ms) admitted %d of 100 spaced 1 ms apart", n)
+			}
+			if d, err := h.Take(tiny, key, 1, 99*ms); err != nil || d.Allowed {
+				t.Fatalf("tiny window admitted twice in one ms: %+v %v", d, err)
+			}
+		})
+	}
+}
+
+func testCost(t *testing.T, newStore func(*testing.T) core.Store) {
+	h := Harness{t, newStore(t)}
+	p := mustPolicy(t, core.Rule{Name: "cost", Limit: 3, Window: time.Minute})
+	key := uniqueKey(t, "cost")
+	for _, c := range []int64{0, -1, -1 << 62} {
+		if _, err := h.Take(p, key, c, 0); !errors.Is(err, core.ErrInvalidCost) {
+			t.Fatalf("cost %d: err = %v, want ErrInvalidCost", c, err)
+		}
+	}
+	d, err := h.Take(p, key, 4, 0)
+	if !errors.Is(err, core.ErrCostExceedsCapacity) || d.Allowed || d.RetryAfter != 0 {
+		t.Fatalf("cost 4 > capacity 3: %+v %v, want refused, RetryAfter 0, ErrCostExceedsCapacity", d, err)
+	}
+	if d, err := h.Take(p, key, 3, 0); err != nil || !d.Allowed {
+		t.Fatalf("invalid costs charged something: %+v %v", d, err)
+	}
+}
+
+func testConcurrency(t *testing.T, newStore func(*testing.T) core.Store) {
+	const workers, each, capacity = 64, 8, 100
+	for _, r := range suiteRules(capacity, time.Hour) {
+		t.Run(r.Algorithm.Name(), func(t *testing.T) {
+			s := newStore(t)
+			p := mustPolicy(t, r)
+			key := uniqueKey(t, "hot")
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, workers)
+			for w := 0; w < workers; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var out [1]core.Decision
+					for i := 0; i < each; i++ {
+						if err := s.Take(context.Background(), T0, []core.Request{{Policy: p, Key: key, Cost: 1}}, out[:]); err != nil {
+							errs <- err
+							return
+						}
+						if out[0].Allowed {
+							admitted.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			if got := admitted.Load(); got != capacity {
+				t.Fatalf("%d goroutines x %d requests on a frozen clock admitted %d, want exactly %d", workers, each, got, capacity)
+			}
+		})
+	}
+	t.Run("Batches", func(t *testing.T) {
+		s := newStore(t)
+		ip := mustPolicy(t, core.Rule{Name: "cip", Limit: 50, Window: time.Hour})
+		user := mustPolicy(t, core.Rule{Name: "cuser", Limit: 30, Window: time.Hour})
+		ipKey := uniqueKey(t, "ip")
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				uk := fmt.Sprintf("%s-u%d", ipKey, w%2)
+				var out [2]core.Decision
+				for i := 0; i < each; i++ {
+					err := s.Take(context.Background(), T0, []core.Request{{Policy: ip, Key: ipKey, Cost: 1}, {Policy: user, Key: uk, Cost: 1}}, out[:])
+					if err == nil && out[0].Allowed && out[1].Allowed {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		// Two users of 30 each behind one ip of 50: exactly 50 admitted, and
+		// the ip layer was charged exactly for them.
+		if got := admitted.Load(); got != 50 {
+			t.Fatalf("admitted %d, want 50", got)
+		}
+		h := Harness{t, s}
+		if d, _ := h.Take(ip, ipKey, 1, 0); d.Allowed {
+			t.Fatalf("ip layer not exhausted after 50 admissions: %+v", d)
+		}
+	})
+}

@@ -1,0 +1,183 @@
+package core
+
+import (
+	"errors"
+	"time"
+)
+
+func windowValidate(r Rule) error {
+	if r.Burst != 0 {
+		return errors.New("Burst must be 0 for window algorithms (their capacity is Limit)")
+	}
+	if r.MaxDelay != 0 {
+		return errors.New("MaxDelay applies only to LeakyBucket")
+	}
+	return nil
+}
+
+// windowIndex returns floor(now / w), the index of the epoch-aligned window
+// holding now.
+func windowIndex(now, w int64) int64 {
+	i := now / w
+	if now%w < 0 {
+		i--
+	}
+	return i
+}
+
+// fixedWindow keeps A = window index, B = units admitted in it.
+type fixedWindow struct{}
+
+func (fixedWindow) Name() string { return "fixed_window" }
+
+func (fixedWindow) Validate(r Rule) error { return windowValidate(r) }
+
+func (fixedWindow) Capacity(r Rule) int64 { return r.Limit }
+
+func (fixedWindow) Decide(p *Policy, s *State, cost, now int64, commit bool) Decision {
+	d := Decision{Limit: p.capacity, Policy: p}
+	idx := windowIndex(now, p.window)
+	var count int64
+	if s.B > 0 {
+		if idx < s.A {
+			idx = s.A // the clock stepped back: stay in the later window
+		}
+		if idx == s.A {
+			count = s.B
+		}
+	}
+	end := (idx + 1) * p.window
+	if count+cost <= p.capacity {
+		d.Allowed = true
+		count += cost
+		if commit && cost > 0 {
+			s.A, s.B = idx, count
+		}
+	} else {
+		d.RetryAfter = time.Duration(end - now)
+	}
+	d.Remaining = p.capacity - count
+	if count > 0 {
+		d.ResetAfter = time.Duration(end - now)
+	}
+	return d
+}
+
+func (fixedWindow) Expiry(p *Policy, s *State) int64 {
+	if s.B == 0 {
+		return 0
+	}
+	return (s.A + 1) * p.window
+}
+
+// slidingWindowCounter keeps A = current window index and B = the previous
+// window's count << 32 | the current window's count.
+type slidingWindowCounter struct{}
+
+func (slidingWindowCounter) Name() string { return "sliding_window_counter" }
+
+func (slidingWindowCounter) Validate(r Rule) error {
+	if r.Limit >= 1<<32 {
+		return errors.New("Limit must be below 2^32 for SlidingWindowCounter")
+	}
+	return windowValidate(r)
+}
+
+func (slidingWindowCounter) Capacity(r Rule) int64 { return r.Limit }
+
+// swcCounts returns the window index and the previous and current counts
+// as of now, clamping a clock that stepped back to the stored window.
+func swcCounts(p *Policy, s *State, now int64) (idx, prev, curr int64) {
+	idx = windowIndex(now, p.window)
+	if s.B == 0 {
+		return idx, 0, 0
+	}
+	sp, sc := s.B>>32, s.B&(1<<32-1)
+	switch {
+	case idx <= s.A:
+		return s.A, sp, sc
+	case idx == s.A+1:
+		return idx, sc, 0
+	default:
+		return idx, 0, 0
+	}
+}
+
+// swcWeighted returns ceil(prev x (w - e) / w), the previous window's
+// weighted contribution at elapsed time e into the current window.
+func swcWeighted(prev, e, w int64) int64 {
+	if prev == 0 {
+		return 0
+	}
+	if e < 0 {
+		e = 0
+	}
+	q, r := mulAddDiv(uint64(prev), uint64(w-e), 0, uint64(w))
+	return int64(q) + b2i(r > 0)
+}
+
+// swcEarliest returns the earliest elapsed time e in [0, w) at which
+// prev x (w-e) <= room x w holds, or w when none does.
+func swcEarliest(prev, room, w int64) int64 {
+	if room < 0 {
+		return w
+	}
+	if prev == 0 {
+		return 0
+	}
+	// e >= w - room x w / prev, so e = w - floor(room x w / prev).
+	q, _ := mulAddDiv(uint64(room), uint64(w), 0, uint64(prev))
+	if q >= uint64(w) {
+		return 0
+	}
+	return w - int64(q)
+}
+
+func (slidingWindowCounter) Decide(p *Policy, s *State, cost, now int64, commit bool) Decision {
+	d := Decision{Limit: p.capacity, Policy: p}
+	w := p.window
+	idx, prev, curr := swcCounts(p, s, now)
+	start := idx * w
+	e := now - start
+	used := swcWeighted(prev, e, w) + curr
+	if used+cost <= p.capacity {
+		d.Allowed = true
+		curr += cost
+		used += cost
+		if commit && cost > 0 {
+			s.A, s.B = idx, prev<<32|curr
+		}
+	} else {
+		// This window, once the previous window's weight has decayed enough.
+		var at int64
+		if e2 := swcEarliest(prev, p.capacity-curr-cost, w); e2 < w {
+			at = start + e2
+		} else if e3 := swcEarliest(curr, p.capacity-cost, w); e3 < w {
+			at = start + w + e3 // the next window, where curr becomes prev
+		} else {
+			at = start + 2*w
+		}
+		if at <= now {
+			at = now + 1
+		}
+		d.RetryAfter = time.Duration(at - now)
+	}
+	d.Remaining = max(p.capacity-used, 0)
+	switch {
+	case curr > 0:
+		d.ResetAfter = time.Duration(start + 2*w - now)
+	case prev > 0:
+		d.ResetAfter = time.Duration(start + w - now)
+	}
+	return d
+}
+
+func (slidingWindowCounter) Expiry(p *Policy, s *State) int64 {
+	switch {
+	case s.B&(1<<32-1) > 0:
+		return (s.A + 2) * p.window
+	case s.B > 0:
+		return (s.A + 1) * p.window
+	}
+	return 0
+}
