@@ -181,9 +181,9 @@ func NewPolicy(r Rule) (*Policy, error) {
 	}
 	// The refill time must stay within MaxWindow so that now + tau + MaxDelay
 	// never overflows.
-	q, rem := mulAddDiv(uint64(c), uint64(r.Window), 0, p.limit)
-	if q > uint64(MaxWindow) {
-		return nil, ruleError(r, "refill time Burst x Window / Limit = %v exceeds MaxWindow (%v)", time.Duration(q), MaxWindow)
+	q, rem, fits := mulDivChecked(uint64(c), uint64(r.Window), p.limit)
+	if !fits || q > uint64(MaxWindow) {
+		return nil, ruleError(r, "refill time Burst x Window / Limit exceeds MaxWindow (%v)", MaxWindow)
 	}
 	p.tauQ, p.tauR = int64(q), rem
 	return p, nil

@@ -13,10 +13,15 @@ func mulAddDiv(a, b, c, d uint64) (q, r uint64) {
 	return bits.Div64(hi, lo, d)
 }
 
-// mulFits reports whether a*b fits in 63 bits.
-func mulFits(a, b uint64) bool {
+// mulDivChecked returns floor(a*b / d) and the remainder, and false when
+// the quotient does not fit in 64 bits.
+func mulDivChecked(a, b, d uint64) (q, r uint64, ok bool) {
 	hi, lo := bits.Mul64(a, b)
-	return hi == 0 && lo <= 1<<63-1
+	if hi >= d {
+		return 0, 0, false
+	}
+	q, r = bits.Div64(hi, lo, d)
+	return q, r, true
 }
 
 // ceilDiff returns ceil((aq + ar/l) - (bq + br/l)) for fractions ar, br in
