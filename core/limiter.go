@@ -173,7 +173,13 @@ func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Decision,
 // whether all were admitted. out must be at least as long as reqs. Errors
 // are as for Store.Take.
 func (l *Limiter) Take(ctx context.Context, reqs []Request, out []Decision) (bool, error) {
-	now := l.clock.Now()
+	return l.TakeAt(ctx, l.clock.Now(), reqs, out)
+}
+
+// TakeAt is like Take at a time the caller read from the Limiter's Clock,
+// for callers that need the decision time again (to turn ResetAfter into
+// an absolute time, say) without a second clock read.
+func (l *Limiter) TakeAt(ctx context.Context, now time.Time, reqs []Request, out []Decision) (bool, error) {
 	var err error
 	if l.mem != nil {
 		err = l.mem.Take(ctx, now, reqs, out)

@@ -1,0 +1,14 @@
+package ratelimit
+
+import (
+	"context"
+	"time"
+)
+
+// SetWaitFunc replaces the function l waits for shaping delays with, so that
+// tests can observe the requested delays without real timers. Call it
+// before l serves requests.
+func SetWaitFunc(l *Limiter, f func(ctx context.Context, d time.Duration) error) { l.sleep = f }
+
+// Waiting returns the number of requests l counts as waiting.
+func Waiting(l *Limiter) int64 { return l.waiting.Load() }

@@ -1,0 +1,460 @@
+package ratelimit
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+// Response header names. The constants use the conventional spelling; the
+// middleware stores them under their canonical form ("X-Ratelimit-Limit"),
+// which http.Header.Get finds from either spelling.
+const (
+	// HeaderRateLimitLimit is the capacity of the most restrictive applied
+	// layer: the most requests (cost units) it can admit at once, and the
+	// upper bound of X-RateLimit-Remaining.
+	HeaderRateLimitLimit = "X-RateLimit-Limit"
+
+	// HeaderRateLimitRemaining is the number of units the most restrictive
+	// applied layer would admit immediately after this request.
+	HeaderRateLimitRemaining = "X-RateLimit-Remaining"
+
+	// HeaderRateLimitReset is when the most restrictive applied layer's
+	// quota is whole again: the Unix epoch second, rounded up, or with
+	// [WithResetDelta] the number of seconds from now, rounded up.
+	HeaderRateLimitReset = "X-RateLimit-Reset"
+
+	// HeaderRateLimit is the IETF RateLimit field: the current state of
+	// every applied layer ("name";r=<remaining>;t=<seconds>).
+	HeaderRateLimit = "RateLimit"
+
+	// HeaderRateLimitPolicy is the IETF RateLimit-Policy field: the quota
+	// of every applied layer ("name";q=<limit>;w=<window seconds>).
+	HeaderRateLimitPolicy = "RateLimit-Policy"
+
+	// HeaderRetryAfter is set on every 429 response: the seconds to wait
+	// before retrying, rounded up, at least 1 (RFC 9110 delay-seconds).
+	HeaderRetryAfter = "Retry-After"
+)
+
+// Canonical forms, used as map keys to skip canonicalisation.
+const (
+	canonLimit     = "X-Ratelimit-Limit"
+	canonRemaining = "X-Ratelimit-Remaining"
+	canonReset     = "X-Ratelimit-Reset"
+	canonRateLimit = "Ratelimit"
+	canonPolicy    = "Ratelimit-Policy"
+	canonRetry     = "Retry-After"
+)
+
+// HeaderSet selects the rate-limit header sets a [Limiter] writes (see
+// [WithHeaders]). Sets combine with |.
+type HeaderSet uint8
+
+const (
+	// XRateLimitHeaders are X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset, the de facto standard most clients read. With
+	// several layers the most restrictive applied layer speaks: when the
+	// request is refused, the refusing layer with the longest RetryAfter;
+	// otherwise the layer with the least Remaining (on a tie, the one with
+	// the longer ResetAfter).
+	XRateLimitHeaders HeaderSet = 1 << iota
+
+	// IETFHeaders are the RateLimit-Policy and RateLimit fields of
+	// draft-ietf-httpapi-ratelimit-headers (drafts 08 to 10), Structured
+	// Field Lists with one item per applied layer:
+	//
+	//	RateLimit-Policy: "per-ip";q=100;w=60, "per-user";q=10;w=60
+	//	RateLimit: "per-ip";r=97;t=2, "per-user";r=0;t=6
+	//
+	// q is the Rule's Limit and w its Window in whole seconds (rounded up,
+	// at least 1). r is the Remaining units. t, in seconds rounded up, is
+	// the time until the layer's quota is whole again (Decision.ResetAfter),
+	// except for a layer that refused the request, where it is the time
+	// until the same request would be admitted (Decision.RetryAfter): the
+	// moment Retry-After names when that layer is the one that sets it, and
+	// never a later one. Integers are clamped to 15 digits. With
+	// [WithPartitionKey] each item also carries pk.
+	IETFHeaders
+
+	// AllHeaders writes both sets.
+	AllHeaders = XRateLimitHeaders | IETFHeaders
+
+	// NoHeaders writes no rate-limit headers; Retry-After is still set on
+	// every 429.
+	NoHeaders HeaderSet = 0
+)
+
+// IETF field parameter names, in one place: a later draft may rename them.
+const (
+	ietfQuota     = "q"
+	ietfWindow    = "w"
+	ietfRemaining = "r"
+	ietfReset     = "t"
+	ietfPartition = "pk"
+)
+
+// maxSFInteger is the largest Structured Field Integer (15 digits).
+const maxSFInteger = 999_999_999_999_999
+
+// pkLen is the number of SHA-256 bytes in a partition key.
+const pkLen = 12
+
+// WriteHeaders sets the rate-limit headers of res, a Result of this
+// Limiter's Decide, on h, per the Limiter's
+// header sets (see [HeaderSet]), and Retry-After when res is a refusal that
+// promises a retry time. Headers are set, replacing earlier values, never
+// added. It writes nothing for a skipped Result or one without Layers (no
+// layer applied, or an error left nothing decided). In dry-run mode the
+// headers describe the decisions but Retry-After is not sent, since the
+// request is served.
+func (l *Limiter) WriteHeaders(h http.Header, res *Result) { l.writeHeaders(h, res, res.Layers) }
+
+// writeHeaders is WriteHeaders with the layers passed apart (see
+// Limiter.Admit).
+func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
+	if res.Skipped || len(ls) == 0 {
+		return
+	}
+	retry := !res.Proceed && (res.kind == outcomeRefused || res.kind == outcomeQueueFull)
+	set := l.cfg.headers
+	n := 0
+	if set&XRateLimitHeaders != 0 {
+		n += 3
+	}
+	if set&IETFHeaders != 0 {
+		n += 2
+	}
+	if retry {
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	// One backing array for every value of this response.
+	vals := make([]string, n)
+	i := 0
+	put := func(name, v string) {
+		vals[i] = v
+		h[name] = vals[i : i+1 : i+1]
+		i++
+	}
+	if set&XRateLimitHeaders != 0 {
+		s := &ls[speaker(ls)]
+		d := &s.Decision
+		if l.own(s) {
+			put(canonLimit, l.layers[s.index].xLimit)
+		} else {
+			put(canonLimit, itoa(d.Limit))
+		}
+		put(canonRemaining, itoa(d.Remaining))
+		if l.cfg.resetDelta {
+			put(canonReset, itoa(ceilSeconds(d.ResetAfter)))
+		} else {
+			at := res.at
+			if at == 0 {
+				at = l.clock.Now().UnixNano()
+			}
+			put(canonReset, l.epochString(at+int64(d.ResetAfter)))
+		}
+	}
+	if set&IETFHeaders != 0 {
+		policy, state := l.ietfValues(ls)
+		put(canonPolicy, policy)
+		put(canonRateLimit, state)
+	}
+	if retry {
+		put(canonRetry, itoa(max(ceilSeconds(retryAfter(res, ls)), 1)))
+	}
+}
+
+// own reports whether lr was decided under its layer's own policy (not one a
+// Resolver picked), so that the layer's precomputed strings apply.
+func (l *Limiter) own(lr *LayerResult) bool {
+	return lr.index < len(l.layers) && lr.Decision.Policy == l.layers[lr.index].policy
+}
+
+// ietfValues returns the RateLimit-Policy and RateLimit values for the
+// applied layers ls.
+func (l *Limiter) ietfValues(ls []LayerResult) (policy, state string) {
+	var pks [core.MaxBatch][pkLen]byte
+	withPK := l.cfg.partitionKey
+	if withPK {
+		for j := range ls {
+			sum := sha256.Sum256([]byte(ls[j].Key))
+			copy(pks[j][:], sum[:pkLen])
+		}
+	}
+	pk := func(j int) []byte {
+		if !withPK {
+			return nil
+		}
+		return pks[j][:]
+	}
+
+	// RateLimit-Policy: precomputed unless a Resolver changed a policy or
+	// partition keys vary per request.
+	static := !withPK
+	var mask uint32
+	for j := range ls {
+		mask |= 1 << ls[j].index
+		if !l.own(&ls[j]) {
+			static = false
+		}
+	}
+	switch {
+	case static && int(mask) < len(l.policyBySet):
+		policy = l.policyBySet[mask]
+	case static && mask == l.allMask:
+		policy = l.policyBySet[0]
+	case static && len(ls) == 1:
+		policy = l.layers[ls[0].index].policyItem
+	default:
+		var buf [256]byte
+		b := buf[:0]
+		for j := range ls {
+			if j > 0 {
+				b = append(b, ", "...)
+			}
+			b = appendPolicyItem(b, ls[j].Decision.Policy, pk(j))
+		}
+		policy = string(b)
+	}
+
+	var buf [256]byte
+	b := buf[:0]
+	for j := range ls {
+		if j > 0 {
+			b = append(b, ", "...)
+		}
+		d := &ls[j].Decision
+		t := d.ResetAfter
+		if ls[j].Refused && d.RetryAfter > 0 {
+			t = d.RetryAfter
+		}
+		b = appendItem(b, d.Policy.Name(), ietfRemaining, d.Remaining, ietfReset, ceilSeconds(t), pk(j))
+	}
+	return policy, string(b)
+}
+
+// appendPolicyItem appends the RateLimit-Policy member of p.
+func appendPolicyItem(b []byte, p *core.Policy, pk []byte) []byte {
+	return appendItem(b, p.Name(), ietfQuota, p.Limit(), ietfWindow, max(ceilSeconds(p.Window()), 1), pk)
+}
+
+// appendItem is the IETF serialiser: it appends one Structured Field List
+// member, a quoted name with two Integer parameters and an optional Byte
+// Sequence pk:
+//
+//	"name";k1=v1;k2=v2;pk=:base64:
+//
+// Names are core rule names (printable ASCII without '"' or '\'), so they
+// need no escaping. Integers are clamped to [0, 999999999999999].
+func appendItem(b []byte, name, k1 string, v1 int64, k2 string, v2 int64, pk []byte) []byte {
+	b = append(b, '"')
+	b = append(b, name...)
+	b = append(b, '"', ';')
+	b = append(b, k1...)
+	b = append(b, '=')
+	b = strconv.AppendInt(b, clampSF(v1), 10)
+	b = append(b, ';')
+	b = append(b, k2...)
+	b = append(b, '=')
+	b = strconv.AppendInt(b, clampSF(v2), 10)
+	if pk != nil {
+		b = append(b, ';')
+		b = append(b, ietfPartition...)
+		b = append(b, '=', ':')
+		b = base64.StdEncoding.AppendEncode(b, pk)
+		b = append(b, ':')
+	}
+	return b
+}
+
+func clampSF(v int64) int64 { return min(max(v, 0), maxSFInteger) }
+
+// maskLayers is the most layers for which RateLimit-Policy is precomputed
+// for every subset of applied layers.
+const maskLayers = 6
+
+// buildPolicySets precomputes RateLimit-Policy for every subset of layers
+// (indexed by bitmask) when there are at most maskLayers; otherwise only for
+// all layers, stored at index 0.
+func buildPolicySets(ls []layer) []string {
+	join := func(mask uint32) string {
+		var parts []string
+		for i := range ls {
+			if mask&(1<<i) != 0 {
+				parts = append(parts, ls[i].policyItem)
+			}
+		}
+		return strings.Join(parts, ", ")
+	}
+	if len(ls) > maskLayers {
+		return []string{join(1<<len(ls) - 1)}
+	}
+	sets := make([]string, 1<<len(ls))
+	for m := range sets {
+		sets[m] = join(uint32(m))
+	}
+	return sets
+}
+
+// speaker returns the index in ls of the most restrictive layer: when any
+// refused, the refusing layer with the longest RetryAfter; otherwise the
+// one with the least Remaining, ties broken by the longer ResetAfter. The
+// first such layer wins a full tie.
+func speaker(ls []LayerResult) int {
+	best, refused := 0, ls[0].Refused
+	for i := 1; i < len(ls); i++ {
+		d, b := &ls[i].Decision, &ls[best].Decision
+		switch {
+		case ls[i].Refused:
+			if !refused || d.RetryAfter > b.RetryAfter {
+				best, refused = i, true
+			}
+		case refused:
+		case d.Remaining < b.Remaining || (d.Remaining == b.Remaining && d.ResetAfter > b.ResetAfter):
+			best = i
+		}
+	}
+	return best
+}
+
+// ceilSeconds returns d in whole seconds, rounded up; 0 for d <= 0.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d-1)/time.Second) + 1
+}
+
+// epochString is a cached decimal Unix second.
+type epochString struct {
+	sec int64
+	s   string
+}
+
+// epochString returns the Unix second of the Unix nanosecond ns, rounded up,
+// in decimal, from a small cache indexed by second.
+func (l *Limiter) epochString(ns int64) string {
+	sec := ns / 1e9
+	if ns%1e9 > 0 {
+		sec++
+	}
+	slot := &l.epochs[uint64(sec)%uint64(len(l.epochs))]
+	if e := slot.Load(); e != nil && e.sec == sec {
+		return e.s
+	}
+	e := &epochString{sec: sec, s: strconv.FormatInt(sec, 10)}
+	slot.Store(e)
+	return e.s
+}
+
+// smallInts caches the decimal strings of 0..maxSmallInt, all slices of one
+// string.
+const maxSmallInt = 4096
+
+var smallInts = func() [maxSmallInt + 1]string {
+	var all []byte
+	var ends [maxSmallInt + 2]int
+	for i := 0; i <= maxSmallInt; i++ {
+		all = strconv.AppendInt(all, int64(i), 10)
+		ends[i+1] = len(all)
+	}
+	s := string(all)
+	var out [maxSmallInt + 1]string
+	for i := range out {
+		out[i] = s[ends[i]:ends[i+1]]
+	}
+	return out
+}()
+
+// itoa formats n in decimal without allocating for 0..maxSmallInt.
+func itoa(n int64) string {
+	if n >= 0 && n <= maxSmallInt {
+		return smallInts[n]
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// Problem details (RFC 9457).
+
+// ProblemTypeQuotaExceeded is the problem type of a request over its quota,
+// as proposed by the IETF RateLimit draft (see [WithProblemDetails]).
+const ProblemTypeQuotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+type problem struct {
+	Type             string   `json:"type"`
+	Title            string   `json:"title"`
+	Status           int      `json:"status"`
+	Detail           string   `json:"detail,omitempty"`
+	ViolatedPolicies []string `json:"violated-policies,omitempty"`
+}
+
+func refusingNames(res *Result) []string {
+	var names []string
+	for i := range res.Layers {
+		if res.Layers[i].Refused && res.Layers[i].Decision.Policy != nil {
+			names = append(names, res.Layers[i].Decision.Policy.Name())
+		}
+	}
+	return names
+}
+
+func problemQuotaExceeded(res *Result) problem {
+	secs := max(ceilSeconds(res.RetryAfter()), 1)
+	unit := "seconds"
+	if secs == 1 {
+		unit = "second"
+	}
+	detail := fmt.Sprintf("Quota exceeded; retry after %d %s.", secs, unit)
+	if res.kind == outcomeQueueFull {
+		detail = fmt.Sprintf("Too many requests are waiting; retry after %d %s.", secs, unit)
+	}
+	return problem{
+		Type:             ProblemTypeQuotaExceeded,
+		Title:            "Too Many Requests",
+		Status:           http.StatusTooManyRequests,
+		Detail:           detail,
+		ViolatedPolicies: refusingNames(res),
+	}
+}
+
+func problemTooCostly(res *Result) problem {
+	detail := "The request's cost exceeds the capacity of a rate limit; it can never be admitted."
+	for i := range res.Layers {
+		ly := &res.Layers[i]
+		if ly.Refused && ly.Decision.RetryAfter == 0 && ly.Decision.Policy != nil && ly.Cost > ly.Decision.Policy.Capacity() {
+			detail = fmt.Sprintf("The request's cost (%d) exceeds the capacity (%d) of policy %q; it can never be admitted.",
+				ly.Cost, ly.Decision.Policy.Capacity(), ly.Decision.Policy.Name())
+			break
+		}
+	}
+	return problem{
+		Type:   "about:blank",
+		Title:  "Content Too Large",
+		Status: http.StatusRequestEntityTooLarge,
+		Detail: detail,
+	}
+}
+
+func writeProblem(w http.ResponseWriter, p problem) {
+	body, err := json.Marshal(p)
+	if err != nil { // cannot happen: strings and ints only
+		writeText(w, p.Status, http.StatusText(p.Status)+"\n")
+		return
+	}
+	h := w.Header()
+	h["Content-Type"] = []string{"application/problem+json"}
+	h["X-Content-Type-Options"] = []string{"nosniff"}
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(append(body, '\n'))
+}

@@ -1,0 +1,733 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+var (
+	// ErrStoreFailure is wrapped by the error the error handler receives when
+	// the store fails to decide a request (or a layer's Resolver fails). The
+	// fail policy then applies (see [WithFailClosed]).
+	ErrStoreFailure = errors.New("ratelimit: store failure")
+
+	// ErrTooManyWaiting is the Result.Err of a shaped request refused
+	// because [WithMaxWaiting] requests were already waiting.
+	ErrTooManyWaiting = errors.New("ratelimit: too many requests waiting for a shaping delay")
+)
+
+// Layer is one limit of a [Limiter]: requests are keyed by Key and decided
+// under Rule. All layers of a Limiter are decided and charged together,
+// atomically: a request refused by any layer charges no layer.
+type Layer struct {
+	// Key derives the key the request is charged to, such as ClientIP() or
+	// User(). A Key returning an error wrapping ErrNoKey skips the layer
+	// for that request; any other error is a key error (see
+	// [WithErrorHandler]). Required.
+	Key KeyFunc
+
+	// Rule is the quota. Its Name (core.DefaultName when empty) names the
+	// layer in headers, problem details and metrics, and namespaces its keys
+	// in the store: names must be unique within a Limiter, and two Limiters
+	// sharing a store share the state of equally named layers.
+	Rule core.Rule
+
+	// Cost returns the cost of a request under this layer. The default
+	// value is the Limiter's cost (see [WithCost]), 1 unless set.
+	Cost func(r *http.Request) int64
+
+	// Resolver, if set, picks the policy per key (tiers such as free and
+	// pro, see core.Tiers); a nil policy means Rule. Resolved policies speak
+	// in the headers under their own names and are namespaced in the store
+	// by them, so give tier rules names distinct from other layers'.
+	// A Resolver error is handled like a store failure.
+	Resolver core.Resolver
+}
+
+// Result is the outcome of deciding one request: what [Limiter.Decide]
+// returns and what a denied handler receives.
+type Result struct {
+	// Proceed reports whether the request may be served, after waiting
+	// Delay. It is true for admitted, skipped and dry-run requests and for
+	// store failures under the default fail-open policy.
+	Proceed bool
+
+	// Skipped reports that the request matched [WithSkip] or an allowlist
+	// ([WithSkipCIDRs]): nothing was decided or charged, and no headers are
+	// written.
+	Skipped bool
+
+	// DryRun reports that the Limiter is in dry-run mode: Proceed is true
+	// even when a layer refused.
+	DryRun bool
+
+	// Layers holds the decision of every applied layer, in the order the
+	// layers were given to New. Layers whose key did not apply (ErrNoKey)
+	// are omitted, so Layers is empty when no layer applied. It is empty
+	// too after a key error or a store failure, when nothing was decided.
+	Layers []LayerResult
+
+	// Delay is how long to hold an admitted request before serving it: the
+	// longest Decision.Delay of the applied layers (non-zero only for
+	// shaping LeakyBucket layers). See [Limiter.Wait].
+	Delay time.Duration
+
+	// Err is nil for an admitted or refused request. Otherwise it is the
+	// reason the request could not be decided or served normally: a key
+	// error (wrapping the KeyFunc's error), an invalid cost (wrapping
+	// core.ErrInvalidCost), a store or Resolver failure (wrapping
+	// ErrStoreFailure), a cost above a layer's capacity (wrapping
+	// core.ErrCostExceedsCapacity; that layer has Refused set),
+	// ErrTooManyWaiting, or the request context's error when it ended
+	// during a shaping delay.
+	Err error
+
+	kind outcome
+	at   int64 // Unix ns of the decision, 0 before one was made
+}
+
+// LayerResult is the decision of one applied layer.
+type LayerResult struct {
+	// Key is the key the layer charged (or would have charged).
+	Key string
+
+	// Cost is the cost asked of the layer.
+	Cost int64
+
+	// Decision is the layer's decision. Decision.Policy.Name() names the
+	// layer. When another layer refused, an Allowed decision reports
+	// Remaining without this request's cost: nothing was charged.
+	Decision core.Decision
+
+	// Refused reports that this layer refused the request: its quota is
+	// exhausted (Decision.Allowed is false), or the cost exceeds its
+	// capacity, or it is a shaping layer whose delayed request found the
+	// waiting room full.
+	Refused bool
+
+	index int // position of the layer in Limiter.layers
+}
+
+// outcome classifies a Result for the default responses.
+type outcome uint8
+
+const (
+	outcomeOK         outcome = iota // admitted, skipped or nothing applied
+	outcomeRefused                   // a layer refused: 429
+	outcomeTooCostly                 // cost above capacity: 413
+	outcomeQueueFull                 // waiting room full: 429
+	outcomeBadRequest                // key error, invalid cost: 400
+	outcomeStore                     // store or resolver failure: fail policy, 503 when closed
+	outcomeCancelled                 // context ended while waiting: 503
+)
+
+// RetryAfter returns how long a refused client should wait before retrying:
+// the longest RetryAfter among the refusing layers (the shaping delay for
+// ErrTooManyWaiting), never early. It is 0 when the request proceeds, when
+// the refusal promises no retry time (a cost above capacity), and for errors.
+func (res *Result) RetryAfter() time.Duration { return retryAfter(res, res.Layers) }
+
+// retryAfter is Result.RetryAfter with the layers passed apart (see
+// Limiter.Admit).
+func retryAfter(res *Result, layers []LayerResult) time.Duration {
+	if res.Proceed {
+		return 0
+	}
+	switch res.kind {
+	case outcomeRefused:
+		var ra time.Duration
+		for i := range layers {
+			if layers[i].Refused {
+				ra = max(ra, layers[i].Decision.RetryAfter)
+			}
+		}
+		return ra
+	case outcomeQueueFull:
+		return res.Delay
+	}
+	return 0
+}
+
+// export returns a heap copy of res with a copy of layers, for handing to
+// user code (which may keep it) while res and layers live on the stack.
+func export(res *Result, layers []LayerResult) *Result {
+	return &Result{
+		Proceed: res.Proceed,
+		Skipped: res.Skipped,
+		DryRun:  res.DryRun,
+		Layers:  append([]LayerResult(nil), layers...),
+		Delay:   res.Delay,
+		Err:     res.Err,
+		kind:    res.kind,
+	}
+}
+
+// Limiter is the HTTP rate limiter: one or more layers decided together for
+// every request, with the response policy set by options. Build it once with
+// [New] and wrap handlers with [Limiter.Handler]; it is safe for concurrent
+// use.
+//
+// Besides Handler it exposes the steps Handler is made of, for framework
+// adapters and custom flows: [Limiter.Admit] does everything except calling
+// the next handler; [Limiter.Decide], [Limiter.WriteHeaders],
+// [Limiter.Refuse] and [Limiter.Wait] are its parts.
+//
+// The zero value is not usable: build one with New.
+type Limiter struct {
+	cl     *core.Limiter
+	clock  core.Clock
+	layers []layer
+	cfg    config
+
+	// policyBySet[mask] is the RateLimit-Policy value when exactly the
+	// layers in mask applied (for up to maskLayers layers).
+	policyBySet []string
+	allMask     uint32
+
+	waiting atomic.Int64
+	sleep   func(ctx context.Context, d time.Duration) error // replaced in tests
+
+	epochs [64]atomic.Pointer[epochString]
+}
+
+// layer is a validated Layer with its precomputed header strings.
+type layer struct {
+	key        KeyFunc
+	policy     *core.Policy
+	cost       func(*http.Request) int64
+	resolver   core.Resolver
+	xLimit     string // X-RateLimit-Limit value
+	policyItem string // RateLimit-Policy member, without pk
+}
+
+// allowList is one WithSkipCIDRs or WithSkipCIDRsFrom option.
+type allowList struct {
+	ip       KeyFunc // nil: r.RemoteAddr
+	prefixes []netip.Prefix
+}
+
+// New returns a Limiter deciding every request under layers, configured by
+// opts. It reports every configuration problem now, never at request time:
+// no layers, more than core.MaxBatch layers, a layer without Key, an invalid
+// Rule (the error wraps core.ErrInvalidRule), two layers with the same name,
+// or an invalid option. Errors are prefixed "ratelimit: ".
+//
+// Unless [WithStore] is given, the Limiter keeps its state in a new
+// core.MemoryStore of its own.
+func New(layers []Layer, opts ...Option) (*Limiter, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			return nil, errors.New("ratelimit: nil Option")
+		}
+		o(&cfg)
+	}
+	if len(cfg.errs) > 0 {
+		return nil, cfg.errs[0]
+	}
+	if len(layers) == 0 {
+		return nil, errors.New("ratelimit: no layers")
+	}
+	if len(layers) > core.MaxBatch {
+		return nil, fmt.Errorf("ratelimit: %d layers, at most %d (core.MaxBatch)", len(layers), core.MaxBatch)
+	}
+	l := &Limiter{cfg: cfg, layers: make([]layer, len(layers)), sleep: waitTimer}
+	names := make(map[string]int, len(layers))
+	for i, ly := range layers {
+		if ly.Key == nil {
+			return nil, fmt.Errorf("ratelimit: layer %d (%q) has no Key", i, ly.Rule.Name)
+		}
+		p, err := core.NewPolicy(ly.Rule)
+		if err != nil {
+			return nil, fmt.Errorf("ratelimit: layer %d: %w", i, err)
+		}
+		if j, dup := names[p.Name()]; dup {
+			return nil, fmt.Errorf("ratelimit: layers %d and %d are both named %q: layer names must be unique", j, i, p.Name())
+		}
+		names[p.Name()] = i
+		l.layers[i] = layer{
+			key:        ly.Key,
+			policy:     p,
+			cost:       ly.Cost,
+			resolver:   ly.Resolver,
+			xLimit:     itoa(p.Capacity()),
+			policyItem: string(appendPolicyItem(nil, p, nil)),
+		}
+	}
+	l.allMask = uint32(1)<<len(layers) - 1
+	l.policyBySet = buildPolicySets(l.layers)
+
+	coreOpts := []core.Option{core.WithDryRun(cfg.dryRun)}
+	store := cfg.store
+	if store == nil {
+		m, err := core.NewMemoryStore(&core.MemoryConfig{Observer: cfg.observer})
+		if err != nil {
+			return nil, fmt.Errorf("ratelimit: %w", err)
+		}
+		store = m
+	}
+	coreOpts = append(coreOpts, core.WithStore(store))
+	if cfg.clock != nil {
+		coreOpts = append(coreOpts, core.WithClock(cfg.clock))
+	}
+	if cfg.observer != nil {
+		coreOpts = append(coreOpts, core.WithObserver(cfg.observer))
+	}
+	cl, err := core.NewWithPolicy(nil, coreOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: %w", err)
+	}
+	l.cl = cl
+	l.clock = cl.Clock()
+	return l, nil
+}
+
+// Must panics if err is not nil and returns l otherwise, for limiters built
+// at program start: ratelimit.Must(ratelimit.New(layers)).
+func Must(l *Limiter, err error) *Limiter {
+	if err != nil {
+		panic(err)
+	}
+	return l
+}
+
+// Middleware is shorthand for New(layers, opts...) followed by
+// [Limiter.Handler], for routers that take a func(http.Handler)
+// http.Handler.
+func Middleware(layers []Layer, opts ...Option) (func(http.Handler) http.Handler, error) {
+	l, err := New(layers, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return l.Handler, nil
+}
+
+// Handler returns a handler that decides every request and calls next only
+// for the requests it admits (after their shaping delay): see
+// [Limiter.Admit]. It panics if next is nil.
+func (l *Limiter) Handler(next http.Handler) http.Handler {
+	if next == nil {
+		panic("ratelimit: Handler called with a nil http.Handler")
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if l.Admit(w, r) {
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+// Admit decides r, writes the rate-limit headers and, when the request must
+// not be served, the response; it reports whether the caller should serve the
+// request. It waits out a shaping delay before returning true. It is
+// everything [Limiter.Handler] does except calling the next handler, for
+// framework adapters:
+//
+//	if !l.Admit(c.Writer, c.Request) { c.Abort(); return }
+//
+// In order: a skipped request (or one no layer applies to) is admitted
+// without headers. An error goes to the error handler; unless it writes a
+// response, a request error is answered 400, a store failure is served
+// (fail-open, without headers) or answered 503 (fail-closed), and in dry-run
+// mode the request is served. Otherwise the headers are set; a refused
+// request gets Retry-After and the denied response (429, or 413 for a cost
+// above capacity). An admitted request with a Delay waits for it (see
+// [Limiter.Wait]); a full waiting room refuses it with 429 and a request
+// whose context ends first is answered 503 (if anyone still listens).
+func (l *Limiter) Admit(w http.ResponseWriter, r *http.Request) bool {
+	// The Result's layers stay on the stack, apart from the Result: escape
+	// analysis is field-insensitive, so a Result holding both them and an
+	// error handed to user code would move them to the heap.
+	var res Result
+	if len(l.layers) <= smallBatch {
+		var (
+			buf  [smallBatch]LayerResult
+			reqs [smallBatch]core.Request
+			out  [smallBatch]core.Decision
+		)
+		n := l.decide(r, &res, buf[:], reqs[:], out[:])
+		return l.serve(w, r, &res, buf[:n])
+	}
+	var (
+		buf  [core.MaxBatch]LayerResult
+		reqs [core.MaxBatch]core.Request
+		out  [core.MaxBatch]core.Decision
+	)
+	n := l.decide(r, &res, buf[:], reqs[:], out[:])
+	return l.serve(w, r, &res, buf[:n])
+}
+
+// smallBatch is the size of the stack arrays Admit uses for limiters with
+// few layers (zeroing core.MaxBatch of each would cost more than deciding).
+const smallBatch = 4
+
+// serve is Admit after the decision, with the Result's layers apart (its
+// Layers field is unused). Both may live on the caller's stack: user code
+// gets only their export.
+func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, layers []LayerResult) bool {
+	if res.Err != nil && (res.kind == outcomeBadRequest || res.kind == outcomeStore) {
+		if !res.Proceed {
+			l.Refuse(w, r, export(res, layers))
+			return false
+		}
+		// Fail-open, or dry-run: the error handler may still stop it.
+		if l.cfg.errHandler != nil && l.callErrorHandler(w, r, res.Err) {
+			return false
+		}
+		return true
+	}
+	if res.Skipped || len(layers) == 0 {
+		return res.Proceed
+	}
+	l.writeHeaders(w.Header(), res, layers)
+	if !res.Proceed {
+		l.Refuse(w, r, export(res, layers))
+		return false
+	}
+	if res.Delay > 0 && !res.DryRun {
+		if err := l.wait(r.Context(), res, layers); err != nil {
+			l.Refuse(w, r, export(res, layers))
+			return false
+		}
+	}
+	return true
+}
+
+// Decide decides r under every layer and charges it when all applied layers
+// admit it, in one atomic store call. It writes nothing, calls no handler and
+// does not wait; the Result says what to do (see [Limiter.Admit] for the
+// composed flow). It allocates the Result's Layers; Admit does not.
+func (l *Limiter) Decide(r *http.Request) Result {
+	var (
+		res  Result
+		reqs [core.MaxBatch]core.Request
+		out  [core.MaxBatch]core.Decision
+	)
+	buf := make([]LayerResult, len(l.layers))
+	if n := l.decide(r, &res, buf, reqs[:], out[:]); n > 0 {
+		res.Layers = buf[:n]
+	}
+	return res
+}
+
+// decide fills res, except its Layers: it returns n, the number of applied
+// layers whose results are in buf[:n] (0 after an error or a skip). buf,
+// reqs and out hold at least len(l.layers) elements.
+func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision) int {
+	res.DryRun = l.cfg.dryRun
+	if l.skip(r) {
+		res.Skipped, res.Proceed = true, true
+		return 0
+	}
+	ctx := r.Context()
+	var (
+		n        int
+		defCost  int64
+		haveCost bool
+	)
+	for i := range l.layers {
+		ly := &l.layers[i]
+		key, err := ly.key(r)
+		if err != nil {
+			if errors.Is(err, ErrNoKey) {
+				continue
+			}
+			l.failed(res, outcomeBadRequest, fmt.Errorf("ratelimit: layer %q: %w", ly.policy.Name(), err))
+			return 0
+		}
+		if key == "" {
+			l.failed(res, outcomeBadRequest, fmt.Errorf("ratelimit: layer %q: %w", ly.policy.Name(), ErrEmptyKey))
+			return 0
+		}
+		p := ly.policy
+		if ly.resolver != nil {
+			rp, err := ly.resolver.Resolve(ctx, key)
+			if err != nil {
+				l.failed(res, outcomeStore, fmt.Errorf("%w: layer %q: resolving the policy: %w", ErrStoreFailure, ly.policy.Name(), err))
+				return 0
+			}
+			if rp != nil {
+				p = rp
+			}
+		}
+		var cost int64
+		switch {
+		case ly.cost != nil:
+			cost = ly.cost(r)
+		case l.cfg.cost != nil:
+			if !haveCost {
+				defCost, haveCost = l.cfg.cost(r), true
+			}
+			cost = defCost
+		default:
+			cost = 1
+		}
+		if cost < 1 {
+			l.failed(res, outcomeBadRequest, fmt.Errorf("ratelimit: layer %q: cost %d: %w", ly.policy.Name(), cost, core.ErrInvalidCost))
+			return 0
+		}
+		reqs[n] = core.Request{Policy: p, Key: key, Cost: cost}
+		buf[n] = LayerResult{Key: key, Cost: cost, index: i}
+		n++
+	}
+	if n == 0 {
+		res.Proceed = true
+		return 0
+	}
+	now := l.clock.Now()
+	res.at = now.UnixNano()
+	ok, err := l.cl.TakeAt(ctx, now, reqs[:n], out[:n])
+	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
+		l.failed(res, outcomeStore, fmt.Errorf("%w: %w", ErrStoreFailure, err))
+		return 0
+	}
+	for j := 0; j < n; j++ {
+		buf[j].Decision = out[j]
+		buf[j].Refused = !out[j].Allowed
+		res.Delay = max(res.Delay, out[j].Delay)
+	}
+	switch {
+	case err != nil:
+		res.Err, res.kind = err, outcomeTooCostly
+		res.Delay = 0
+	case !ok:
+		res.kind = outcomeRefused
+		res.Delay = 0
+	}
+	res.Proceed = ok || l.cfg.dryRun
+	return n
+}
+
+// failed records an error that left nothing decided.
+func (l *Limiter) failed(res *Result, k outcome, err error) {
+	res.Err, res.kind = err, k
+	switch k {
+	case outcomeStore:
+		res.Proceed = !l.cfg.failClosed || l.cfg.dryRun
+	default:
+		res.Proceed = l.cfg.dryRun
+	}
+}
+
+// skip reports whether r matches a skip predicate or an allowlist.
+func (l *Limiter) skip(r *http.Request) bool {
+	for _, f := range l.cfg.skips {
+		if f(r) {
+			return true
+		}
+	}
+	for i := range l.cfg.allow {
+		if l.cfg.allow[i].match(r) {
+			return true
+		}
+	}
+	return false
+}
+
+// match reports whether the client of r lies wholly inside the list.
+func (a *allowList) match(r *http.Request) bool {
+	var client netip.Prefix
+	if a.ip == nil {
+		addr, ok := peerAddr(r.RemoteAddr)
+		if !ok {
+			return false
+		}
+		client = netip.PrefixFrom(addr, addr.BitLen())
+	} else {
+		key, err := a.ip(r)
+		if err != nil {
+			return false
+		}
+		var ok bool
+		if client, ok = keyPrefix(key); !ok {
+			return false
+		}
+	}
+	for _, p := range a.prefixes {
+		if p.Bits() <= client.Bits() && p.Contains(client.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// peerAddr parses r.RemoteAddr ("ip:port", or a bare IP), unmapped and
+// without zone.
+func peerAddr(s string) (netip.Addr, bool) {
+	var a netip.Addr
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		a = ap.Addr()
+	} else if a, err = netip.ParseAddr(s); err != nil {
+		return netip.Addr{}, false
+	}
+	return a.WithZone("").Unmap(), true
+}
+
+// keyPrefix parses a ClientIP key: an address or a network.
+func keyPrefix(key string) (netip.Prefix, bool) {
+	if a, err := netip.ParseAddr(key); err == nil {
+		a = a.WithZone("").Unmap()
+		return netip.PrefixFrom(a, a.BitLen()), true
+	}
+	p, err := netip.ParsePrefix(key)
+	if err != nil {
+		return netip.Prefix{}, false
+	}
+	p = p.Masked()
+	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+	}
+	return p, true
+}
+
+// Wait holds an admitted request for res.Delay, its shaping delay (see
+// core.Rule.MaxDelay): a request that overflowed a LeakyBucket layer with
+// MaxDelay was admitted and charged on condition that it is served no sooner
+// than Delay from now. Wait returns nil at once for a zero Delay or a dry-run
+// Result, nil after the delay, the context's error if ctx ends first, and
+// ErrTooManyWaiting without waiting when [WithMaxWaiting] requests are
+// already waiting. In the last two cases the charge stays, and Wait turns
+// res into a refusal for [Limiter.Refuse]: Proceed false, Err set, and for
+// ErrTooManyWaiting the delaying layers marked Refused (Refuse then answers
+// 429 with Retry-After set to the delay; 503 for an ended context).
+//
+// The delay is waited on a real timer, whatever the Limiter's clock.
+func (l *Limiter) Wait(ctx context.Context, res *Result) error {
+	return l.wait(ctx, res, res.Layers)
+}
+
+// wait is Wait with the layers passed apart (see Limiter.Admit).
+func (l *Limiter) wait(ctx context.Context, res *Result, layers []LayerResult) error {
+	d := res.Delay
+	if d <= 0 || res.DryRun || !res.Proceed {
+		return nil
+	}
+	err := ctx.Err()
+	if err == nil {
+		if l.waiting.Add(1) > int64(l.cfg.maxWaiting) {
+			err = ErrTooManyWaiting
+		} else {
+			err = l.sleep(ctx, d)
+		}
+		l.waiting.Add(-1)
+	}
+	if err != nil {
+		res.Proceed, res.Err = false, err
+		res.kind = outcomeCancelled
+		if errors.Is(err, ErrTooManyWaiting) {
+			res.kind = outcomeQueueFull
+			for i := range layers {
+				if layers[i].Decision.Delay > 0 {
+					layers[i].Refused = true
+				}
+			}
+		}
+	}
+	return err
+}
+
+// waitTimer waits for d or until ctx ends.
+func waitTimer(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Refuse writes the response for a Result that must not be served
+// (Proceed false); headers should already be set by [Limiter.WriteHeaders].
+//
+// A refusal (Err nil, a cost above capacity, or ErrTooManyWaiting) goes to
+// the denied handler (see [WithDeniedHandler]); by default it is answered
+// 429 Too Many Requests, or 413 Content Too Large for a cost above a layer's
+// capacity (such a request can never be admitted, so no Retry-After is
+// promised), as short text or problem details ([WithProblemDetails]). For
+// ErrTooManyWaiting, Refuse sets Retry-After itself (the refusal arose after
+// the headers were written).
+//
+// An error goes to the error handler (see [WithErrorHandler]); unless it
+// writes a response, a request error (key, cost) is answered 400 Bad Request
+// and a store failure 503 Service Unavailable, with short text bodies. A
+// request whose context ended during its shaping delay is answered 503.
+func (l *Limiter) Refuse(w http.ResponseWriter, r *http.Request, res *Result) {
+	switch res.kind {
+	case outcomeBadRequest, outcomeStore:
+		if l.cfg.errHandler != nil && res.Err != nil && l.callErrorHandler(w, r, res.Err) {
+			return
+		}
+		if res.kind == outcomeStore {
+			writeText(w, http.StatusServiceUnavailable, "Service Unavailable: rate limiter unavailable\n")
+		} else {
+			writeText(w, http.StatusBadRequest, "Bad Request\n")
+		}
+		return
+	case outcomeCancelled:
+		writeText(w, http.StatusServiceUnavailable, "Service Unavailable: request cancelled while delayed\n")
+		return
+	case outcomeQueueFull:
+		w.Header()[canonRetry] = []string{itoa(max(ceilSeconds(res.Delay), 1))}
+	}
+	if l.cfg.denied != nil {
+		l.cfg.denied(w, r, res)
+		return
+	}
+	if res.kind == outcomeTooCostly {
+		if l.cfg.problem {
+			writeProblem(w, problemTooCostly(res))
+		} else {
+			writeText(w, http.StatusRequestEntityTooLarge, "Content Too Large: request cost exceeds the rate limit's capacity\n")
+		}
+		return
+	}
+	if l.cfg.problem {
+		writeProblem(w, problemQuotaExceeded(res))
+		return
+	}
+	writeText(w, http.StatusTooManyRequests, "Too Many Requests\n")
+}
+
+// callErrorHandler calls the error handler and reports whether it wrote a
+// response.
+func (l *Limiter) callErrorHandler(w http.ResponseWriter, r *http.Request, err error) bool {
+	ww := &watchWriter{ResponseWriter: w}
+	l.cfg.errHandler(ww, r, err)
+	return ww.wrote
+}
+
+// watchWriter records whether a response was started.
+type watchWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *watchWriter) WriteHeader(code int) {
+	w.wrote = true
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *watchWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *watchWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// writeText writes a short plain-text response.
+func writeText(w http.ResponseWriter, status int, body string) {
+	h := w.Header()
+	h["Content-Type"] = []string{"text/plain; charset=utf-8"}
+	h["X-Content-Type-Options"] = []string{"nosniff"}
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(body))
+}

@@ -1,0 +1,121 @@
+package ratelimit_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+// benchWriter is a minimal, reusable ResponseWriter, so that the benchmark
+// measures the middleware rather than the recorder.
+type benchWriter struct {
+	h    http.Header
+	code int
+}
+
+func (w *benchWriter) Header() http.Header         { return w.h }
+func (w *benchWriter) WriteHeader(code int)        { w.code = code }
+func (w *benchWriter) Write(b []byte) (int, error) { return len(b), nil }
+
+func (w *benchWriter) reset() {
+	clear(w.h)
+	w.code = 0
+}
+
+const benchIPs = 10_000
+
+// benchRequests returns benchIPs requests from distinct peers.
+func benchRequests() []*http.Request {
+	reqs := make([]*http.Request, benchIPs)
+	for i := range reqs {
+		r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
+		r.RemoteAddr = fmt.Sprintf("10.%d.%d.%d:4321", i>>16&255, i>>8&255, i&255)
+		reqs[i] = r
+	}
+	return reqs
+}
+
+var okHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+
+// benchHandler is a per-IP limit generous enough that every request is
+// admitted, with both header sets.
+func benchHandler(b *testing.B, layers []ratelimit.Layer, opts ...ratelimit.Option) http.Handler {
+	b.Helper()
+	l, err := ratelimit.New(layers, append([]ratelimit.Option{ratelimit.WithHeaders(ratelimit.AllHeaders)}, opts...)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return l.Handler(okHandler)
+}
+
+func perIPLayer() []ratelimit.Layer {
+	return []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerSecond(1000).Named("per-ip")}}
+}
+
+func runSequential(b *testing.B, h http.Handler) {
+	reqs := benchRequests()
+	w := &benchWriter{h: make(http.Header)}
+	for _, r := range reqs { // warm up: every key exists
+		w.reset()
+		h.ServeHTTP(w, r)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		w.reset()
+		h.ServeHTTP(w, reqs[i])
+		if w.code != http.StatusNoContent {
+			b.Fatalf("status %d", w.code)
+		}
+		if i++; i == len(reqs) {
+			i = 0
+		}
+	}
+}
+
+func runParallel(b *testing.B, h http.Handler) {
+	reqs := benchRequests()
+	w := &benchWriter{h: make(http.Header)}
+	for _, r := range reqs {
+		w.reset()
+		h.ServeHTTP(w, r)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var seed atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		w := &benchWriter{h: make(http.Header)}
+		i := int(seed.Add(1)*7919) % len(reqs)
+		for pb.Next() {
+			w.reset()
+			h.ServeHTTP(w, reqs[i])
+			if i++; i == len(reqs) {
+				i = 0
+			}
+		}
+	})
+}
+
+func BenchmarkHandler(b *testing.B) {
+	b.Run("sequential", func(b *testing.B) { runSequential(b, benchHandler(b, perIPLayer())) })
+	b.Run("parallel", func(b *testing.B) { runParallel(b, benchHandler(b, perIPLayer())) })
+	b.Run("layered/sequential", func(b *testing.B) {
+		runSequential(b, benchHandler(b, []ratelimit.Layer{
+			perIPLayer()[0],
+			{Key: ratelimit.Global("all"), Rule: core.PerSecond(1 << 40).Named("global")},
+		}))
+	})
+	b.Run("reset-delta/sequential", func(b *testing.B) {
+		runSequential(b, benchHandler(b, perIPLayer(), ratelimit.WithResetDelta()))
+	})
+	b.Run("partition-key/sequential", func(b *testing.B) {
+		runSequential(b, benchHandler(b, perIPLayer(), ratelimit.WithPartitionKey()))
+	})
+	b.Run("bare/sequential", func(b *testing.B) { runSequential(b, okHandler) })
+}
