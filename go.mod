@@ -3,3 +3,5 @@ module github.com/limitry/ratelimit
 go 1.26.8
 
 require github.com/hashicorp/golang-lru/v2 v2.0.7
+
+require go.uber.org/goleak v1.3.0

@@ -1,0 +1,201 @@
+package ratelimit_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+// TestMain fails the package's tests if any goroutine outlives them: the
+// middleware, its shaping timers and the test servers must all clean up.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// TestExactAdmissionOverHTTP sends a known number of requests from 64
+// concurrent clients through a real HTTP server on a frozen clock: the
+// number of 200s equals the capacity, exactly, for every algorithm.
+func TestExactAdmissionOverHTTP(t *testing.T) {
+	const clients, each, capacity = 64, 5, 100
+	for _, alg := range core.Algorithms() {
+		t.Run(alg.Name(), func(t *testing.T) {
+			rule := core.Rule{Name: "exact", Algorithm: alg, Limit: capacity, Window: time.Hour}
+			if alg == core.LeakyBucket {
+				rule.Burst = capacity
+			}
+			l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: rule}},
+				ratelimit.WithClock(core.NewFakeClock(mwT0))))
+			srv := httptest.NewServer(l.Handler(mwOK))
+			defer srv.Close()
+			client := srv.Client()
+			var codes [600]atomic.Int64
+			var wg sync.WaitGroup
+			for c := 0; c < clients; c++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < each; i++ {
+						resp, err := client.Get(srv.URL)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						codes[resp.StatusCode].Add(1)
+					}
+				}()
+			}
+			wg.Wait()
+			client.CloseIdleConnections()
+			if ok, refused := codes[200].Load(), codes[429].Load(); ok != capacity || ok+refused != clients*each {
+				t.Fatalf("%d clients x %d requests: %d OK and %d refused, want exactly %d OK and the rest refused", clients, each, ok, refused, capacity)
+			}
+		})
+	}
+}
+
+// chargedKeys returns the keys charged (or refused) for one request, as the
+// Observer saw them.
+type keyObserver struct {
+	core.NopObserver
+	mu   sync.Mutex
+	keys []string
+}
+
+func (o *keyObserver) ObserveDecision(e core.DecisionEvent) {
+	o.mu.Lock()
+	o.keys = append(o.keys, e.Key)
+	o.mu.Unlock()
+}
+
+func (o *keyObserver) take() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := o.keys
+	o.keys = nil
+	return k
+}
+
+// TestHostileForwardingHeaders is the table of spoofing and malformed-input
+// cases for the client-IP extractor, run through the middleware. Each case
+// states whose quota is charged, or that the request fails closed (400,
+// nothing charged). The server trusts the proxies in 10.0.0.0/8 and
+// fd00::/8.
+func TestHostileForwardingHeaders(t *testing.T) {
+	huge := strings.Repeat("6.6.6.6, ", 200_000) // 1.8 MB
+	tests := []struct {
+		name    string
+		peer    string
+		headers []string // name, value pairs; repeated names are separate lines
+		charged string   // "" means the request fails closed
+	}{
+		{"no headers", "203.0.113.7:1234", nil, "203.0.113.7"},
+		{"forged XFF from untrusted peer", "203.0.113.7:1234", []string{"X-Forwarded-For", "198.51.100.1"}, "203.0.113.7"},
+		{"forged X-Real-IP from untrusted peer", "203.0.113.7:1234", []string{"X-Real-IP", "198.51.100.1"}, "203.0.113.7"},
+		{"forged Forwarded from untrusted peer", "203.0.113.7:1234", []string{"Forwarded", "for=198.51.100.1"}, "203.0.113.7"},
+		{"forged XFF naming a trusted proxy", "203.0.113.7:1234", []string{"X-Forwarded-For", "10.0.0.1"}, "203.0.113.7"},
+		{"trusted proxy, one hop", "10.0.0.2:80", []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
+		{"trusted proxy, client-forged leftmost ignored", "10.0.0.2:80", []string{"X-Forwarded-For", "1.2.3.4, 198.51.100.1"}, "198.51.100.1"},
+		{"trusted chain of proxies", "10.0.0.2:80", []string{"X-Forwarded-For", "198.51.100.1, 10.9.9.9, 10.0.0.3"}, "198.51.100.1"},
+		{"multiple XFF lines merged in order", "10.0.0.2:80", []string{"X-Forwarded-For", "1.2.3.4", "X-Forwarded-For", "198.51.100.1, 10.0.0.3"}, "198.51.100.1"},
+		{"garbage inside the trusted part", "10.0.0.2:80", []string{"X-Forwarded-For", "198.51.100.1, not-an-ip, 10.0.0.3"}, ""},
+		{"garbage left of the client is never reached", "10.0.0.2:80", []string{"X-Forwarded-For", "garbage, 198.51.100.1"}, "198.51.100.1"},
+		{"all entries trusted: leftmost", "10.0.0.2:80", []string{"X-Forwarded-For", "10.1.1.1, 10.2.2.2"}, "10.1.1.1"},
+		{"trusted proxy without header keys the proxy", "10.0.0.2:80", nil, "10.0.0.2"},
+		{"v4-mapped client behind a trusted proxy", "10.0.0.2:80", []string{"X-Forwarded-For", "::ffff:198.51.100.1"}, "198.51.100.1"},
+		{"v4-mapped trusted proxy is trusted", "[::ffff:10.0.0.2]:80", []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
+		{"v4-mapped untrusted peer keyed as IPv4", "[::ffff:203.0.113.7]:80", []string{"X-Forwarded-For", "198.51.100.1"}, "203.0.113.7"},
+		{"IPv6 peer grouped by /64", "[2001:db8:1:2:aaaa::1]:443", nil, "2001:db8:1:2::/64"},
+		{"IPv6 rotation inside one /64: same key", "[2001:db8:1:2:ffff:ffff:ffff:fffe]:443", nil, "2001:db8:1:2::/64"},
+		{"another /64: another key", "[2001:db8:1:3::1]:443", nil, "2001:db8:1:3::/64"},
+		{"zone stripped", "[fe80::1%eth0]:443", nil, "fe80::/64"},
+		{"IPv6 client behind an IPv6 proxy", "[fd00::1]:443", []string{"X-Forwarded-For", "2001:db8:9::7"}, "2001:db8:9::/64"},
+		{"RFC 7239 with brackets and port", "10.0.0.2:80", []string{"Forwarded", `for="[2001:db8:9::7]:4711"`}, "2001:db8:9::/64"},
+		{"oversized forged XFF from untrusted peer", "203.0.113.7:1234", []string{"X-Forwarded-For", huge}, "203.0.113.7"},
+		{"oversized XFF through a trusted proxy: rightmost untrusted entry", "10.0.0.2:80", []string{"X-Forwarded-For", huge + "10.0.0.7"}, "6.6.6.6"},
+		{"trusted hops beyond the walk limit fail closed", "10.0.0.2:80", []string{"X-Forwarded-For", "198.51.100.1, " + strings.Repeat("10.0.0.1, ", 200_000) + "10.0.0.7"}, ""},
+		{"oversized entry", "10.0.0.2:80", []string{"X-Forwarded-For", strings.Repeat("1", 5000)}, ""},
+		{"garbage RemoteAddr", "not-an-address", nil, ""},
+	}
+	obs := &keyObserver{}
+	xff := ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.0.0.0/8", "fd00::/8"))
+	fwd := ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.0.0.0/8", "fd00::/8"), ratelimit.FromHeader("Forwarded"))
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key := xff
+			for i := 0; i < len(tt.headers); i += 2 {
+				if tt.headers[i] == "Forwarded" && strings.HasPrefix(tt.peer, "10.") {
+					key = fwd
+				}
+			}
+			l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: key, Rule: core.PerMinute(10).Named("ip")}},
+				ratelimit.WithObserver(obs), ratelimit.WithClock(core.NewFakeClock(mwT0))))
+			r := mwReq(tt.peer, tt.headers...)
+			rec := httptest.NewRecorder()
+			l.Handler(mwOK).ServeHTTP(rec, r)
+			charged := obs.take()
+			if tt.charged == "" {
+				if rec.Code != http.StatusBadRequest || len(charged) != 0 {
+					t.Fatalf("want fail closed (400, nothing charged); got %d, charged %q", rec.Code, charged)
+				}
+				return
+			}
+			if rec.Code != http.StatusOK || len(charged) != 1 || charged[0] != tt.charged {
+				t.Fatalf("got %d charging %q, want 200 charging %q", rec.Code, charged, tt.charged)
+			}
+		})
+	}
+}
+
+// TestFloodDoesNotReleaseLimitedClient floods the middleware's memory store
+// with new client IPs while one client is over its limit: with KeepActive the
+// client stays limited, and the flood meets the fail policy instead.
+func TestFloodDoesNotReleaseLimitedClient(t *testing.T) {
+	store := core.MustMemoryStore(&core.MemoryConfig{Capacity: 256, KeepActive: true})
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(2).Named("ip")}},
+		ratelimit.WithStore(store), ratelimit.WithFailClosed())
+	victim := "203.0.113.7:1"
+	for i := 0; i < 3; i++ {
+		e.do(t, mwReq(victim))
+	}
+	if rec := e.do(t, mwReq(victim)); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("victim not limited: %d", rec.Code)
+	}
+	refused := 0
+	for i := 0; i < 5000; i++ {
+		rec := e.do(t, mwReq(fmt.Sprintf("198.%d.%d.%d:1", i>>16&255, i>>8&255, i&255)))
+		if rec.Code == http.StatusServiceUnavailable {
+			refused++
+		}
+	}
+	if store.Evictions() != 0 {
+		t.Fatalf("KeepActive store evicted %d keys", store.Evictions())
+	}
+	if refused == 0 {
+		t.Fatal("a full KeepActive store admitted every new key")
+	}
+	if rec := e.do(t, mwReq(victim)); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("flood of %d new keys released the limited client: %d", 5000, rec.Code)
+	}
+	// With the default policy the same flood evicts, and says so.
+	store2 := core.MustMemoryStore(&core.MemoryConfig{Capacity: 256})
+	e2 := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(2).Named("ip")}}, ratelimit.WithStore(store2))
+	for i := 0; i < 5000; i++ {
+		e2.do(t, mwReq(fmt.Sprintf("198.%d.%d.%d:1", i>>16&255, i>>8&255, i&255)))
+	}
+	if store2.Evictions() == 0 || store2.Len() > store2.Capacity() {
+		t.Fatalf("default store: %d evictions, %d of %d keys", store2.Evictions(), store2.Len(), store2.Capacity())
+	}
+}
