@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"math/bits"
 	"time"
 )
 
@@ -66,8 +67,18 @@ func gcraDecide(p *Policy, s *State, cost, now int64, commit bool) Decision {
 		bq, br = s.A, uint64(s.B)
 	}
 	// TAT' = base + cost x Window/Limit.
-	q, nr := mulAddDiv(uint64(cost), uint64(p.window), br, p.limit)
-	nq := bq + int64(q)
+	var nq int64
+	var nr uint64
+	if cost == 1 {
+		// One unit, the common case, needs no division.
+		nq, nr = bq+p.unitQ, br+p.unitR
+		if nr >= p.limit {
+			nq, nr = nq+1, nr-p.limit
+		}
+	} else {
+		q, r := mulAddDiv(uint64(cost), uint64(p.window), br, p.limit)
+		nq, nr = bq+int64(q), r
+	}
 	// Admit while TAT' - now <= tau + MaxDelay.
 	dq := nq - now
 	if lessEq(dq, nr, p.tauQ+p.maxDelay, p.tauR) {
@@ -96,8 +107,17 @@ func gcraRemaining(p *Policy, dq int64, dr uint64) int64 {
 		return 0
 	}
 	// (dq x Limit + dr) / Window <= capacity, so the quotient fits.
-	q, r := mulAddDiv(uint64(dq), p.limit, dr, uint64(p.window))
-	used := int64(q) + b2i(r > 0)
+	var used int64
+	if hi, lo := bits.Mul64(uint64(dq), p.limit); hi == 0 && lo <= 1<<63-1-dr {
+		d := lo + dr // fits in 64 bits: a plain division is cheaper
+		used = int64(d / uint64(p.window))
+		if d%uint64(p.window) != 0 {
+			used++
+		}
+	} else {
+		q, r := mulAddDiv(uint64(dq), p.limit, dr, uint64(p.window))
+		used = int64(q) + b2i(r > 0)
+	}
 	if used >= p.capacity {
 		return 0
 	}

@@ -119,6 +119,10 @@ type Policy struct {
 	// as whole nanoseconds plus a fraction tauR/limit.
 	tauQ     int64
 	tauR     uint64
+	// unit is the cost of one unit, window / limit, as whole nanoseconds
+	// plus a fraction unitR/limit.
+	unitQ    int64
+	unitR    uint64
 	maxDelay int64
 	nameHash uint64
 }
@@ -186,6 +190,7 @@ func NewPolicy(r Rule) (*Policy, error) {
 		return nil, ruleError(r, "refill time Burst x Window / Limit exceeds MaxWindow (%v)", MaxWindow)
 	}
 	p.tauQ, p.tauR = int64(q), rem
+	p.unitQ, p.unitR = int64(uint64(r.Window)/p.limit), uint64(r.Window)%p.limit
 	return p, nil
 }
 
