@@ -117,8 +117,8 @@ type Policy struct {
 	limit    uint64
 	// tau is the refill time of an empty bucket, capacity x window / limit,
 	// as whole nanoseconds plus a fraction tauR/limit.
-	tauQ     int64
-	tauR     uint64
+	tauQ int64
+	tauR uint64
 	// unit is the cost of one unit, window / limit, as whole nanoseconds
 	// plus a fraction unitR/limit.
 	unitQ    int64
