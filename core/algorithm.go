@@ -23,13 +23,15 @@ type Algorithm interface {
 	// Capacity returns the largest cost a valid rule admits at once.
 	Capacity(r Rule) int64
 
-	// Decide reports whether cost units are admitted at now for the state
-	// s. If commit is true and the request is admitted, Decide updates s to
-	// charge it; otherwise it leaves s unchanged. A cost of 0 reports the
-	// state without charging. Decide is called only with
-	// 0 <= cost <= p.Capacity(). A zero State is a key never seen before,
-	// whose quota is whole.
-	Decide(p *Policy, s *State, cost, now int64, commit bool) Decision
+	// Decide writes to d whether cost units are admitted at now for the
+	// state s, overwriting every field of d. If commit is true and the
+	// request is admitted, Decide updates s to charge it; otherwise it
+	// leaves s unchanged. A cost of 0 reports the state without charging.
+	// Decide is called only with 0 <= cost <= p.Capacity(). A zero State is
+	// a key never seen before, whose quota is whole. (The decision is
+	// written through a pointer rather than returned: returning the struct
+	// costs a store-forwarding stall on every call.)
+	Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision)
 
 	// Expiry returns the Unix nanosecond time from which s decides exactly
 	// like a zero State, so that a store may forget it (0 when s already

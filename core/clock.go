@@ -16,11 +16,20 @@ type Clock interface {
 // Unix epoch (so FixedWindow windows align to it) but never jump when the
 // wall clock is stepped, and each reading costs a monotonic clock read
 // rather than a full time.Now.
-func SystemClock() Clock { return systemClock{base: time.Now()} }
+func SystemClock() Clock {
+	now := time.Now()
+	return &systemClock{base: now, baseNs: now.UnixNano()}
+}
 
-type systemClock struct{ base time.Time }
+type systemClock struct {
+	base   time.Time
+	baseNs int64
+}
 
-func (c systemClock) Now() time.Time { return c.base.Add(time.Since(c.base)) }
+func (c *systemClock) Now() time.Time { return c.base.Add(time.Since(c.base)) }
+
+// unixNano is Now().UnixNano() without building a time.Time.
+func (c *systemClock) unixNano() int64 { return c.baseNs + int64(time.Since(c.base)) }
 
 // FakeClock is a Clock that moves only when told to, for tests. It is safe
 // for concurrent use. Its zero value reads as the zero time.Time; use

@@ -87,8 +87,8 @@ func (lifetime) Validate(core.Rule) error               { return nil }
 func (lifetime) Capacity(r core.Rule) int64             { return r.Limit }
 func (lifetime) Expiry(*core.Policy, *core.State) int64 { return 1<<63 - 1 } // never forget
 
-func (lifetime) Decide(p *core.Policy, s *core.State, cost, now int64, commit bool) core.Decision {
-	d := core.Decision{Limit: p.Capacity(), Policy: p}
+func (lifetime) Decide(p *core.Policy, s *core.State, cost, now int64, commit bool, d *core.Decision) {
+	*d = core.Decision{Limit: p.Capacity(), Policy: p}
 	if s.A+cost <= p.Capacity() {
 		d.Allowed = true
 		if commit {
@@ -98,11 +98,10 @@ func (lifetime) Decide(p *core.Policy, s *core.State, cost, now int64, commit bo
 		if !commit {
 			d.Remaining -= cost
 		}
-		return d
+		return
 	}
 	d.Remaining = p.Capacity() - s.A
 	d.RetryAfter = time.Duration(1<<63 - 1) // never, as far as a Duration can say
-	return d
 }
 
 // A custom Algorithm plugs into the memory store like a built-in one.

@@ -30,8 +30,8 @@ func (tokenBucket) Capacity(r Rule) int64 {
 	return r.Limit
 }
 
-func (tokenBucket) Decide(p *Policy, s *State, cost, now int64, commit bool) Decision {
-	return gcraDecide(p, s, cost, now, commit)
+func (tokenBucket) Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
+	gcraDecide(p, s, cost, now, commit, d)
 }
 
 func (tokenBucket) Expiry(p *Policy, s *State) int64 { return gcraExpiry(s) }
@@ -49,8 +49,8 @@ func (leakyBucket) Capacity(r Rule) int64 {
 	return 1
 }
 
-func (leakyBucket) Decide(p *Policy, s *State, cost, now int64, commit bool) Decision {
-	return gcraDecide(p, s, cost, now, commit)
+func (leakyBucket) Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
+	gcraDecide(p, s, cost, now, commit, d)
 }
 
 func (leakyBucket) Expiry(p *Policy, s *State) int64 { return gcraExpiry(s) }
@@ -59,8 +59,8 @@ func gcraExpiry(s *State) int64 {
 	return s.A + b2i(s.B > 0)
 }
 
-func gcraDecide(p *Policy, s *State, cost, now int64, commit bool) Decision {
-	d := Decision{Limit: p.capacity, Policy: p}
+func gcraDecide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
+	*d = Decision{Limit: p.capacity, Policy: p}
 	// base = max(TAT, now): a clock behind TAT sees fewer tokens, never more.
 	bq, br := now, uint64(0)
 	if s.A > now || (s.A == now && s.B > 0) {
@@ -91,13 +91,12 @@ func gcraDecide(p *Policy, s *State, cost, now int64, commit bool) Decision {
 		if commit && cost > 0 {
 			s.A, s.B = nq, int64(nr)
 		}
-		return d
+		return
 	}
 	// Refused: admitted once TAT' - now' <= tau + MaxDelay.
 	d.RetryAfter = time.Duration(ceilDiff(dq, nr, p.tauQ+p.maxDelay, p.tauR))
 	d.Remaining = gcraRemaining(p, bq-now, br)
 	d.ResetAfter = time.Duration(ceilDiff(bq-now, br, 0, 0))
-	return d
 }
 
 // gcraRemaining returns the whole tokens left when TAT - now = dq + dr/Limit:

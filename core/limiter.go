@@ -51,6 +51,7 @@ type Limiter struct {
 	store    Store
 	mem      *MemoryStore // store, when it is a *MemoryStore
 	clock    Clock
+	sys      *systemClock // clock, when it is a SystemClock
 	observer Observer
 	resolver Resolver
 	dryRun   bool
@@ -108,6 +109,7 @@ func NewWithPolicy(p *Policy, opts ...Option) (*Limiter, error) {
 		l.clock = SystemClock()
 	}
 	l.mem, _ = l.store.(*MemoryStore)
+	l.sys, _ = l.clock.(*systemClock)
 	return l, nil
 }
 
@@ -173,7 +175,24 @@ func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Decision,
 // whether all were admitted. out must be at least as long as reqs. Errors
 // are as for Store.Take.
 func (l *Limiter) Take(ctx context.Context, reqs []Request, out []Decision) (bool, error) {
+	if l.mem != nil && l.sys != nil && l.observer == nil {
+		// The common case, without building a time.Time.
+		return admitted(reqs, out, l.mem.take(reqs, out, l.sys.unixNano()))
+	}
 	return l.TakeAt(ctx, l.clock.Now(), reqs, out)
+}
+
+// admitted reports whether a decided batch was admitted.
+func admitted(reqs []Request, out []Decision, err error) (bool, error) {
+	if err != nil || len(reqs) == 0 {
+		return false, err
+	}
+	for i := range reqs {
+		if !out[i].Allowed {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // TakeAt is like Take at a time the caller read from the Limiter's Clock,
@@ -182,16 +201,11 @@ func (l *Limiter) Take(ctx context.Context, reqs []Request, out []Decision) (boo
 func (l *Limiter) TakeAt(ctx context.Context, now time.Time, reqs []Request, out []Decision) (bool, error) {
 	var err error
 	if l.mem != nil {
-		err = l.mem.Take(ctx, now, reqs, out)
+		err = l.mem.take(reqs, out, now.UnixNano())
 	} else {
 		err = l.takeStore(ctx, now, reqs, out)
 	}
-	ok := err == nil && len(reqs) > 0
-	if err == nil {
-		for i := range reqs {
-			ok = ok && out[i].Allowed
-		}
-	}
+	ok, err := admitted(reqs, out, err)
 	if l.observer != nil {
 		l.observe(reqs, out, ok, now, err)
 	}

@@ -78,16 +78,36 @@ type MemoryStore struct {
 var _ Store = (*MemoryStore)(nil)
 
 type memEntry struct {
-	st  State
-	exp int64 // Unix ns from which st equals a fresh state
+	st State
+	// exp is the Unix second from which st equals a fresh state (rounded
+	// up, so never early); touched is the Unix second at which the entry
+	// was last moved to the front of its LRU.
+	exp, touched uint32
 }
+
+// unixSec converts Unix ns to a Unix second in uint32, rounding up and
+// clamping (a state that never expires stays at the maximum).
+func unixSec(ns int64) uint32 {
+	if ns <= 0 {
+		return 0
+	}
+	s := (ns + 999_999_999) / 1e9
+	if s > 1<<32-1 {
+		return 1<<32 - 1
+	}
+	return uint32(s)
+}
+
+// setExp records the expiry of the entry's state under p.
+func (e *memEntry) setExp(p *Policy) { e.exp = unixSec(p.alg.Expiry(p, &e.st)) }
 
 type memShard struct {
 	mu      sync.Mutex
 	lru     *simplelru.LRU[string, *memEntry]
 	cap     int
-	buf     []byte // scratch space for composite keys; guarded by mu
-	scratch State  // state of a key not yet stored; guarded by mu
+	buf     []byte   // scratch space for composite keys; guarded by mu
+	scratch State    // state of a key not yet stored; guarded by mu
+	dec     Decision // scratch decision, so that callers' decisions stay on their stacks; guarded by mu
 	_       [64]byte
 }
 
@@ -183,9 +203,27 @@ func storedKey(r *Request) string {
 	return r.Policy.rule.Name + "\x00" + r.Key
 }
 
-// get returns the entry of r, or nil. Requires s.mu.
+// get returns the entry of r, or nil, and moves it to the front of the
+// LRU. Requires s.mu.
 func (s *memShard) get(r *Request) *memEntry {
 	e, _ := s.lru.Get(s.lookupKey(r))
+	return e
+}
+
+// peek returns the entry of r, or nil, moving it to the front of the LRU
+// at most once per second: recency is kept to the second, and most
+// decisions on a known key write nothing outside the key's own entry.
+// Requires s.mu.
+func (s *memShard) peek(r *Request, now int64) *memEntry {
+	k := s.lookupKey(r)
+	e, ok := s.lru.Peek(k)
+	if !ok {
+		return nil
+	}
+	if sec := uint32(now / 1e9); e.touched != sec {
+		e.touched = sec
+		s.lru.Get(k)
+	}
 	return e
 }
 
@@ -204,12 +242,12 @@ func (m *MemoryStore) makeRoom(s *memShard, need int, now int64, ev []evictedInf
 		if !ok {
 			return nil
 		}
-		if old.exp > now {
+		if exp := int64(old.exp) * 1e9; exp > now {
 			if m.keepActive {
 				return ErrStoreFull
 			}
 			if *nev < len(ev) {
-				ev[*nev] = evictedInfo{key: k, stale: time.Duration(old.exp - now)}
+				ev[*nev] = evictedInfo{key: k, stale: time.Duration(exp - now)}
 				*nev++
 			}
 			m.evictions.Add(1)
@@ -219,9 +257,12 @@ func (m *MemoryStore) makeRoom(s *memShard, need int, now int64, ev []evictedInf
 	return nil
 }
 
-// insert stores st as the state of r; makeRoom has made space. Requires s.mu.
-func (m *MemoryStore) insert(s *memShard, r *Request, st State) {
-	s.lru.Add(storedKey(r), &memEntry{st: st, exp: r.Policy.alg.Expiry(r.Policy, &st)})
+// insert stores st as the state of r at now; makeRoom has made space.
+// Requires s.mu.
+func (m *MemoryStore) insert(s *memShard, r *Request, st State, now int64) {
+	e := &memEntry{st: st, touched: uint32(now / 1e9)}
+	e.setExp(r.Policy)
+	s.lru.Add(storedKey(r), e)
 }
 
 func (m *MemoryStore) report(ev []evictedInfo, n int) {
@@ -242,15 +283,26 @@ func (m *MemoryStore) report(ev []evictedInfo, n int) {
 
 // Take implements Store.
 func (m *MemoryStore) Take(_ context.Context, now time.Time, reqs []Request, out []Decision) error {
+	return m.take(reqs, out, now.UnixNano())
+}
+
+// take is Take at Unix nanosecond now.
+func (m *MemoryStore) take(reqs []Request, out []Decision, now int64) error {
+	if len(reqs) == 1 && len(out) >= 1 {
+		// The single-request fast path of CheckBatch.
+		r := &reqs[0]
+		if r.Policy != nil && r.Cost >= 1 && r.Cost <= r.Policy.capacity {
+			return m.takeOne(r, now, &out[0])
+		}
+	}
 	over, err := CheckBatch(reqs, out)
 	if err != nil && !errors.Is(err, ErrCostExceedsCapacity) {
 		return err
 	}
-	t := now.UnixNano()
 	if len(reqs) == 1 && over < 0 {
-		return m.takeOne(&reqs[0], t, &out[0])
+		return m.takeOne(&reqs[0], now, &out[0])
 	}
-	return m.takeBatch(reqs, out, t, over)
+	return m.takeBatch(reqs, out, now, over)
 }
 
 func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
@@ -260,19 +312,22 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	s := &m.shards[m.shardOf(r)]
 	s.mu.Lock()
 	var err error
-	if e := s.get(r); e != nil {
-		*out = p.alg.Decide(p, &e.st, r.Cost, now, true)
+	if e := s.peek(r, now); e != nil {
+		p.alg.Decide(p, &e.st, r.Cost, now, true, &s.dec)
+		*out = s.dec
 		if out.Allowed {
-			e.exp = p.alg.Expiry(p, &e.st)
+			e.setExp(p)
 		}
 	} else {
 		s.scratch = State{}
-		*out = p.alg.Decide(p, &s.scratch, r.Cost, now, true)
+		p.alg.Decide(p, &s.scratch, r.Cost, now, true, &s.dec)
+		*out = s.dec
 		if out.Allowed {
 			if err = m.makeRoom(s, 1, now, ev[:], &nev); err == nil {
-				m.insert(s, r, s.scratch)
+				m.insert(s, r, s.scratch, now)
 			} else {
-				*out = p.alg.Decide(p, &s.scratch, 0, now, false)
+				p.alg.Decide(p, &s.scratch, 0, now, false, &s.dec)
+				*out = s.dec
 				out.Allowed = false
 			}
 		}
@@ -327,7 +382,8 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		if i == over {
 			cost = 0
 		}
-		out[i] = r.Policy.alg.Decide(r.Policy, st, cost, now, false)
+		r.Policy.alg.Decide(r.Policy, st, cost, now, false, &s.dec)
+		out[i] = s.dec
 		if i == over {
 			out[i].Allowed = false
 			out[i].RetryAfter = 0
@@ -364,13 +420,15 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			p := r.Policy
 			s := &m.shards[shardIdx[i]]
 			if e := entries[i]; e != nil {
-				out[i] = p.alg.Decide(p, &e.st, r.Cost, now, true)
-				e.exp = p.alg.Expiry(p, &e.st)
+				p.alg.Decide(p, &e.st, r.Cost, now, true, &s.dec)
+				out[i] = s.dec
+				e.setExp(p)
 				continue
 			}
 			s.scratch = State{}
-			out[i] = p.alg.Decide(p, &s.scratch, r.Cost, now, true)
-			m.insert(s, r, s.scratch)
+			p.alg.Decide(p, &s.scratch, r.Cost, now, true, &s.dec)
+			out[i] = s.dec
+			m.insert(s, r, s.scratch, now)
 			s.scratch = State{}
 		}
 	} else {
@@ -387,9 +445,9 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			} else {
 				s.scratch = State{}
 			}
-			d := r.Policy.alg.Decide(r.Policy, st, 0, now, false)
-			d.Allowed = err == nil
-			out[i] = d
+			r.Policy.alg.Decide(r.Policy, st, 0, now, false, &s.dec)
+			out[i] = s.dec
+			out[i].Allowed = err == nil
 		}
 	}
 	for k := nord - 1; k >= 0; k-- {

@@ -233,7 +233,8 @@ func replay(t *testing.T, alg core.Algorithm, data []byte) {
 		}
 		cost := int64(data[i+1])%p.Capacity() + 1
 		want := modelDecide(m, p, now, cost)
-		got := alg.Decide(p, &st, cost, now, true)
+		var got core.Decision
+		alg.Decide(p, &st, cost, now, true, &got)
 		if got != want {
 			t.Fatalf("%s %v step %d (now %d, cost %d):\n got %+v\nwant %+v", alg.Name(), p, (i-4)/2, now, cost, got, want)
 		}
@@ -308,10 +309,11 @@ func TestSlidingCounterApproximation(t *testing.T) {
 		gap := int64(x>>33) % int64(20*time.Millisecond)
 		gaps = append(gaps, gap)
 		now += gap
-		if pc.Algorithm().Decide(pc, &sc, 1, now, true).Allowed {
+		var d core.Decision
+		if pc.Algorithm().Decide(pc, &sc, 1, now, true, &d); d.Allowed {
 			nc++
 		}
-		if pl.Algorithm().Decide(pl, &sl, 1, now, true).Allowed {
+		if pl.Algorithm().Decide(pl, &sl, 1, now, true, &d); d.Allowed {
 			nl++
 		}
 	}

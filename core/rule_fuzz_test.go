@@ -37,7 +37,8 @@ func FuzzRuleValidation(f *testing.F) {
 		for _, now := range []int64{0, int64(time.Now().UnixNano()), 1 << 61} {
 			var s core.State
 			for _, cost := range []int64{1, c, (c + 1) / 2} {
-				d := p.Algorithm().Decide(p, &s, cost, now, true)
+				var d core.Decision
+				p.Algorithm().Decide(p, &s, cost, now, true, &d)
 				if d.Remaining < 0 || d.Remaining > c || d.ResetAfter < 0 || d.RetryAfter < 0 || d.Delay < 0 {
 					t.Fatalf("%v at %d cost %d: %+v", p, now, cost, d)
 				}

@@ -75,8 +75,8 @@ func (l *timeLog) push(t, n int64) {
 	l.total += n
 }
 
-func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool) Decision {
-	d := Decision{Limit: p.capacity, Policy: p}
+func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
+	*d = Decision{Limit: p.capacity, Policy: p}
 	l := s.log
 	// Units admitted in (now-Window, now] count, and so do any recorded
 	// after now by a clock that has since stepped back. A new admission is
@@ -107,7 +107,7 @@ func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool
 			l.drop(k, gone)
 			l.push(at, cost)
 		}
-		return d
+		return
 	}
 	// Refused: wait until enough of the oldest units leave the window.
 	need := valid + cost - p.capacity
@@ -121,7 +121,6 @@ func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool
 	}
 	d.Remaining = max(p.capacity-valid, 0)
 	d.ResetAfter = time.Duration(l.newest() + p.window - now)
-	return d
 }
 
 func (slidingWindowLog) Expiry(p *Policy, s *State) int64 {

@@ -34,8 +34,8 @@ func (fixedWindow) Validate(r Rule) error { return windowValidate(r) }
 
 func (fixedWindow) Capacity(r Rule) int64 { return r.Limit }
 
-func (fixedWindow) Decide(p *Policy, s *State, cost, now int64, commit bool) Decision {
-	d := Decision{Limit: p.capacity, Policy: p}
+func (fixedWindow) Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
+	*d = Decision{Limit: p.capacity, Policy: p}
 	idx := windowIndex(now, p.window)
 	var count int64
 	if s.B > 0 {
@@ -60,7 +60,6 @@ func (fixedWindow) Decide(p *Policy, s *State, cost, now int64, commit bool) Dec
 	if count > 0 {
 		d.ResetAfter = time.Duration(end - now)
 	}
-	return d
 }
 
 func (fixedWindow) Expiry(p *Policy, s *State) int64 {
@@ -133,8 +132,8 @@ func swcEarliest(prev, room, w int64) int64 {
 	return w - int64(q)
 }
 
-func (slidingWindowCounter) Decide(p *Policy, s *State, cost, now int64, commit bool) Decision {
-	d := Decision{Limit: p.capacity, Policy: p}
+func (slidingWindowCounter) Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
+	*d = Decision{Limit: p.capacity, Policy: p}
 	w := p.window
 	idx, prev, curr := swcCounts(p, s, now)
 	start := idx * w
@@ -169,7 +168,6 @@ func (slidingWindowCounter) Decide(p *Policy, s *State, cost, now int64, commit 
 	case prev > 0:
 		d.ResetAfter = time.Duration(start + w - now)
 	}
-	return d
 }
 
 func (slidingWindowCounter) Expiry(p *Policy, s *State) int64 {
