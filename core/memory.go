@@ -105,9 +105,10 @@ type memShard struct {
 	mu      sync.Mutex
 	lru     *simplelru.LRU[string, *memEntry]
 	cap     int
-	buf     []byte   // scratch space for composite keys; guarded by mu
-	scratch State    // state of a key not yet stored; guarded by mu
-	dec     Decision // scratch decision, so that callers' decisions stay on their stacks; guarded by mu
+	buf     []byte    // scratch space for composite keys; guarded by mu
+	scratch State     // state of a key not yet stored; guarded by mu
+	dec     Decision  // scratch decision, so that callers' decisions stay on their stacks; guarded by mu
+	free    *memEntry // an evicted entry kept for the next new key; guarded by mu
 	_       [64]byte
 }
 
@@ -253,6 +254,11 @@ func (m *MemoryStore) makeRoom(s *memShard, need int, now int64, ev []evictedInf
 			m.evictions.Add(1)
 		}
 		s.lru.RemoveOldest()
+		// Nothing else refers to an evicted entry (a batch's own entries
+		// are at the front): keep it for the next new key, so that a
+		// full store allocates no state for the keys it admits.
+		*old = memEntry{}
+		s.free = old
 	}
 	return nil
 }
@@ -260,7 +266,13 @@ func (m *MemoryStore) makeRoom(s *memShard, need int, now int64, ev []evictedInf
 // insert stores st as the state of r at now; makeRoom has made space.
 // Requires s.mu.
 func (m *MemoryStore) insert(s *memShard, r *Request, st State, now int64) {
-	e := &memEntry{st: st, touched: uint32(now / 1e9)}
+	e := s.free
+	if e != nil {
+		s.free = nil
+	} else {
+		e = new(memEntry)
+	}
+	*e = memEntry{st: st, touched: uint32(now / 1e9)}
 	e.setExp(r.Policy)
 	s.lru.Add(storedKey(r), e)
 }
