@@ -1,0 +1,358 @@
+package chilimit_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/adapters/chilimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// keys records the key of every decision, per rule.
+type keys struct {
+	core.NopObserver
+	mu   sync.Mutex
+	seen []string // "rule=key"
+}
+
+func (k *keys) ObserveDecision(ev core.DecisionEvent) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.seen = append(k.seen, ev.Decision.Policy.Name()+"="+ev.Key)
+}
+
+func (k *keys) list() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.seen)
+}
+
+// limiter builds a Limiter on a fake clock, reporting keys to obs.
+func limiter(t *testing.T, clk *core.FakeClock, obs *keys, layers []ratelimit.Layer, opts ...ratelimit.Option) *ratelimit.Limiter {
+	t.Helper()
+	opts = append([]ratelimit.Option{ratelimit.WithClock(clk), ratelimit.WithObserver(obs)}, opts...)
+	l, err := ratelimit.New(layers, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// do sends method path from remoteAddr, with extra request headers given as
+// name, value pairs.
+func do(h http.Handler, method, path, remoteAddr string, hdr ...string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, path, nil)
+	r.RemoteAddr = remoteAddr
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Add(hdr[i], hdr[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func ok(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
+
+const peer = "192.0.2.1:1234"
+
+func TestHeadersAnd429(t *testing.T) {
+	clk := core.NewFakeClock(t0)
+	l := limiter(t, clk, &keys{}, []ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "per-ip", Limit: 5, Window: 10 * time.Second},
+	}}, ratelimit.WithHeaders(ratelimit.AllHeaders))
+	r := chi.NewRouter()
+	r.With(chilimit.Middleware(l)).Get("/hello", ok)
+
+	for i := range 5 {
+		w := do(r, "GET", "/hello", peer)
+		if w.Code != http.StatusOK {
+			t.Fatalf("request %d: status %d", i+1, w.Code)
+		}
+		h := w.Header()
+		if got, want := h.Get(ratelimit.HeaderRateLimitLimit), "5"; got != want {
+			t.Errorf("request %d: X-RateLimit-Limit %q, want %q", i+1, got, want)
+		}
+		if got, want := h.Get(ratelimit.HeaderRateLimitRemaining), strconv.Itoa(4-i); got != want {
+			t.Errorf("request %d: X-RateLimit-Remaining %q, want %q", i+1, got, want)
+		}
+		if got, want := h.Get(ratelimit.HeaderRateLimitPolicy), `"per-ip";q=5;w=10`; got != want {
+			t.Errorf("request %d: RateLimit-Policy %q, want %q", i+1, got, want)
+		}
+		if h.Get(ratelimit.HeaderRetryAfter) != "" {
+			t.Errorf("request %d: Retry-After on an admitted request", i+1)
+		}
+	}
+	w := do(r, "GET", "/hello", peer)
+	if w.Code != http.StatusTooManyRequests {
+		t.Fatalf("6th request: status %d, want 429", w.Code)
+	}
+	if got := w.Header().Get(ratelimit.HeaderRetryAfter); got != "2" {
+		t.Errorf("Retry-After %q, want \"2\"", got)
+	}
+	if got := w.Header().Get(ratelimit.HeaderRateLimit); got != `"per-ip";r=0;t=2` {
+		t.Errorf("RateLimit %q", got)
+	}
+	clk.Advance(2 * time.Second)
+	if w := do(r, "GET", "/hello", peer); w.Code != http.StatusOK {
+		t.Errorf("after Retry-After: status %d, want 200", w.Code)
+	}
+}
+
+// routeLimiter returns a Limiter with one layer keyed by route, limit
+// requests per minute.
+func routeLimiter(t *testing.T, obs *keys, limit int64) *ratelimit.Limiter {
+	return limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:  ratelimit.Route(),
+		Rule: core.Rule{Name: "per-route", Limit: limit, Window: time.Minute},
+	}})
+}
+
+func TestRouteKeyWith(t *testing.T) {
+	obs := &keys{}
+	mw := chilimit.Middleware(routeLimiter(t, obs, 2))
+	r := chi.NewRouter()
+	r.With(mw).Get("/users/{id}", ok)
+	r.With(mw).Get("/posts/{id}", ok)
+
+	steps := []struct {
+		path string
+		want int
+	}{
+		{"/users/1", 200},
+		{"/users/2", 200},
+		{"/users/3", 429}, // same route, other id: same quota
+		{"/posts/1", 200}, // other route: own quota
+	}
+	for _, s := range steps {
+		if w := do(r, "GET", s.path, peer); w.Code != s.want {
+			t.Errorf("GET %s: status %d, want %d", s.path, w.Code, s.want)
+		}
+	}
+	want := []string{
+		"per-route=GET /users/{id}", "per-route=GET /users/{id}", "per-route=GET /users/{id}",
+		"per-route=GET /posts/{id}",
+	}
+	if got := obs.list(); !slices.Equal(got, want) {
+		t.Errorf("keys %q, want %q", got, want)
+	}
+}
+
+func TestRouteKeyGroup(t *testing.T) {
+	obs := &keys{}
+	mw := chilimit.Middleware(routeLimiter(t, obs, 10))
+	r := chi.NewRouter()
+	r.Group(func(r chi.Router) {
+		r.Use(mw)
+		r.Get("/users/{id}", ok)
+	})
+	r.Route("/api", func(r chi.Router) {
+		r.With(mw).Get("/items/{id}", ok)
+	})
+	do(r, "GET", "/users/7", peer)
+	do(r, "GET", "/api/items/9", peer)
+	want := []string{"per-route=GET /users/{id}", "per-route=GET /api/items/{id}"}
+	if got := obs.list(); !slices.Equal(got, want) {
+		t.Errorf("keys %q, want %q", got, want)
+	}
+}
+
+// At a top-level r.Use chi has not routed the request yet: the pattern is
+// empty, so a route-keyed layer is skipped (no decision, no headers, never
+// refused) while the other layers still apply.
+func TestRouteKeyTopLevelUseIsSkipped(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 100, Window: time.Minute}},
+		{Key: ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()), Rule: core.Rule{Name: "login", Limit: 1, Window: time.Minute}},
+	}, ratelimit.WithHeaders(ratelimit.IETFHeaders))
+	var seen []string
+	r := chi.NewRouter()
+	r.Use(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			seen = append(seen, chi.RouteContext(req.Context()).RoutePattern())
+			next.ServeHTTP(w, req)
+		})
+	})
+	r.Use(chilimit.Middleware(l))
+	r.Post("/login", ok)
+
+	for i := range 3 {
+		w := do(r, "POST", "/login", peer)
+		if w.Code != http.StatusOK {
+			t.Fatalf("request %d: status %d, want 200 (the login layer should be skipped)", i+1, w.Code)
+		}
+		if got, want := w.Header().Get(ratelimit.HeaderRateLimitPolicy), `"per-ip";q=100;w=60`; got != want {
+			t.Errorf("request %d: RateLimit-Policy %q, want %q (per-ip only)", i+1, got, want)
+		}
+	}
+	if want := []string{"", "", ""}; !slices.Equal(seen, want) {
+		t.Errorf("patterns at top-level Use %q, want %q", seen, want)
+	}
+	want := []string{"per-ip=192.0.2.1", "per-ip=192.0.2.1", "per-ip=192.0.2.1"}
+	if got := obs.list(); !slices.Equal(got, want) {
+		t.Errorf("keys %q, want %q", got, want)
+	}
+}
+
+// In a sub-router's r.Use the pattern is only the mount point: every
+// endpoint below it shares one route key. This is the pitfall the package
+// documentation warns about; r.With inside the sub-router is right.
+func TestRouteKeySubrouterUseSeesMountPoint(t *testing.T) {
+	obs := &keys{}
+	mw := chilimit.Middleware(routeLimiter(t, obs, 1))
+	r := chi.NewRouter()
+	r.Route("/api", func(r chi.Router) {
+		r.Use(mw)
+		r.Get("/a", ok)
+		r.Get("/b", ok)
+	})
+	if w := do(r, "GET", "/api/a", peer); w.Code != 200 {
+		t.Fatalf("GET /api/a: %d", w.Code)
+	}
+	if w := do(r, "GET", "/api/b", peer); w.Code != 429 {
+		t.Errorf("GET /api/b: %d, want 429 (shares the mount point's key)", w.Code)
+	}
+	want := []string{"per-route=GET /api/*", "per-route=GET /api/*"}
+	if got := obs.list(); !slices.Equal(got, want) {
+		t.Errorf("keys %q, want %q", got, want)
+	}
+}
+
+func TestSkip(t *testing.T) {
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "per-ip", Limit: 1, Window: time.Minute},
+	}}, ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }))
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Get("/healthz", ok)
+	r.Get("/hello", ok)
+
+	for i := range 3 {
+		w := do(r, "GET", "/healthz", peer)
+		if w.Code != 200 || w.Header().Get(ratelimit.HeaderRateLimitLimit) != "" {
+			t.Fatalf("healthz %d: status %d, headers %v", i+1, w.Code, w.Header())
+		}
+	}
+	if w := do(r, "GET", "/hello", peer); w.Code != 200 {
+		t.Errorf("first /hello: %d", w.Code)
+	}
+	if w := do(r, "GET", "/hello", peer); w.Code != 429 {
+		t.Errorf("second /hello: %d, want 429", w.Code)
+	}
+}
+
+// Two layers in one limiter: a request the login layer refuses charges the
+// per-IP layer nothing.
+func TestLayering(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 3, Window: time.Minute}},
+		{Key: ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()), Rule: core.Rule{Name: "login", Limit: 1, Window: time.Minute}},
+	}, ratelimit.WithHeaders(ratelimit.IETFHeaders))
+	mw := chilimit.Middleware(l)
+	r := chi.NewRouter()
+	r.With(mw).Post("/login", ok)
+
+	steps := []struct {
+		want      int
+		rateLimit string
+	}{
+		{200, `"per-ip";r=2;t=20, "login";r=0;t=60`},
+		{429, `"per-ip";r=2;t=20, "login";r=0;t=60`}, // per-ip not charged
+		{429, `"per-ip";r=2;t=20, "login";r=0;t=60`},
+	}
+	for i, s := range steps {
+		w := do(r, "POST", "/login", peer)
+		if w.Code != s.want {
+			t.Errorf("request %d: status %d, want %d", i+1, w.Code, s.want)
+		}
+		if got := w.Header().Get(ratelimit.HeaderRateLimit); got != s.rateLimit {
+			t.Errorf("request %d: RateLimit %q, want %q", i+1, got, s.rateLimit)
+		}
+	}
+	if got := obs.list(); got[1] != "login=11:POST /login9:192.0.2.1" {
+		t.Errorf("login key %q", got[1])
+	}
+}
+
+// A forged X-Forwarded-For from a peer that is not a trusted proxy changes
+// neither the key nor whose quota is charged.
+func TestForgedForwardedForIgnored(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "per-ip", Limit: 2, Window: time.Minute},
+	}})
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Get("/hello", ok)
+
+	for i, xff := range []string{"203.0.113.1", "203.0.113.2", "203.0.113.3, 198.51.100.9"} {
+		w := do(r, "GET", "/hello", peer, "X-Forwarded-For", xff, "X-Real-IP", xff)
+		if want := []int{200, 200, 429}[i]; w.Code != want {
+			t.Errorf("request %d (XFF %s): status %d, want %d", i+1, xff, w.Code, want)
+		}
+	}
+	want := []string{"per-ip=192.0.2.1", "per-ip=192.0.2.1", "per-ip=192.0.2.1"}
+	if got := obs.list(); !slices.Equal(got, want) {
+		t.Errorf("keys %q, want %q", got, want)
+	}
+}
+
+// With the load balancer's network trusted, the client named in its
+// X-Forwarded-For is the key.
+func TestTrustedProxy(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.0.0.0/8")),
+		Rule: core.Rule{Name: "per-ip", Limit: 2, Window: time.Minute},
+	}})
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Get("/hello", ok)
+	do(r, "GET", "/hello", "10.1.2.3:5555", "X-Forwarded-For", "203.0.113.50")
+	want := []string{"per-ip=203.0.113.50"}
+	if got := obs.list(); !slices.Equal(got, want) {
+		t.Errorf("keys %q, want %q", got, want)
+	}
+}
+
+func TestNew(t *testing.T) {
+	if _, err := chilimit.New(nil); err == nil {
+		t.Error("New(nil): no error")
+	}
+	mw, err := chilimit.New([]ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "per-ip", Limit: 1, Window: time.Minute},
+	}}, ratelimit.WithClock(core.NewFakeClock(t0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := chi.NewRouter()
+	r.Use(mw)
+	r.Get("/", ok)
+	if got := []int{do(r, "GET", "/", peer).Code, do(r, "GET", "/", peer).Code}; !slices.Equal(got, []int{200, 429}) {
+		t.Errorf("statuses %v, want [200 429]", got)
+	}
+}
+
+func TestMiddlewareNilLimiterPanics(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("no panic")
+		}
+	}()
+	chilimit.Middleware(nil)
+}

@@ -1,0 +1,87 @@
+package chilimit_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/adapters/chilimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+// exampleClock makes the examples' output independent of the time they run.
+func exampleClock() *core.FakeClock {
+	return core.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+}
+
+// send serves method path from remoteAddr and prints the status and
+// selected headers.
+func send(h http.Handler, method, path, remoteAddr string) {
+	r := httptest.NewRequest(method, path, nil)
+	r.RemoteAddr = remoteAddr
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	fmt.Printf("%s %-9s %d remaining=%q retry-after=%q\n", method, path, w.Code,
+		w.Header().Get(ratelimit.HeaderRateLimitRemaining), w.Header().Get(ratelimit.HeaderRetryAfter))
+}
+
+// A per-client-IP limit for the whole router, added with r.Use. Keys by
+// client IP work at the top level; route keys do not (see Middleware).
+func ExampleNew() {
+	perIP, err := chilimit.New([]ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(), // r.RemoteAddr: no proxy trusted
+		Rule: core.Rule{Name: "per-ip", Limit: 2, Window: time.Minute},
+	}}, ratelimit.WithClock(exampleClock()))
+	if err != nil {
+		panic(err)
+	}
+	r := chi.NewRouter()
+	r.Use(perIP)
+	r.Get("/hello", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello") })
+
+	send(r, "GET", "/hello", "192.0.2.1:1234")
+	send(r, "GET", "/hello", "192.0.2.1:1234")
+	send(r, "GET", "/hello", "192.0.2.1:1234")
+	send(r, "GET", "/hello", "198.51.100.7:999") // another client
+	// Output:
+	// GET /hello    200 remaining="1" retry-after=""
+	// GET /hello    200 remaining="0" retry-after=""
+	// GET /hello    429 remaining="0" retry-after="30"
+	// GET /hello    200 remaining="1" retry-after=""
+}
+
+// A per-route, per-client limit mounted with r.With, where chi has routed
+// the request: every /users/{id} request of one client shares a quota,
+// whatever the id, and other routes have their own.
+func ExampleMiddleware() {
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key:  ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule: core.Rule{Name: "per-route", Limit: 2, Window: time.Minute},
+	}}, ratelimit.WithClock(exampleClock())))
+	perRoute := chilimit.Middleware(l)
+
+	r := chi.NewRouter()
+	r.With(perRoute).Get("/users/{id}", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "user", chi.URLParam(r, "id"))
+	})
+	r.Group(func(r chi.Router) {
+		r.Use(perRoute) // a Group's Use runs after routing too
+		r.Get("/posts/{id}", func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintln(w, "post", chi.URLParam(r, "id"))
+		})
+	})
+
+	send(r, "GET", "/users/1", "192.0.2.1:1234")
+	send(r, "GET", "/users/2", "192.0.2.1:1234")
+	send(r, "GET", "/users/3", "192.0.2.1:1234")
+	send(r, "GET", "/posts/1", "192.0.2.1:1234")
+	// Output:
+	// GET /users/1  200 remaining="1" retry-after=""
+	// GET /users/2  200 remaining="0" retry-after=""
+	// GET /users/3  429 remaining="0" retry-after="30"
+	// GET /posts/1  200 remaining="1" retry-after=""
+}

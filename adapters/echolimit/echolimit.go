@@ -1,0 +1,139 @@
+// Package echolimit adapts a [ratelimit.Limiter] to the echo web framework
+// (github.com/labstack/echo/v4) as an [echo.MiddlewareFunc].
+//
+// Before deciding, the middleware stores echo's route path, c.Path()
+// ("/users/:id"), with [ratelimit.WithRoute], so that [ratelimit.Route]
+// keys a request by the route it matched rather than by its URL. Echo runs
+// middleware added with e.Use, g.Use or per route after routing, so c.Path()
+// is complete there; in e.Pre middleware it is empty and a route-keyed layer
+// is skipped.
+//
+// # Responses
+//
+// By default the limiter writes its own responses, exactly as its net/http
+// middleware does: 429 with Retry-After (or the [ratelimit.WithDeniedHandler]
+// and [ratelimit.WithProblemDetails] responses), and 400 or 503 for errors;
+// the middleware then returns nil, so echo's HTTPErrorHandler is not involved.
+// With [Config.HTTPError] the middleware writes no body and returns an
+// *echo.HTTPError with the status the limiter chose, for echo's
+// HTTPErrorHandler to render like any other error. In both cases the
+// rate-limit headers and Retry-After are set on c.Response().
+//
+// # Client IP
+//
+// Keys come from the Limiter's layers, such as [ratelimit.ClientIP], which
+// reads r.RemoteAddr and trusts forwarded headers only from the proxies it is
+// configured with. This package never keys by c.RealIP(): echo v4's RealIP
+// trusts X-Forwarded-For and X-Real-IP from any client unless an IPExtractor
+// is set, so a client could pick its own key. Echo's IPExtractor has no effect
+// on the limiter's keys.
+package echolimit
+
+import (
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+
+	"github.com/limitry/ratelimit"
+)
+
+// Config configures the echo middleware. The zero value is the default.
+type Config struct {
+	// Skipper exempts the requests for which it returns true: they are not
+	// decided, not charged and get no rate-limit headers. The default value
+	// is middleware.DefaultSkipper, which skips nothing.
+	Skipper middleware.Skipper
+
+	// HTTPError, when true, makes the middleware return every response the
+	// limiter would have written (a refusal, 429 or 413, or an error, 400 or
+	// 503) as an *echo.HTTPError with that status and its standard text as
+	// message, for echo's HTTPErrorHandler to write. The limiter's own body
+	// and Content-Type are dropped; its rate-limit headers and Retry-After
+	// stay on c.Response(). The default value, false, lets the limiter write
+	// its standard response and returns nil.
+	HTTPError bool
+}
+
+// Middleware returns echo middleware that decides every request with l
+// under the default Config. It panics if l is nil.
+func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
+	return MiddlewareWithConfig(l, Config{})
+}
+
+// MiddlewareWithConfig returns echo middleware that decides every request
+// not skipped by cfg.Skipper with l (see [ratelimit.Limiter.Admit]) and
+// calls the next handler only for the requests l admits. It panics if l is
+// nil.
+func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc {
+	if l == nil {
+		panic("echolimit: nil *ratelimit.Limiter")
+	}
+	skip := cfg.Skipper
+	if skip == nil {
+		skip = middleware.DefaultSkipper
+	}
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if skip(c) {
+				return next(c)
+			}
+			r := c.Request()
+			if p := c.Path(); p != "" {
+				r = r.WithContext(ratelimit.WithRoute(r.Context(), p))
+			}
+			if !cfg.HTTPError {
+				if !l.Admit(c.Response(), r) {
+					return nil
+				}
+				return next(c)
+			}
+			h := c.Response().Header()
+			rw := &captureWriter{header: h}
+			if !l.Admit(rw, r) {
+				h.Del(echo.HeaderContentType)
+				h.Del(echo.HeaderContentLength)
+				code := rw.code
+				if code == 0 {
+					code = http.StatusTooManyRequests
+				}
+				return echo.NewHTTPError(code)
+			}
+			return next(c)
+		}
+	}
+}
+
+// New builds a Limiter from layers and opts with [ratelimit.New] and returns
+// its [Middleware]. It returns ratelimit.New's error for an invalid
+// configuration.
+func New(layers []ratelimit.Layer, opts ...ratelimit.Option) (echo.MiddlewareFunc, error) {
+	l, err := ratelimit.New(layers, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return Middleware(l), nil
+}
+
+// captureWriter is the http.ResponseWriter the limiter writes to under
+// Config.HTTPError: headers go to the real response, the status is recorded
+// and the body dropped.
+type captureWriter struct {
+	header http.Header
+	code   int
+}
+
+func (w *captureWriter) Header() http.Header { return w.header }
+
+func (w *captureWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+}
+
+func (w *captureWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return len(b), nil
+}

@@ -1,0 +1,357 @@
+package echolimit_test
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/adapters/echolimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// keys records the key of every decision, per rule.
+type keys struct {
+	core.NopObserver
+	mu   sync.Mutex
+	seen []string // "rule=key"
+}
+
+func (k *keys) ObserveDecision(ev core.DecisionEvent) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.seen = append(k.seen, ev.Decision.Policy.Name()+"="+ev.Key)
+}
+
+func (k *keys) list() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.seen)
+}
+
+// limiter builds a Limiter on a fake clock, reporting keys to obs.
+func limiter(t *testing.T, clk *core.FakeClock, obs *keys, layers []ratelimit.Layer, opts ...ratelimit.Option) *ratelimit.Limiter {
+	t.Helper()
+	opts = append([]ratelimit.Option{ratelimit.WithClock(clk), ratelimit.WithObserver(obs)}, opts...)
+	l, err := ratelimit.New(layers, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func perIP(limit int64) []ratelimit.Layer {
+	return []ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "per-ip", Limit: limit, Window: time.Minute},
+	}}
+}
+
+// do sends method path from remoteAddr, with extra request headers given as
+// name, value pairs.
+func do(h http.Handler, method, path, remoteAddr string, hdr ...string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, path, nil)
+	r.RemoteAddr = remoteAddr
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Add(hdr[i], hdr[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func ok(c echo.Context) error { return c.String(http.StatusOK, "ok\n") }
+
+const peer = "192.0.2.1:1234"
+
+func TestHeadersAnd429(t *testing.T) {
+	clk := core.NewFakeClock(t0)
+	l := limiter(t, clk, &keys{}, []ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "per-ip", Limit: 5, Window: 10 * time.Second},
+	}}, ratelimit.WithHeaders(ratelimit.AllHeaders))
+	e := echo.New()
+	e.Use(echolimit.Middleware(l))
+	e.GET("/hello", ok)
+
+	for i := range 5 {
+		w := do(e, "GET", "/hello", peer)
+		if w.Code != http.StatusOK {
+			t.Fatalf("request %d: status %d", i+1, w.Code)
+		}
+		h := w.Header()
+		if got, want := h.Get(ratelimit.HeaderRateLimitLimit), "5"; got != want {
+			t.Errorf("request %d: X-RateLimit-Limit %q, want %q", i+1, got, want)
+		}
+		if got, want := h.Get(ratelimit.HeaderRateLimitRemaining), strconv.Itoa(4-i); got != want {
+			t.Errorf("request %d: X-RateLimit-Remaining %q, want %q", i+1, got, want)
+		}
+		if got, want := h.Get(ratelimit.HeaderRateLimitPolicy), `"per-ip";q=5;w=10`; got != want {
+			t.Errorf("request %d: RateLimit-Policy %q, want %q", i+1, got, want)
+		}
+	}
+	w := do(e, "GET", "/hello", peer)
+	if w.Code != http.StatusTooManyRequests {
+		t.Fatalf("6th request: status %d, want 429", w.Code)
+	}
+	if got := w.Header().Get(ratelimit.HeaderRetryAfter); got != "2" {
+		t.Errorf("Retry-After %q, want \"2\"", got)
+	}
+	if got := w.Body.String(); got != "Too Many Requests\n" {
+		t.Errorf("body %q: want the limiter's standard response", got)
+	}
+	clk.Advance(2 * time.Second)
+	if w := do(e, "GET", "/hello", peer); w.Code != http.StatusOK {
+		t.Errorf("after Retry-After: status %d, want 200", w.Code)
+	}
+}
+
+// By default the limiter writes the refusal and echo's HTTPErrorHandler is
+// not called.
+func TestDefaultModeBypassesErrorHandler(t *testing.T) {
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, perIP(1), ratelimit.WithProblemDetails())
+	e := echo.New()
+	var handled []error
+	e.HTTPErrorHandler = func(err error, c echo.Context) { handled = append(handled, err) }
+	e.Use(echolimit.Middleware(l))
+	e.GET("/hello", ok)
+	do(e, "GET", "/hello", peer)
+	w := do(e, "GET", "/hello", peer)
+	if w.Code != 429 || w.Header().Get("Content-Type") != "application/problem+json" {
+		t.Errorf("status %d, Content-Type %q: want the limiter's problem details", w.Code, w.Header().Get("Content-Type"))
+	}
+	if len(handled) != 0 {
+		t.Errorf("HTTPErrorHandler called with %v", handled)
+	}
+}
+
+func TestHTTPErrorMode(t *testing.T) {
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, perIP(1), ratelimit.WithHeaders(ratelimit.AllHeaders))
+	e := echo.New()
+	var handled []error
+	e.HTTPErrorHandler = func(err error, c echo.Context) {
+		handled = append(handled, err)
+		e.DefaultHTTPErrorHandler(err, c)
+	}
+	e.Use(echolimit.MiddlewareWithConfig(l, echolimit.Config{HTTPError: true}))
+	e.GET("/hello", ok)
+
+	if w := do(e, "GET", "/hello", peer); w.Code != 200 || w.Header().Get(ratelimit.HeaderRateLimitRemaining) != "0" {
+		t.Fatalf("first request: %d %v", w.Code, w.Header())
+	}
+	w := do(e, "GET", "/hello", peer)
+	if w.Code != http.StatusTooManyRequests {
+		t.Fatalf("status %d, want 429", w.Code)
+	}
+	if got := w.Header().Get(ratelimit.HeaderRetryAfter); got != "60" {
+		t.Errorf("Retry-After %q, want \"60\"", got)
+	}
+	if got := w.Header().Get(ratelimit.HeaderRateLimit); got != `"per-ip";r=0;t=60` {
+		t.Errorf("RateLimit %q", got)
+	}
+	if got := w.Header().Get("Content-Type"); !strings.HasPrefix(got, "application/json") {
+		t.Errorf("Content-Type %q: want echo's JSON error", got)
+	}
+	if got := w.Body.String(); got != `{"message":"Too Many Requests"}`+"\n" {
+		t.Errorf("body %q", got)
+	}
+	var he *echo.HTTPError
+	if len(handled) != 1 || !errors.As(handled[0], &he) || he.Code != http.StatusTooManyRequests {
+		t.Errorf("HTTPErrorHandler got %v, want one *echo.HTTPError 429", handled)
+	}
+}
+
+// Errors reach echo's error handling too in HTTPError mode: an invalid cost
+// is the limiter's 400.
+func TestHTTPErrorModeRequestError(t *testing.T) {
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, perIP(1), ratelimit.WithCost(func(*http.Request) int64 { return 0 }))
+	e := echo.New()
+	var handled []error
+	e.HTTPErrorHandler = func(err error, c echo.Context) {
+		handled = append(handled, err)
+		e.DefaultHTTPErrorHandler(err, c)
+	}
+	e.Use(echolimit.MiddlewareWithConfig(l, echolimit.Config{HTTPError: true}))
+	e.GET("/hello", ok)
+	w := do(e, "GET", "/hello", peer)
+	var he *echo.HTTPError
+	if w.Code != 400 || len(handled) != 1 || !errors.As(handled[0], &he) || he.Code != 400 {
+		t.Errorf("status %d, handled %v: want a 400 *echo.HTTPError", w.Code, handled)
+	}
+}
+
+func TestRouteKey(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:  ratelimit.Route(),
+		Rule: core.Rule{Name: "per-route", Limit: 2, Window: time.Minute},
+	}})
+	e := echo.New()
+	e.Use(echolimit.Middleware(l)) // echo routes before e.Use middleware runs
+	e.GET("/users/:id", ok)
+	g := e.Group("/api")
+	g.GET("/items/:id", ok)
+
+	steps := []struct {
+		path string
+		want int
+	}{
+		{"/users/1", 200},
+		{"/users/2", 200},
+		{"/users/3", 429}, // same route, other id: same quota
+		{"/api/items/1", 200},
+	}
+	for _, s := range steps {
+		if w := do(e, "GET", s.path, peer); w.Code != s.want {
+			t.Errorf("GET %s: status %d, want %d", s.path, w.Code, s.want)
+		}
+	}
+	want := []string{
+		"per-route=GET /users/:id", "per-route=GET /users/:id", "per-route=GET /users/:id",
+		"per-route=GET /api/items/:id",
+	}
+	if got := obs.list(); !slices.Equal(got, want) {
+		t.Errorf("keys %q, want %q", got, want)
+	}
+}
+
+// e.Pre middleware runs before routing: c.Path() is empty and a route-keyed
+// layer is skipped.
+func TestRouteKeyPreIsSkipped(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:  ratelimit.Route(),
+		Rule: core.Rule{Name: "per-route", Limit: 1, Window: time.Minute},
+	}})
+	e := echo.New()
+	e.Pre(echolimit.Middleware(l))
+	e.GET("/users/:id", ok)
+	for i := range 3 {
+		if w := do(e, "GET", "/users/1", peer); w.Code != 200 {
+			t.Errorf("request %d: status %d, want 200", i+1, w.Code)
+		}
+	}
+	if got := obs.list(); len(got) != 0 {
+		t.Errorf("decisions %q, want none", got)
+	}
+}
+
+func TestSkipper(t *testing.T) {
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, perIP(1))
+	e := echo.New()
+	e.Use(echolimit.MiddlewareWithConfig(l, echolimit.Config{
+		Skipper: func(c echo.Context) bool { return c.Path() == "/healthz" },
+	}))
+	e.GET("/healthz", ok)
+	e.GET("/hello", ok)
+	for i := range 3 {
+		w := do(e, "GET", "/healthz", peer)
+		if w.Code != 200 || w.Header().Get(ratelimit.HeaderRateLimitLimit) != "" {
+			t.Fatalf("healthz %d: status %d, headers %v", i+1, w.Code, w.Header())
+		}
+	}
+	if got := []int{do(e, "GET", "/hello", peer).Code, do(e, "GET", "/hello", peer).Code}; !slices.Equal(got, []int{200, 429}) {
+		t.Errorf("/hello statuses %v, want [200 429]", got)
+	}
+}
+
+// Two layers in one limiter: a request the login layer refuses charges the
+// per-IP layer nothing.
+func TestLayering(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 3, Window: time.Minute}},
+		{Key: ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()), Rule: core.Rule{Name: "login", Limit: 1, Window: time.Minute}},
+	}, ratelimit.WithHeaders(ratelimit.IETFHeaders))
+	e := echo.New()
+	e.POST("/login", ok, echolimit.Middleware(l))
+
+	steps := []struct {
+		want      int
+		rateLimit string
+	}{
+		{200, `"per-ip";r=2;t=20, "login";r=0;t=60`},
+		{429, `"per-ip";r=2;t=20, "login";r=0;t=60`}, // per-ip not charged
+		{429, `"per-ip";r=2;t=20, "login";r=0;t=60`},
+	}
+	for i, s := range steps {
+		w := do(e, "POST", "/login", peer)
+		if w.Code != s.want {
+			t.Errorf("request %d: status %d, want %d", i+1, w.Code, s.want)
+		}
+		if got := w.Header().Get(ratelimit.HeaderRateLimit); got != s.rateLimit {
+			t.Errorf("request %d: RateLimit %q, want %q", i+1, got, s.rateLimit)
+		}
+	}
+	if got := obs.list(); got[1] != "login=11:POST /login9:192.0.2.1" {
+		t.Errorf("login key %q", got[1])
+	}
+}
+
+// A forged X-Forwarded-For from a peer that is not a trusted proxy changes
+// neither the key nor whose quota is charged, although echo's own c.RealIP()
+// believes it.
+func TestForgedForwardedForIgnored(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, perIP(2))
+	e := echo.New()
+	var realIPs []string
+	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			realIPs = append(realIPs, c.RealIP())
+			return next(c)
+		}
+	})
+	e.Use(echolimit.Middleware(l))
+	e.GET("/hello", ok)
+
+	forged := []string{"203.0.113.1", "203.0.113.2", "203.0.113.3"}
+	for i, xff := range forged {
+		w := do(e, "GET", "/hello", peer, "X-Forwarded-For", xff, "X-Real-IP", xff)
+		if want := []int{200, 200, 429}[i]; w.Code != want {
+			t.Errorf("request %d (XFF %s): status %d, want %d", i+1, xff, w.Code, want)
+		}
+	}
+	if !slices.Equal(realIPs, forged) { // the premise of the package doc
+		t.Errorf("c.RealIP() gave %q, want the forged %q (echo's default trusts the header)", realIPs, forged)
+	}
+	want := []string{"per-ip=192.0.2.1", "per-ip=192.0.2.1", "per-ip=192.0.2.1"}
+	if got := obs.list(); !slices.Equal(got, want) {
+		t.Errorf("keys %q, want %q", got, want)
+	}
+}
+
+func TestNew(t *testing.T) {
+	if _, err := echolimit.New(nil); err == nil {
+		t.Error("New(nil): no error")
+	}
+	mw, err := echolimit.New(perIP(1), ratelimit.WithClock(core.NewFakeClock(t0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := echo.New()
+	e.Use(mw)
+	e.GET("/", ok)
+	if got := []int{do(e, "GET", "/", peer).Code, do(e, "GET", "/", peer).Code}; !slices.Equal(got, []int{200, 429}) {
+		t.Errorf("statuses %v, want [200 429]", got)
+	}
+}
+
+func TestMiddlewareNilLimiterPanics(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("no panic")
+		}
+	}()
+	echolimit.Middleware(nil)
+}

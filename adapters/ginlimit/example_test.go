@@ -1,0 +1,79 @@
+package ginlimit_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/adapters/ginlimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+// exampleClock makes the examples' output independent of the time they run.
+func exampleClock() *core.FakeClock {
+	return core.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+}
+
+// send serves method path from remoteAddr and prints the status, selected
+// headers and the body.
+func send(h http.Handler, method, path, remoteAddr string) {
+	r := httptest.NewRequest(method, path, nil)
+	r.RemoteAddr = remoteAddr
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	fmt.Printf("%s %-9s %d remaining=%q retry-after=%q %q\n", method, path, w.Code,
+		w.Header().Get(ratelimit.HeaderRateLimitRemaining), w.Header().Get(ratelimit.HeaderRetryAfter), w.Body.String())
+}
+
+func hello(c *gin.Context) { c.String(http.StatusOK, "hello "+c.Param("id")) }
+
+// A per-client-IP limit for the whole router with router.Use.
+func ExampleNew() {
+	gin.SetMode(gin.ReleaseMode)
+	perIP, err := ginlimit.New([]ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(), // r.RemoteAddr, never c.ClientIP()
+		Rule: core.Rule{Name: "per-ip", Limit: 2, Window: time.Minute},
+	}}, ratelimit.WithClock(exampleClock()))
+	if err != nil {
+		panic(err)
+	}
+	r := gin.New()
+	r.Use(perIP)
+	r.GET("/hello", hello)
+
+	send(r, "GET", "/hello", "192.0.2.1:1234")
+	send(r, "GET", "/hello", "192.0.2.1:1234")
+	send(r, "GET", "/hello", "192.0.2.1:1234")
+	// Output:
+	// GET /hello    200 remaining="1" retry-after="" "hello "
+	// GET /hello    200 remaining="0" retry-after="" "hello "
+	// GET /hello    429 remaining="0" retry-after="30" "Too Many Requests\n"
+}
+
+// A per-route, per-client limit on one route group: every /api/users/:id
+// request of one client shares a quota, whatever the id.
+func ExampleMiddleware() {
+	gin.SetMode(gin.ReleaseMode)
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key:  ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule: core.Rule{Name: "per-route", Limit: 2, Window: time.Minute},
+	}}, ratelimit.WithClock(exampleClock())))
+	r := gin.New()
+	api := r.Group("/api", ginlimit.Middleware(l))
+	api.GET("/users/:id", hello)
+	api.GET("/posts/:id", hello)
+
+	send(r, "GET", "/api/users/1", "192.0.2.1:1234")
+	send(r, "GET", "/api/users/2", "192.0.2.1:1234")
+	send(r, "GET", "/api/users/3", "192.0.2.1:1234")
+	send(r, "GET", "/api/posts/1", "192.0.2.1:1234")
+	// Output:
+	// GET /api/users/1 200 remaining="1" retry-after="" "hello 1"
+	// GET /api/users/2 200 remaining="0" retry-after="" "hello 2"
+	// GET /api/users/3 429 remaining="0" retry-after="30" "Too Many Requests\n"
+	// GET /api/posts/1 200 remaining="1" retry-after="" "hello 1"
+}

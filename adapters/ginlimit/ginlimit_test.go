@@ -1,0 +1,279 @@
+package ginlimit_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/adapters/ginlimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+func init() { gin.SetMode(gin.TestMode) }
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// keys records the key of every decision, per rule.
+type keys struct {
+	core.NopObserver
+	mu   sync.Mutex
+	seen []string // "rule=key"
+}
+
+func (k *keys) ObserveDecision(ev core.DecisionEvent) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.seen = append(k.seen, ev.Decision.Policy.Name()+"="+ev.Key)
+}
+
+func (k *keys) list() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.seen)
+}
+
+// limiter builds a Limiter on a fake clock, reporting keys to obs.
+func limiter(t *testing.T, clk *core.FakeClock, obs *keys, layers []ratelimit.Layer, opts ...ratelimit.Option) *ratelimit.Limiter {
+	t.Helper()
+	opts = append([]ratelimit.Option{ratelimit.WithClock(clk), ratelimit.WithObserver(obs)}, opts...)
+	l, err := ratelimit.New(layers, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func perIP(limit int64) []ratelimit.Layer {
+	return []ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "per-ip", Limit: limit, Window: time.Minute},
+	}}
+}
+
+// do sends method path from remoteAddr, with extra request headers given as
+// name, value pairs.
+func do(h http.Handler, method, path, remoteAddr string, hdr ...string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, path, nil)
+	r.RemoteAddr = remoteAddr
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Add(hdr[i], hdr[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func ok(c *gin.Context) { c.String(http.StatusOK, "ok\n") }
+
+const peer = "192.0.2.1:1234"
+
+func TestHeadersAnd429(t *testing.T) {
+	clk := core.NewFakeClock(t0)
+	l := limiter(t, clk, &keys{}, []ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "per-ip", Limit: 5, Window: 10 * time.Second},
+	}}, ratelimit.WithHeaders(ratelimit.AllHeaders))
+	r := gin.New()
+	r.Use(ginlimit.Middleware(l))
+	r.GET("/hello", ok)
+
+	for i := range 5 {
+		w := do(r, "GET", "/hello", peer)
+		if w.Code != http.StatusOK {
+			t.Fatalf("request %d: status %d", i+1, w.Code)
+		}
+		h := w.Header()
+		if got, want := h.Get(ratelimit.HeaderRateLimitLimit), "5"; got != want {
+			t.Errorf("request %d: X-RateLimit-Limit %q, want %q", i+1, got, want)
+		}
+		if got, want := h.Get(ratelimit.HeaderRateLimitRemaining), strconv.Itoa(4-i); got != want {
+			t.Errorf("request %d: X-RateLimit-Remaining %q, want %q", i+1, got, want)
+		}
+		if got, want := h.Get(ratelimit.HeaderRateLimitPolicy), `"per-ip";q=5;w=10`; got != want {
+			t.Errorf("request %d: RateLimit-Policy %q, want %q", i+1, got, want)
+		}
+	}
+	w := do(r, "GET", "/hello", peer)
+	if w.Code != http.StatusTooManyRequests {
+		t.Fatalf("6th request: status %d, want 429", w.Code)
+	}
+	if got := w.Header().Get(ratelimit.HeaderRetryAfter); got != "2" {
+		t.Errorf("Retry-After %q, want \"2\"", got)
+	}
+	if got := w.Body.String(); got != "Too Many Requests\n" {
+		t.Errorf("body %q", got)
+	}
+	clk.Advance(2 * time.Second)
+	if w := do(r, "GET", "/hello", peer); w.Code != http.StatusOK {
+		t.Errorf("after Retry-After: status %d, want 200", w.Code)
+	}
+}
+
+// A refused request aborts the chain: no later handler runs, and handlers
+// before the limiter see the limiter's status and the aborted context.
+func TestAbort(t *testing.T) {
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, perIP(1))
+	var served int
+	var after []string
+	r := gin.New()
+	r.Use(func(c *gin.Context) {
+		c.Next()
+		after = append(after, strconv.Itoa(c.Writer.Status())+" aborted="+strconv.FormatBool(c.IsAborted()))
+	})
+	r.GET("/hello", ginlimit.Middleware(l), func(c *gin.Context) { served++ }, ok)
+	do(r, "GET", "/hello", peer)
+	do(r, "GET", "/hello", peer)
+	if served != 1 {
+		t.Errorf("handler ran %d times, want 1", served)
+	}
+	if want := []string{"200 aborted=false", "429 aborted=true"}; !slices.Equal(after, want) {
+		t.Errorf("outer middleware saw %q, want %q", after, want)
+	}
+}
+
+func TestRouteKey(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:  ratelimit.Route(),
+		Rule: core.Rule{Name: "per-route", Limit: 2, Window: time.Minute},
+	}})
+	r := gin.New()
+	r.Use(ginlimit.Middleware(l)) // gin routes before running any handler
+	r.GET("/users/:id", ok)
+	g := r.Group("/api")
+	g.GET("/items/:id", ok)
+
+	steps := []struct {
+		path string
+		want int
+	}{
+		{"/users/1", 200},
+		{"/users/2", 200},
+		{"/users/3", 429}, // same route, other id: same quota
+		{"/api/items/1", 200},
+		{"/nowhere", 404}, // no route: the route layer is skipped
+	}
+	for _, s := range steps {
+		if w := do(r, "GET", s.path, peer); w.Code != s.want {
+			t.Errorf("GET %s: status %d, want %d", s.path, w.Code, s.want)
+		}
+	}
+	want := []string{
+		"per-route=GET /users/:id", "per-route=GET /users/:id", "per-route=GET /users/:id",
+		"per-route=GET /api/items/:id",
+	}
+	if got := obs.list(); !slices.Equal(got, want) {
+		t.Errorf("keys %q, want %q", got, want)
+	}
+}
+
+func TestSkip(t *testing.T) {
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, perIP(1),
+		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }))
+	r := gin.New()
+	r.Use(ginlimit.Middleware(l))
+	r.GET("/healthz", ok)
+	r.GET("/hello", ok)
+	for i := range 3 {
+		w := do(r, "GET", "/healthz", peer)
+		if w.Code != 200 || w.Header().Get(ratelimit.HeaderRateLimitLimit) != "" {
+			t.Fatalf("healthz %d: status %d, headers %v", i+1, w.Code, w.Header())
+		}
+	}
+	if got := []int{do(r, "GET", "/hello", peer).Code, do(r, "GET", "/hello", peer).Code}; !slices.Equal(got, []int{200, 429}) {
+		t.Errorf("/hello statuses %v, want [200 429]", got)
+	}
+}
+
+// Two layers in one limiter: a request the login layer refuses charges the
+// per-IP layer nothing.
+func TestLayering(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 3, Window: time.Minute}},
+		{Key: ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()), Rule: core.Rule{Name: "login", Limit: 1, Window: time.Minute}},
+	}, ratelimit.WithHeaders(ratelimit.IETFHeaders))
+	r := gin.New()
+	r.POST("/login", ginlimit.Middleware(l), ok)
+
+	steps := []struct {
+		want      int
+		rateLimit string
+	}{
+		{200, `"per-ip";r=2;t=20, "login";r=0;t=60`},
+		{429, `"per-ip";r=2;t=20, "login";r=0;t=60`}, // per-ip not charged
+		{429, `"per-ip";r=2;t=20, "login";r=0;t=60`},
+	}
+	for i, s := range steps {
+		w := do(r, "POST", "/login", peer)
+		if w.Code != s.want {
+			t.Errorf("request %d: status %d, want %d", i+1, w.Code, s.want)
+		}
+		if got := w.Header().Get(ratelimit.HeaderRateLimit); got != s.rateLimit {
+			t.Errorf("request %d: RateLimit %q, want %q", i+1, got, s.rateLimit)
+		}
+	}
+	if got := obs.list(); got[1] != "login=11:POST /login9:192.0.2.1" {
+		t.Errorf("login key %q", got[1])
+	}
+}
+
+// A forged X-Forwarded-For from a peer that is not a trusted proxy changes
+// neither the key nor whose quota is charged, although gin's own
+// c.ClientIP() believes it by default.
+func TestForgedForwardedForIgnored(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, perIP(2))
+	r := gin.New()
+	var clientIPs []string
+	r.Use(func(c *gin.Context) { clientIPs = append(clientIPs, c.ClientIP()) })
+	r.Use(ginlimit.Middleware(l))
+	r.GET("/hello", ok)
+
+	forged := []string{"203.0.113.1", "203.0.113.2", "203.0.113.3"}
+	for i, xff := range forged {
+		w := do(r, "GET", "/hello", peer, "X-Forwarded-For", xff, "X-Real-IP", xff)
+		if want := []int{200, 200, 429}[i]; w.Code != want {
+			t.Errorf("request %d (XFF %s): status %d, want %d", i+1, xff, w.Code, want)
+		}
+	}
+	if !slices.Equal(clientIPs, forged) { // the premise of the package doc
+		t.Errorf("c.ClientIP() gave %q, want the forged %q (gin trusts every proxy by default)", clientIPs, forged)
+	}
+	want := []string{"per-ip=192.0.2.1", "per-ip=192.0.2.1", "per-ip=192.0.2.1"}
+	if got := obs.list(); !slices.Equal(got, want) {
+		t.Errorf("keys %q, want %q", got, want)
+	}
+}
+
+func TestNew(t *testing.T) {
+	if _, err := ginlimit.New(nil); err == nil {
+		t.Error("New(nil): no error")
+	}
+	mw, err := ginlimit.New(perIP(1), ratelimit.WithClock(core.NewFakeClock(t0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := gin.New()
+	r.Use(mw)
+	r.GET("/", ok)
+	if got := []int{do(r, "GET", "/", peer).Code, do(r, "GET", "/", peer).Code}; !slices.Equal(got, []int{200, 429}) {
+		t.Errorf("statuses %v, want [200 429]", got)
+	}
+}
+
+func TestMiddlewareNilLimiterPanics(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("no panic")
+		}
+	}()
+	ginlimit.Middleware(nil)
+}

@@ -1,0 +1,299 @@
+// Package promlimit exports what a rate limiter decides as Prometheus metrics
+// (github.com/prometheus/client_golang). A [Metrics] is a [core.Observer]:
+// give it to ratelimit.WithObserver (or core.WithObserver) and, for
+// evictions, to core.MemoryConfig.Observer.
+//
+//	metrics := promlimit.Must(promlimit.New(prometheus.DefaultRegisterer))
+//	limiter := ratelimit.Must(ratelimit.New(layers, ratelimit.WithObserver(metrics)))
+//	http.Handle("/metrics", promhttp.Handler())
+//
+// # Metrics
+//
+// Every metric is labelled by rule, the Name of the layer's rule (or of the
+// policy a Resolver chose), never by key: keys are unbounded and may identify
+// people. Rule names come from the program, so the number of series is
+// bounded.
+//
+//	ratelimit_decisions_total{rule, outcome}         counter
+//	ratelimit_decision_duration_seconds{rule}        histogram
+//	ratelimit_errors_total{rule}                     counter
+//	ratelimit_evictions_total{rule}                  counter
+//	ratelimit_memory_store_keys                      gauge (with SetMemoryStore)
+//	ratelimit_memory_store_capacity                  gauge (with SetMemoryStore)
+//
+// ratelimit_decisions_total counts one decision per rule per request: a
+// request decided by two layers counts once under each rule. Its outcome is
+// one of:
+//
+//   - "allowed": the rule allowed the request and every other rule of its
+//     batch did too, so the request was admitted and the rule charged (in
+//     dry-run mode too).
+//   - "denied": the rule refused the request and the refusal was enforced
+//     (including a cost above the rule's capacity, answered 413).
+//   - "dry_run_denied": the rule refused the request in dry-run mode; the
+//     request was served anyway.
+//   - "not_charged": the rule allowed the request but another rule of the
+//     same batch (another layer of the same Limiter) refused it. Layers are
+//     all-or-nothing, so this rule was not charged. The request was refused
+//     (or, in dry-run mode, served), and the refusing rule counts it as
+//     "denied" (or "dry_run_denied").
+//
+// So, per rule, allowed is exactly the number of charges, and denied plus
+// dry_run_denied the number of requests this rule refused itself; summing
+// "denied" over rules counts a request refused by two layers twice.
+//
+// ratelimit_decision_duration_seconds is the time the store took to decide
+// the batch that held the rule's decision (the same batch time is observed
+// once under each of its rules). Its default buckets, [DefaultBuckets], run
+// from 1µs to 100ms: an in-memory decision takes from well under a
+// microsecond to a few microseconds, a Redis round trip about a millisecond.
+// A Limiter on a fake clock reports 0.
+//
+// ratelimit_errors_total counts store failures (the Store returned an error
+// other than a refusal), once under each rule of the failed batch. Key errors
+// and Resolver errors of the HTTP middleware never reach the store and are
+// not counted; see ratelimit.WithErrorHandler. ratelimit_evictions_total
+// counts keys a MemoryStore evicted while they still held state, under the
+// rule of the evicted key: a growing count means the store's capacity is too
+// small. The memory-store gauges are read from the store at scrape time.
+//
+// # Registration
+//
+// [New] registers the metrics with the prometheus.Registerer it is given:
+// prometheus.DefaultRegisterer to serve them with promhttp.Handler(),
+// or a registry of your own. Registering twice on one registry is an error
+// (a prometheus.AlreadyRegisteredError, wrapped), not a panic; [Must] panics
+// instead. One Metrics can observe several Limiters: their series are told
+// apart by rule name. To keep two sets on one registry, register each through
+// prometheus.WrapRegistererWith with a distinct value of the same constant
+// label (limiter="api", limiter="admin"), or through
+// prometheus.WrapRegistererWithPrefix. A Metrics is also a
+// prometheus.Collector, so New(nil, ...) builds one without registering it.
+package promlimit
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+// DefaultBuckets are the upper bounds, in seconds, of the decision-latency
+// histogram's buckets when no [WithBuckets] option is given: 1µs to 100ms in
+// 1-2.5-5 steps, fine enough for sub-microsecond in-memory decisions and for
+// Redis round trips of a few milliseconds.
+var DefaultBuckets = []float64{
+	1e-6, 2.5e-6, 5e-6,
+	1e-5, 2.5e-5, 5e-5,
+	1e-4, 2.5e-4, 5e-4,
+	1e-3, 2.5e-3, 5e-3,
+	1e-2, 2.5e-2, 5e-2,
+	1e-1,
+}
+
+// Outcome label values of ratelimit_decisions_total.
+const (
+	outcomeAllowed      = "allowed"
+	outcomeDenied       = "denied"
+	outcomeDryRunDenied = "dry_run_denied"
+	outcomeNotCharged   = "not_charged"
+)
+
+// Metrics records a rate limiter's decisions, store errors and evictions as
+// Prometheus metrics (see the package documentation for their names and
+// meaning). It implements core.Observer and prometheus.Collector. Build it
+// with New; it is safe for concurrent use. Observing a decision costs a
+// lookup of the rule's series and a few atomic updates; it does not allocate
+// after the rule's first decision.
+type Metrics struct {
+	decisions *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	errors    *prometheus.CounterVec
+	evictions *prometheus.CounterVec
+	keysDesc  *prometheus.Desc
+	capDesc   *prometheus.Desc
+
+	store atomic.Pointer[core.MemoryStore]
+	rules sync.Map // rule name -> *ruleSeries
+}
+
+// ruleSeries holds the series of one rule, resolved once.
+type ruleSeries struct {
+	allowed, denied, dryRunDenied, notCharged prometheus.Counter
+	latency                                   prometheus.Observer
+}
+
+var (
+	_ core.Observer        = (*Metrics)(nil)
+	_ prometheus.Collector = (*Metrics)(nil)
+)
+
+// Option configures New.
+type Option func(*config)
+
+type config struct {
+	buckets []float64
+}
+
+// WithBuckets sets the upper bounds, in seconds, of the decision-latency
+// histogram's buckets; they must be strictly increasing. The default value
+// is DefaultBuckets.
+func WithBuckets(bounds ...float64) Option {
+	return func(c *config) { c.buckets = append([]float64(nil), bounds...) }
+}
+
+// New returns a Metrics registered with reg. It returns an error for invalid
+// options, and the registerer's error, wrapped, when reg refuses the metrics
+// (a prometheus.AlreadyRegisteredError when the same metrics are already
+// registered there). A nil reg registers nothing: the Metrics is a
+// prometheus.Collector to register later.
+func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
+	cfg := config{buckets: DefaultBuckets}
+	for _, o := range opts {
+		if o == nil {
+			return nil, errors.New("promlimit: nil Option")
+		}
+		o(&cfg)
+	}
+	if len(cfg.buckets) == 0 {
+		return nil, errors.New("promlimit: WithBuckets needs at least one bucket")
+	}
+	for i := 1; i < len(cfg.buckets); i++ {
+		if !(cfg.buckets[i-1] < cfg.buckets[i]) {
+			return nil, fmt.Errorf("promlimit: buckets must be strictly increasing, got %v", cfg.buckets)
+		}
+	}
+	const ns = "ratelimit"
+	m := &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "decisions_total",
+			Help: "Rate-limit decisions, one per rule per request, by outcome: allowed (charged), denied, dry_run_denied (refused but served in dry-run mode), not_charged (allowed by this rule, refused by another rule of the batch).",
+		}, []string{"rule", "outcome"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "decision_duration_seconds",
+			Help:    "Time the store took to decide the batch holding the rule's decision.",
+			Buckets: cfg.buckets,
+		}, []string{"rule"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "errors_total",
+			Help: "Store failures, once per rule of the failed batch.",
+		}, []string{"rule"}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "evictions_total",
+			Help: "Keys a memory store evicted while they still held state; growth means its capacity is too small.",
+		}, []string{"rule"}),
+		keysDesc: prometheus.NewDesc(ns+"_memory_store_keys",
+			"Keys held by the memory store.", nil, nil),
+		capDesc: prometheus.NewDesc(ns+"_memory_store_capacity",
+			"Most keys the memory store can hold.", nil, nil),
+	}
+	if reg != nil {
+		if err := reg.Register(m); err != nil {
+			return nil, fmt.Errorf("promlimit: registering the metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// Must panics if err is not nil and returns m otherwise, for metrics set up
+// at program start: promlimit.Must(promlimit.New(reg)).
+func Must(m *Metrics, err error) *Metrics {
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+// SetMemoryStore makes the Metrics report s's key count and capacity as the
+// ratelimit_memory_store_keys and ratelimit_memory_store_capacity gauges,
+// read at scrape time; nil stops reporting them. For evictions, make s with
+// this Metrics as its core.MemoryConfig.Observer:
+//
+//	store := core.MustMemoryStore(&core.MemoryConfig{Observer: metrics})
+//	metrics.SetMemoryStore(store)
+func (m *Metrics) SetMemoryStore(s *core.MemoryStore) { m.store.Store(s) }
+
+// series returns the series of the rule named name.
+func (m *Metrics) series(name string) *ruleSeries {
+	if s, ok := m.rules.Load(name); ok {
+		return s.(*ruleSeries)
+	}
+	s := &ruleSeries{
+		allowed:      m.decisions.WithLabelValues(name, outcomeAllowed),
+		denied:       m.decisions.WithLabelValues(name, outcomeDenied),
+		dryRunDenied: m.decisions.WithLabelValues(name, outcomeDryRunDenied),
+		notCharged:   m.decisions.WithLabelValues(name, outcomeNotCharged),
+		latency:      m.latency.WithLabelValues(name),
+	}
+	got, _ := m.rules.LoadOrStore(name, s)
+	return got.(*ruleSeries)
+}
+
+// policyName is p's Name, or "" for a nil policy.
+func policyName(p *core.Policy) string {
+	if p == nil {
+		return ""
+	}
+	return p.Name()
+}
+
+// ObserveDecision counts ev under its rule and outcome and observes its
+// latency. It implements core.Observer.
+func (m *Metrics) ObserveDecision(ev core.DecisionEvent) {
+	s := m.series(policyName(ev.Decision.Policy))
+	switch {
+	case !ev.Decision.Allowed && ev.DryRun:
+		s.dryRunDenied.Inc()
+	case !ev.Decision.Allowed:
+		s.denied.Inc()
+	case ev.Admitted:
+		s.allowed.Inc()
+	default:
+		s.notCharged.Inc()
+	}
+	s.latency.Observe(ev.Latency.Seconds())
+}
+
+// ObserveError counts a store failure once under each rule of the failed
+// batch. It implements core.Observer.
+func (m *Metrics) ObserveError(ev core.ErrorEvent) {
+	if len(ev.Policies) == 0 {
+		m.errors.WithLabelValues("").Inc()
+		return
+	}
+	for _, p := range ev.Policies {
+		m.errors.WithLabelValues(policyName(p)).Inc()
+	}
+}
+
+// ObserveEviction counts an eviction under the evicted key's rule. It
+// implements core.Observer.
+func (m *Metrics) ObserveEviction(ev core.EvictionEvent) {
+	m.evictions.WithLabelValues(ev.PolicyName).Inc()
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	m.decisions.Describe(ch)
+	m.latency.Describe(ch)
+	m.errors.Describe(ch)
+	m.evictions.Describe(ch)
+	ch <- m.keysDesc
+	ch <- m.capDesc
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	m.decisions.Collect(ch)
+	m.latency.Collect(ch)
+	m.errors.Collect(ch)
+	m.evictions.Collect(ch)
+	if s := m.store.Load(); s != nil {
+		ch <- prometheus.MustNewConstMetric(m.keysDesc, prometheus.GaugeValue, float64(s.Len()))
+		ch <- prometheus.MustNewConstMetric(m.capDesc, prometheus.GaugeValue, float64(s.Capacity()))
+	}
+}

@@ -1,0 +1,92 @@
+// Command chi serves a chi router behind rate limits, with Prometheus
+// metrics:
+//
+//   - GET /hello: 5 requests per 10 seconds per client IP (token bucket),
+//     with every rate-limit header set.
+//   - POST /login: 2 requests per minute per route and client IP, a quota of
+//     its own, independent of /hello.
+//   - GET /metrics: Prometheus metrics, the limiter's among them
+//     (ratelimit_decisions_total and others).
+//
+// Try it:
+//
+//	go run ./examples/chi -addr 127.0.0.1:8080
+//	for i in 1 2 3 4 5 6; do curl -si http://127.0.0.1:8080/hello | grep -i -e ^HTTP -e ^x-ratelimit -e ^retry; done
+//	for i in 1 2 3; do curl -si -X POST http://127.0.0.1:8080/login | grep -i -e ^HTTP -e ^retry; done
+//	curl -s http://127.0.0.1:8080/metrics | grep ^ratelimit_decisions_total
+//
+// The client is the connecting peer (r.RemoteAddr): no proxy is trusted, so
+// X-Forwarded-For is ignored. Behind a load balancer, pass its network to
+// ratelimit.TrustedProxyCIDRs; do not use chi's middleware.RealIP.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/adapters/chilimit"
+	"github.com/limitry/ratelimit/adapters/promlimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+func main() {
+	addr := flag.String("addr", ":8080", "address to listen on")
+	flag.Parse()
+
+	// Metrics, served by promhttp.Handler, and one memory store for both
+	// limiters (their keys are namespaced by rule name).
+	metrics := promlimit.Must(promlimit.New(prometheus.DefaultRegisterer))
+	store := core.MustMemoryStore(&core.MemoryConfig{Observer: metrics})
+	metrics.SetMemoryStore(store)
+	common := []ratelimit.Option{
+		ratelimit.WithHeaders(ratelimit.AllHeaders),
+		ratelimit.WithStore(store),
+		ratelimit.WithObserver(metrics),
+	}
+	clientIP := ratelimit.MustClientIP() // r.RemoteAddr: no proxy trusted
+
+	hello := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key:  clientIP,
+		Rule: core.Rule{Name: "hello", Algorithm: core.TokenBucket, Limit: 5, Window: 10 * time.Second},
+	}}, common...))
+	login := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key:  ratelimit.Composite(ratelimit.Route(), clientIP),
+		Rule: core.Rule{Name: "login", Algorithm: core.TokenBucket, Limit: 2, Window: time.Minute},
+	}}, common...))
+
+	r := chi.NewRouter()
+	// r.With runs the limiter after chi has routed the request, so the
+	// login limit's route key is the full pattern "POST /login".
+	r.With(chilimit.Middleware(hello)).Get("/hello", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "hello")
+	})
+	r.With(chilimit.Middleware(login)).Post("/login", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "logged in (not really)")
+	})
+	r.Method(http.MethodGet, "/metrics", promhttp.Handler())
+
+	srv := &http.Server{Addr: *addr, Handler: r, ReadHeaderTimeout: 5 * time.Second}
+	log.Printf("chi example: GET %shello (5/10s per IP), POST %slogin (2/min), GET %smetrics", url(*addr), url(*addr), url(*addr))
+	log.Fatal(srv.ListenAndServe())
+}
+
+// url returns a URL for addr, with localhost for an unspecified host.
+func url(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "http://" + addr + "/"
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/"
+}
