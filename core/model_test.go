@@ -39,7 +39,7 @@ func newBucket(p *core.Policy) *bucketModel {
 }
 
 func (m *bucketModel) levelAt(now int64) *big.Rat {
-	drained := big.NewRat((now-m.last)*1, 1)
+	drained := big.NewRat(now-m.last, 1)
 	drained.Mul(drained, big.NewRat(m.limit, m.window))
 	l := new(big.Rat).Sub(m.level, drained)
 	if l.Sign() < 0 {
@@ -137,7 +137,8 @@ type counterModel struct {
 func (m *counterModel) estimate(now int64) *big.Rat {
 	i := now / m.window
 	elapsed := now - i*m.window
-	w := big.NewRat(m.counts[i-1]*(m.window-elapsed), m.window)
+	w := big.NewRat(m.counts[i-1], 1)
+	w.Mul(w, big.NewRat(m.window-elapsed, m.window))
 	return w.Add(w, big.NewRat(m.counts[i], 1))
 }
 func (m *counterModel) admits(now, cost int64) bool {
@@ -322,5 +323,26 @@ func TestSlidingCounterApproximation(t *testing.T) {
 	t.Logf("sliding counter admitted %d, sliding log %d (ratio %.4f)", nc, nl, ratio)
 	if ratio < 0.95 || ratio > 1.05 {
 		t.Fatalf("sliding counter admitted %d vs exact log %d: ratio %.4f outside [0.95, 1.05]", nc, nl, ratio)
+	}
+}
+
+// TestSlidingCounterLargeCounts checks counts at and above 2^31, where a
+// signed unpacking of the two counters would turn negative.
+func TestSlidingCounterLargeCounts(t *testing.T) {
+	p := core.MustPolicy(core.Rule{Name: "big", Algorithm: core.SlidingWindowCounter, Limit: 1<<32 - 1, Window: time.Hour})
+	m := newModel(p)
+	var st core.State
+	now := int64(1_800_000_000) * int64(time.Second)
+	for _, step := range []struct {
+		at   time.Duration
+		cost int64
+	}{{0, 1 << 31}, {61 * time.Minute, 1}, {62 * time.Minute, 1}, {62 * time.Minute, 1<<32 - 3}, {3 * time.Hour, 1<<32 - 1}} {
+		at := now + int64(step.at)
+		want := modelDecide(m, p, at, step.cost)
+		var got core.Decision
+		p.Algorithm().Decide(p, &st, step.cost, at, true, &got)
+		if got != want {
+			t.Fatalf("+%v cost %d:\n got %+v\nwant %+v", step.at, step.cost, got, want)
+		}
 	}
 }

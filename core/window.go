@@ -91,7 +91,7 @@ func swcCounts(p *Policy, s *State, now int64) (idx, prev, curr int64) {
 	if s.B == 0 {
 		return idx, 0, 0
 	}
-	sp, sc := s.B>>32, s.B&(1<<32-1)
+	sp, sc := int64(uint64(s.B)>>32), s.B&(1<<32-1)
 	switch {
 	case idx <= s.A:
 		return s.A, sp, sc
@@ -144,7 +144,7 @@ func (slidingWindowCounter) Decide(p *Policy, s *State, cost, now int64, commit 
 		curr += cost
 		used += cost
 		if commit && cost > 0 {
-			s.A, s.B = idx, prev<<32|curr
+			s.A, s.B = idx, int64(uint64(prev)<<32|uint64(curr))
 		}
 	} else {
 		// This window, once the previous window's weight has decayed enough.
@@ -172,9 +172,9 @@ func (slidingWindowCounter) Decide(p *Policy, s *State, cost, now int64, commit 
 
 func (slidingWindowCounter) Expiry(p *Policy, s *State) int64 {
 	switch {
-	case s.B&(1<<32-1) > 0:
+	case s.B&(1<<32-1) != 0:
 		return (s.A + 2) * p.window
-	case s.B > 0:
+	case s.B != 0:
 		return (s.A + 1) * p.window
 	}
 	return 0
