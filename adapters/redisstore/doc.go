@@ -1,0 +1,174 @@
+// Package redisstore is a core.Store that keeps rate-limit state in Redis,
+// so that a fleet of processes shares one quota per key. It works over any
+// go-redis v9 client (redis.UniversalClient: a single node, Sentinel
+// through a failover client, or Cluster), which the caller builds, owns and
+// closes:
+//
+//	client := redis.NewClient(&redis.Options{Addr: "redis:6379", ContextTimeoutEnabled: true})
+//	store, err := redisstore.New(client, &redisstore.Config{Prefix: "myapp:rl:"})
+//	...
+//	limiter, err := core.New(core.PerMinute(100), core.WithStore(store))
+//
+// # Decisions
+//
+// Every built-in algorithm of core (TokenBucket, LeakyBucket including
+// MaxDelay shaping, FixedWindow, SlidingWindowLog, SlidingWindowCounter)
+// is implemented in Lua, one source per algorithm, composed into one script
+// that decides a whole batch: one EVALSHA, one round trip, atomic on the
+// server. The script decides every request without writing, then charges
+// all of them only if all were admitted; for a refused batch the admitted
+// requests report their Remaining without their cost, as core.MemoryStore
+// does. A policy with another Algorithm is refused with
+// ErrUnsupportedAlgorithm before Redis is contacted.
+//
+// The Redis store decides exactly like core.MemoryStore (the same Allowed,
+// Remaining and Limit for the same sequence of requests) provided that
+//
+//   - the policy's Window and MaxDelay are whole microseconds (otherwise
+//     Take returns ErrUnsupportedRule), and
+//   - the decision times are whole microseconds: Redis TIME always is; with
+//     Config.ClientTime the time given to Take is truncated to a
+//     microsecond.
+//
+// RetryAfter, ResetAfter and Delay are computed in microseconds and
+// rounded up: each equals the memory store's value rounded up to a whole
+// microsecond, so a client told to wait is never admitted early.
+//
+// # Arithmetic
+//
+// Lua numbers are doubles, exact for integers below 2^53. The script keeps
+// every quantity an integer: times in Unix microseconds (2^53 us is the
+// year 2255), counts in units, and the token buckets' theoretical arrival
+// time as whole microseconds plus a fraction in units of 1/Limit, the same
+// exact representation core uses in nanoseconds. Products that can exceed
+// 2^53 (cost x Window, (TAT - now) x Limit, a sliding counter's
+// prev x (Window - elapsed), room x Window) go through an exact
+// multiply-divide that splits the multiplier into chunks small enough that
+// every intermediate value stays below 2^53. So every rule core.NewPolicy
+// accepts (Limit and Burst up to core.MaxLimit = 2^50, Window and MaxDelay
+// up to core.MaxWindow) is decided exactly, as long as its Window and
+// MaxDelay are whole microseconds, at any time up to MaxTime (the year
+// 2155: now plus two MaxWindows stays below 2^53 us); later times are
+// refused with ErrTimeOutOfRange in ClientTime mode. Rational quantities
+// never cross the Lua boundary: rule parameters and times go in as decimal
+// integer strings, and the reply is one string of decimal integers.
+//
+// # Time
+//
+// By default the script reads the server's clock (TIME) once per call, and
+// the time passed to Take is ignored: the fleet shares one clock, so clock
+// skew between application servers changes nothing. In a Cluster each key
+// is decided by the clock of the node holding it. Redis 5 and later
+// replicate scripts by their effects, so a script may write after reading
+// TIME (on Redis 3.2 and 4 the script asks for effects replication
+// itself).
+//
+// Config.ClientTime decides at the time passed to Take instead, for
+// deterministic tests (core/storetest passes whole milliseconds); it makes
+// the callers' clock skew part of every decision.
+//
+// # Keys and expiry
+//
+// A request's key is Prefix + name + ":" + key, or, when Config.HashTag
+// gives a tag, Prefix + "{" + tag + "}" + name + ":" + key, where name is
+// the policy's Name and key the request's Key as it is. In the name '%',
+// ':', '{' and '}' are written %25, %3A, %7B and %7D, and in the tag '%',
+// '{' and '}', so two different (tag, name, key) triples never share a
+// Redis key and a policy name never opens a hash tag. Keys that may hold
+// secrets (API keys) should be hashed before they reach the store.
+//
+// The buckets and windows keep one string per key ("g:tat:frac",
+// "f:window:count", "c:window:prev:curr"); the sliding log keeps a list of
+// its total and one "time:units" entry per admission instant, so its
+// memory grows with the admissions in the window (up to Limit entries). A
+// charge writes the state and its expiry in the same script (SET ... PX,
+// or PEXPIRE for the log): the key expires when its state would decide
+// like a fresh one (core's Algorithm.Expiry), rounded up to a millisecond,
+// plus one millisecond (ClientTimeSlack in ClientTime mode). A refusal
+// writes nothing. A key that holds another algorithm's state (a rule
+// renamed onto another's name) is read as fresh and overwritten.
+//
+// # Round trips and retries
+//
+// A decision is one EVALSHA. When the server answers NOSCRIPT (its script
+// cache was lost to a restart, a failover or SCRIPT FLUSH), nothing ran,
+// and the store sends the script once with EVAL, as redis.Script.Run does.
+// No other failure is retried: a script whose connection broke or timed
+// out may have run and charged, and sending it again would charge twice.
+// go-redis itself retries such failures up to Options.MaxRetries times (3
+// by default for a single-node client), so the store marks its script
+// calls as not retryable; failures before a command is written (a refused
+// dial) are still retried by the client, which is safe. No client option
+// needs changing for this.
+//
+// # Cluster
+//
+// With a *redis.ClusterClient, the requests of a batch are grouped by hash
+// slot. A batch in one slot is one atomic call. Config.HashTag puts
+// chosen requests in one slot: its tag may depend only on the request's
+// policy name and key, because it is part of the Redis key and the same
+// quota must map to the same key in every batch. TagByKey tags by the key,
+// which co-locates the layers that limit one key under several policies
+// (per second and per hour per client IP, say). A tag derived from the
+// batch (say, the first request's key) would file a per-user quota under
+// every IP the user comes from, and is deliberately not offered.
+//
+// A batch whose requests span several slots is never sent as one script
+// (that would fail with CROSSSLOT). It is decided in up to three steps:
+// every slot's group is checked without charging (in parallel); if one
+// would refuse, the batch is refused and nothing was written; otherwise
+// every group is charged (in parallel), each atomically and only if it
+// still admits; if a group's charge is refused because its state changed
+// since the check, the groups already charged are refunded and the batch
+// is refused. Caveats:
+//
+//   - It costs two round trips (three with a refund) instead of one.
+//   - It is not atomic across slots: between a group's charge and its
+//     refund, other requests see that charge and may be refused. A batch
+//     is only admitted once every group is charged, so nothing is ever
+//     admitted uncharged.
+//   - Refunds are exact for FixedWindow, SlidingWindowCounter and
+//     SlidingWindowLog (they undo the charge in the window or log entry it
+//     went to, if that still counts). For TokenBucket and LeakyBucket the
+//     refund takes cost x Window/Limit off the theoretical arrival time:
+//     exact unless another request met the bucket full in between, in which
+//     case it may credit up to what refills between charge and refund (at
+//     most Timeout's worth of refill).
+//   - If Redis fails between the charge and the refund, some groups may
+//     stay charged (the safe direction); the failure is returned or, when a
+//     refund alone fails, reported to the Observer.
+//
+// With a *redis.Ring, or a client type the store does not know, requests
+// are grouped by their hash tag (equal tags always share a node), by the
+// same scheme.
+//
+// # Failures
+//
+// Each Take is bounded by Config.Timeout (50ms by default). go-redis
+// bounds its socket reads by the context's deadline only when the client
+// has ContextTimeoutEnabled; otherwise the store waits for the call in a
+// goroutine and abandons it at the deadline (it then ends on the client's
+// ReadTimeout), so setting ContextTimeoutEnabled saves a goroutine per
+// decision. A circuit breaker (github.com/sony/gobreaker, see
+// BreakerConfig) opens after consecutive failures so that a dead Redis
+// costs nothing while it is open, then probes and closes when Redis is
+// back. While Redis is unavailable (an error, a timeout, or the breaker
+// open), Take returns the error (ErrUnavailable while the breaker is open),
+// and the caller applies its fail policy (the HTTP middleware fails open
+// or closed), or, if Config.Fallback is set, decides with the fallback
+// store: every instance then limits alone, so N instances admit up to N
+// times the quota until Redis is back. Backend errors are wrapped with a
+// "redisstore: " prefix; a timeout matches context.DeadlineExceeded. A
+// script that fails part-way through charging a batch (Redis out of
+// memory, say) may leave the requests it had already written charged: the
+// batch is reported as an error, and the error is in the safe direction.
+//
+// Client options worth setting: ContextTimeoutEnabled (above);
+// DialerRetries 1 or 2, because go-redis pauses DialerRetryTimeout (100ms)
+// between dial attempts, so with its default of 5 attempts a Redis that
+// refuses connections costs each decision its whole Timeout instead of
+// failing at once; PoolSize at least the number of concurrent decisions (a
+// decision holds a connection for one round trip); ReadTimeout and
+// WriteTimeout as a backstop above Timeout. MaxRetries needs no change
+// (see above).
+package redisstore

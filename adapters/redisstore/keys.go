@@ -1,0 +1,107 @@
+package redisstore
+
+import (
+	"strings"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+// Key layout. A request's Redis key is
+//
+//	Prefix + name + ":" + key                  (no hash tag)
+//	Prefix + "{" + tag + "}" + name + ":" + key (Config.HashTag returned tag != "")
+//
+// where name is the policy's Name and tag the hash tag, each with '%', ':'
+// (name only), '{' and '}' written as %25, %3A, %7B and %7D. Neither can
+// then hold the separator that ends it, so distinct (tag, name, key)
+// triples never share a Redis key, and a name or tag never opens a hash
+// tag of its own. The request key is written as it is.
+
+// escapeName escapes a policy name for a Redis key.
+func escapeName(s string) string {
+	return escape(s, true)
+}
+
+// escape writes '%', '{', '}' and, if colon is set, ':' as %XX. It
+// returns s itself when nothing needs escaping.
+func escape(s string, colon bool) string {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if needsEscape(s[i], colon) {
+			n++
+		}
+	}
+	if n == 0 {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 2*n)
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if needsEscape(c, colon) {
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+func needsEscape(c byte, colon bool) bool {
+	return c == '%' || c == '{' || c == '}' || (colon && c == ':')
+}
+
+// redisKey returns the Redis key of r under prefix, with the policy's
+// escaped name en and the (unescaped) hash tag tag.
+func redisKey(prefix, en, tag string, r *core.Request) string {
+	if tag == "" {
+		return prefix + en + ":" + r.Key
+	}
+	return prefix + "{" + escape(tag, false) + "}" + en + ":" + r.Key
+}
+
+// hashTagOf returns the part of key Redis Cluster hashes: the content of
+// the first "{...}" if it is not empty, otherwise the whole key.
+func hashTagOf(key string) string {
+	if s := strings.IndexByte(key, '{'); s >= 0 {
+		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
+			return key[s+1 : s+1+e]
+		}
+	}
+	return key
+}
+
+// slot returns the Redis Cluster hash slot (0 to 16383) of a key, as the
+// CLUSTER KEYSLOT command computes it: CRC16 (XMODEM) of the key's hash
+// tag, or of the whole key when it has none, modulo 16384.
+func slot(key string) int {
+	return int(crc16(hashTagOf(key)) & 16383)
+}
+
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		c := uint16(i) << 8
+		for j := 0; j < 8; j++ {
+			if c&0x8000 != 0 {
+				c = c<<1 ^ 0x1021
+			} else {
+				c <<= 1
+			}
+		}
+		t[i] = c
+	}
+	return t
+}()
+
+// crc16 is CRC-16/XMODEM (polynomial 0x1021, initial value 0), the
+// checksum Redis Cluster uses for key slots.
+func crc16(s string) uint16 {
+	var c uint16
+	for i := 0; i < len(s); i++ {
+		c = c<<8 ^ crcTable[byte(c>>8)^s[i]]
+	}
+	return c
+}

@@ -1,0 +1,74 @@
+-- fixed_window.lua: fixed_window, mirroring core/window.go.
+--
+-- State: the string "f:A:B", A the index of the epoch-aligned window
+-- (floor(now / W)) and B the units admitted in it.
+--
+-- The functions are made only when a batch uses the algorithm: a script
+-- call pays for the closures it needs.
+
+modules.fixed = function()
+  local fixed = {}
+
+  function fixed.load(key)
+    local a, b = getstate(key, '^f:(%-?%d+):(%d+)$')
+    if a == nil then
+      return { A = 0, B = 0 }
+    end
+    return { A = tonumber(a), B = tonumber(b) }
+  end
+
+  function fixed.decide(st, P, cost, now)
+    local d = newdecision()
+    local idx = floordiv(now, P.W)
+    local count = 0
+    if st.B > 0 then
+      if idx < st.A then
+        idx = st.A -- the clock stepped back: stay in the later window
+      end
+      if idx == st.A then
+        count = st.B
+      end
+    end
+    local e = (idx + 1) * P.W
+    if count + cost <= P.cap then
+      d.allowed = true
+      count = count + cost
+      d.nA, d.nB = idx, count
+    else
+      d.retry = e - now
+    end
+    d.rem = P.cap - count
+    if count > 0 then
+      d.reset = e - now
+    end
+    d.extra = idx
+    return d
+  end
+
+  local function fixed_store(key, A, B, P, now, slack)
+    if B <= 0 then
+      redis.call('DEL', key)
+      return
+    end
+    keep(key, sformat('f:%.0f:%.0f', A, B), (A + 1) * P.W - now, slack)
+  end
+
+  function fixed.commit(key, st, P, cost, now, d, slack)
+    if cost > 0 then
+      fixed_store(key, d.nA, d.nB, P, now, slack)
+    end
+    return d.nA
+  end
+
+  -- refund takes cost off the window the charge went to (extra), if that
+  -- window is still the stored one; a later window no longer counts it.
+  -- Exact.
+  function fixed.refund(key, st, P, cost, extra, now, slack)
+    if st.B > 0 and st.A == extra then
+      local b = st.B - cost
+      if b < 0 then b = 0 end
+      fixed_store(key, st.A, b, P, now, slack)
+    end
+  end
+  return fixed
+end

@@ -1,0 +1,120 @@
+-- main.lua: decides a batch of requests, one per key of KEYS.
+--
+-- ARGV[1] mode: 'T' take (decide all; charge all only if all are admitted),
+--               'C' check (decide all, charge nothing, report as refused),
+--               'R' refund (undo the charges of an earlier 'T').
+-- ARGV[2] now in Unix microseconds, or '' to read the server's TIME.
+-- ARGV[3] 1-based index of a request whose cost exceeds its capacity, or 0.
+-- ARGV[4] milliseconds added to every key's expiry.
+-- Then three arguments per request: the policy ("alg W L cap maxDelay tauQ
+-- tauR", times in microseconds), the cost, and (for 'R') what the charge
+-- reported.
+--
+-- The reply is one string of integers separated by spaces: now, then per
+-- request allowed (0/1), remaining, resetAfter, retryAfter, delay (in
+-- microseconds) and extra (the charge's window index or instant, for 'R').
+
+-- Redis 5+ replicates scripts by their effects, so writing after TIME is
+-- allowed; Redis 3.2 and 4 need to be asked (a no-op later).
+if redis.replicate_commands then redis.replicate_commands() end
+
+local codes = { g = 'gcra', f = 'fixed', c = 'counter', l = 'swlog' }
+local made = {}
+local function algorithm(code)
+  local name = codes[code]
+  if name == nil then
+    return nil
+  end
+  local m = made[name]
+  if m == nil then
+    m = modules[name]()
+    made[name] = m
+  end
+  return m
+end
+
+local mode, nowArg = ARGV[1], ARGV[2]
+local over, slack = tonumber(ARGV[3]), tonumber(ARGV[4])
+local now
+if nowArg == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(nowArg)
+end
+
+local n = #KEYS
+local reqs = {}
+for i = 1, n do
+  local base = 5 + 3 * (i - 1)
+  local a, w, l, cap, md, tq, tr = smatch(ARGV[base], '^(%a) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  local alg = algorithm(a)
+  if alg == nil then
+    return redis.error_reply('ERR ratelimit: bad policy argument ' .. i)
+  end
+  local P = { W = tonumber(w), L = tonumber(l), cap = tonumber(cap), maxDelay = tonumber(md),
+    tauQ = tonumber(tq), tauR = tonumber(tr) }
+  reqs[i] = { key = KEYS[i], alg = alg, P = P, cost = tonumber(ARGV[base + 1]),
+    extra = tonumber(ARGV[base + 2]), st = alg.load(KEYS[i]) }
+end
+
+local out = {}
+
+local function reply()
+  local parts = { fmt(now) }
+  for i = 1, n do
+    local d = out[i]
+    local a = 0
+    if d.allowed then a = 1 end
+    parts[i + 1] = sformat('%d %.0f %.0f %.0f %.0f %.0f', a, d.rem, d.reset, d.retry, d.delay, d.extra)
+  end
+  return table.concat(parts, ' ')
+end
+
+if mode == 'R' then
+  for i = 1, n do
+    local r = reqs[i]
+    r.alg.refund(r.key, r.st, r.P, r.cost, r.extra, now, slack)
+    local d = r.alg.decide(r.alg.load(r.key), r.P, 0, now)
+    d.allowed = true
+    out[i] = d
+  end
+  return reply()
+end
+
+-- Decide every request without writing.
+local all = true
+for i = 1, n do
+  local r = reqs[i]
+  local cost = r.cost
+  if i == over then cost = 0 end
+  local d = r.alg.decide(r.st, r.P, cost, now)
+  if i == over then
+    d.allowed = false
+    d.retry = 0
+  end
+  out[i] = d
+  all = all and d.allowed
+end
+
+if all and mode == 'T' then
+  -- Charge every request: the decisions stand as made.
+  for i = 1, n do
+    local r = reqs[i]
+    out[i].extra = r.alg.commit(r.key, r.st, r.P, r.cost, now, out[i], slack)
+  end
+  return reply()
+end
+
+-- Refused (or only checked): nothing is charged, and the requests that
+-- would have passed report their state without their cost.
+for i = 1, n do
+  if out[i].allowed then
+    local r = reqs[i]
+    local extra = out[i].extra
+    out[i] = r.alg.decide(r.st, r.P, 0, now)
+    out[i].allowed = true
+    out[i].extra = extra
+  end
+end
+return reply()

@@ -1,0 +1,86 @@
+package redisstore
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The script is composed of one Lua source per algorithm (each defining
+// load, decide, commit and refund for its state) between a prelude of
+// exact integer helpers and the batch logic of main.lua, so one call can
+// decide a batch that mixes algorithms.
+//
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+var luaParts = []string{
+	"lua/prelude.lua",
+	"lua/gcra.lua",
+	"lua/fixed_window.lua",
+	"lua/sliding_counter.lua",
+	"lua/sliding_log.lua",
+	"lua/main.lua",
+}
+
+func composeScript() string {
+	var b strings.Builder
+	for _, name := range luaParts {
+		src, err := luaFiles.ReadFile(name)
+		if err != nil {
+			panic("redisstore: missing embedded " + name)
+		}
+		b.WriteString("-- ")
+		b.WriteString(name)
+		b.WriteString("\n")
+		b.Write(src)
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+var (
+	scriptSource = composeScript()
+	// takeScript gives the script's SHA1 and its source: it is run with
+	// EVALSHA, and with EVAL when the server answers NOSCRIPT.
+	takeScript = redis.NewScript(scriptSource)
+)
+
+// noRetryCmd is a script call go-redis must not send twice: once its bytes
+// may have reached the server, the script may have run and charged, so a
+// network error or a read timeout is returned rather than retried, whatever
+// the client's MaxRetries. (go-redis still retries failures that happen
+// before the command is written, such as a failed dial, and follows
+// MOVED/ASK redirections, which mean the command did not run.)
+type noRetryCmd struct{ *redis.Cmd }
+
+// NoRetry implements redis.Cmder.
+func (noRetryCmd) NoRetry() bool { return true }
+
+// eval runs the script with EVALSHA and, if the server does not have it
+// (NOSCRIPT: after a restart, a failover or SCRIPT FLUSH; nothing ran),
+// with EVAL, which also caches it. It does what redis.Script.Run does,
+// without the client's retries of a command that may have run.
+func eval(ctx context.Context, c redis.UniversalClient, args []any) (string, error) {
+	args[0], args[1] = "evalsha", takeScript.Hash()
+	cmd := redis.NewCmd(ctx, args...)
+	_ = c.Process(ctx, noRetryCmd{cmd})
+	err := cmd.Err()
+	if err != nil && isNoScript(err) {
+		args[0], args[1] = "eval", scriptSource
+		cmd = redis.NewCmd(ctx, args...)
+		_ = c.Process(ctx, noRetryCmd{cmd})
+		err = cmd.Err()
+	}
+	if err != nil {
+		return "", err
+	}
+	return cmd.Text()
+}
+
+func isNoScript(err error) bool {
+	return errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")
+}

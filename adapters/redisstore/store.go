@@ -1,0 +1,612 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+)
+
+// Defaults of Config.
+const (
+	// DefaultPrefix is the key prefix of a Config without one.
+	DefaultPrefix = "ratelimit:"
+	// DefaultTimeout bounds each decision of a Config without a Timeout.
+	DefaultTimeout = 50 * time.Millisecond
+	// ClientTimeSlack is added to every key's expiry in ClientTime mode
+	// (see Config.ClientTime).
+	ClientTimeSlack = time.Minute
+)
+
+var (
+	// ErrUnsupportedAlgorithm is returned (wrapped, naming the policy) for a
+	// request whose policy uses an algorithm other than the five built into
+	// core: the Redis store runs its own Lua implementation of each and
+	// cannot run Go code. Nothing is charged.
+	ErrUnsupportedAlgorithm = errors.New("redisstore: algorithm not supported by the Redis store")
+
+	// ErrUnsupportedRule is returned (wrapped, naming the policy) for a
+	// request whose policy's Window or MaxDelay is not a whole number of
+	// microseconds: the store computes in microseconds. Nothing is charged.
+	ErrUnsupportedRule = errors.New("redisstore: rule not supported by the Redis store")
+
+	// ErrTimeOutOfRange is returned in ClientTime mode for a time before
+	// the Unix epoch or after MaxTime. Nothing is charged.
+	ErrTimeOutOfRange = errors.New("redisstore: time outside the range the Redis store supports")
+
+	// ErrUnavailable is returned, when no Fallback is set, while the
+	// circuit breaker is open (or half-open with its probe decisions
+	// already in flight): Redis failed recently and is not asked.
+	ErrUnavailable = errors.New("redisstore: Redis unavailable (circuit breaker open)")
+)
+
+// maxNowMicros is the largest time, in Unix microseconds, that keeps every
+// time the script computes (now plus a refill time and a MaxDelay, each at
+// most core.MaxWindow) below 2^53, where Lua numbers are exact integers.
+const maxNowMicros = 1<<53 - 2*int64(core.MaxWindow/time.Microsecond)
+
+// MaxTime is the latest time the store decides at: Unix microsecond
+// 2^53 - 2 x core.MaxWindow, in the year 2155.
+var MaxTime = time.UnixMicro(maxNowMicros).UTC()
+
+// Config configures a Store. A nil *Config means the defaults.
+type Config struct {
+	// Prefix starts every Redis key the store writes; see the package
+	// documentation for the key layout. Give each application (or each
+	// test) its own. The default value is DefaultPrefix, "ratelimit:".
+	Prefix string
+
+	// ClientTime makes the store decide at the time passed to Take rather
+	// than at the Redis server's clock (TIME). It is meant for tests and
+	// for deterministic replays: times are truncated to whole microseconds,
+	// and keys live, by Redis's own clock, for as long as their state
+	// matters in the caller's timeline plus ClientTimeSlack, so a fake clock
+	// that is slower than real time does not lose state. With several
+	// processes it makes their clock skew part of every decision. The
+	// default value, false, reads the server's clock once per decision (per
+	// Redis node in a Cluster) and ignores the time passed to Take.
+	ClientTime bool
+
+	// HashTag, if set, returns the Redis Cluster hash tag of a request from
+	// its policy name and key; "" means none. Requests with equal tags share
+	// a hash slot, so a batch whose requests all have the same tag is
+	// decided in one atomic call on a Cluster. The tag is part of the key
+	// (see the package documentation), so it must depend only on the policy
+	// name and the key, as its signature enforces: the same quota must map
+	// to the same Redis key in every batch. TagByKey tags every policy's
+	// state of a key alike. The default value, nil, tags nothing; Cluster
+	// batches spanning several slots are then decided as the package
+	// documentation describes.
+	HashTag func(policyName, key string) string
+
+	// Timeout bounds each Take's calls to Redis (both phases of a batch
+	// spanning several Cluster slots count against it). A decision that
+	// times out is an error (or goes to the Fallback) and is never re-sent:
+	// the script may have run. A negative value sets no bound of the
+	// store's own. The default value is DefaultTimeout, 50ms.
+	Timeout time.Duration
+
+	// Breaker configures the circuit breaker. The default value, nil, means
+	// a breaker with BreakerConfig's defaults.
+	Breaker *BreakerConfig
+
+	// Fallback, if set, decides while Redis is unavailable: on a backend
+	// error, a timeout, or while the breaker is open, Take returns the
+	// Fallback's decision (made at the time passed to Take) instead of an
+	// error. A core.MemoryStore is the usual choice. Its state is local:
+	// N instances falling back admit up to N times the quota, and what they
+	// admit is not charged in Redis. The default value, nil, returns the
+	// error, and the caller applies its fail policy (the HTTP middleware
+	// fails open or closed).
+	Fallback core.Store
+
+	// Observer receives, through ObserveError, the backend errors the store
+	// does not return: those hidden by deciding with the Fallback, and
+	// failures to refund a refused batch spanning several Cluster slots.
+	// Errors Take returns go to the caller (a core.Limiter reports them to
+	// its own Observer), so no error is reported twice. The default value
+	// is none.
+	Observer core.Observer
+
+	// OnStateChange, if set, is called when the circuit breaker changes
+	// state. It is called synchronously, with the breaker's lock held: it
+	// must be fast and must not call the Store. The default value is none.
+	OnStateChange func(from, to BreakerState)
+}
+
+// TagByKey is a Config.HashTag that tags a request by its key, so every
+// policy's state of one key (a client IP limited per second and per hour,
+// say) shares a Cluster slot and a batch of them is one atomic call.
+func TagByKey(_, key string) string { return key }
+
+// Store is a core.Store that keeps per-key state in Redis (a single node,
+// Sentinel, or Cluster, through a go-redis v9 client the caller builds and
+// owns), so that a fleet of processes shares one quota per key. Each
+// decision is one Lua script call: one round trip, atomic on the server,
+// deciding exactly like core.MemoryStore (see the package documentation
+// for the conditions and for batches spanning several Cluster slots).
+//
+// It is safe for concurrent use and holds no goroutine of its own; closing
+// the client is the caller's business.
+type Store struct {
+	client     redis.UniversalClient
+	place      placement
+	ctxBound   bool // the client bounds its I/O by the context's deadline
+	prefix     string
+	clientTime bool
+	slack      int64 // milliseconds added to key expiries
+	hashTag    func(policyName, key string) string
+	timeout    time.Duration
+	fallback   core.Store
+	observer   core.Observer
+	breaker    *gobreaker.TwoStepCircuitBreaker[struct{}]
+
+	// betweenPhases, if set (by tests), runs between the check and the
+	// charge of a batch spanning several slots.
+	betweenPhases func()
+}
+
+var _ core.Store = (*Store)(nil)
+
+// placement says which requests one script call may decide together.
+type placement uint8
+
+const (
+	placeOne  placement = iota // one server: any keys
+	placeSlot                  // Redis Cluster: keys of one hash slot
+	placeTag                   // unknown topology: keys with equal hash tags
+)
+
+// New returns a Store over client configured by cfg (nil for the
+// defaults). It does not contact Redis. The client is used as it is
+// configured; see the package documentation for the go-redis options that
+// matter (ContextTimeoutEnabled, timeouts, PoolSize).
+func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: nil client")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	s := &Store{
+		client:     client,
+		prefix:     c.Prefix,
+		clientTime: c.ClientTime,
+		slack:      1,
+		hashTag:    c.HashTag,
+		timeout:    c.Timeout,
+		fallback:   c.Fallback,
+		observer:   c.Observer,
+	}
+	if s.prefix == "" {
+		s.prefix = DefaultPrefix
+	}
+	if s.clientTime {
+		s.slack = int64(ClientTimeSlack / time.Millisecond)
+	}
+	if s.timeout == 0 {
+		s.timeout = DefaultTimeout
+	}
+	switch cl := client.(type) {
+	case *redis.Client:
+		s.place, s.ctxBound = placeOne, cl.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		s.place, s.ctxBound = placeSlot, cl.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		s.place, s.ctxBound = placeTag, cl.Options().ContextTimeoutEnabled
+	default:
+		s.place = placeTag
+	}
+	br, err := newBreaker(c.Breaker, c.OnStateChange)
+	if err != nil {
+		return nil, err
+	}
+	s.breaker = br
+	return s, nil
+}
+
+// errCallerGone marks a failure caused by the caller's own context ending,
+// which says nothing about Redis's health.
+var errCallerGone = errors.New("the caller's context ended")
+
+// Take implements core.Store. It validates the batch as every store must
+// (core.CheckBatch), rejects policies the store cannot run
+// (ErrUnsupportedAlgorithm, ErrUnsupportedRule) and, in ClientTime mode,
+// times it cannot represent (ErrTimeOutOfRange), all before contacting
+// Redis. Backend failures are wrapped with a "redisstore: " prefix, or
+// decided by the Fallback if one is set.
+func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	over, err := core.CheckBatch(reqs, out)
+	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
+		return err
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	var infoBuf [core.MaxBatch]*policyInfo
+	infos := infoBuf[:len(reqs)]
+	for i := range reqs {
+		infos[i] = infoOf(reqs[i].Policy)
+		if infos[i].err != nil {
+			return infos[i].err
+		}
+	}
+	var nowArg any = ""
+	if s.clientTime {
+		us := now.UnixMicro()
+		if now.Unix() < 0 || us > maxNowMicros {
+			return fmt.Errorf("%w: %v", ErrTimeOutOfRange, now)
+		}
+		nowArg = strconv.FormatInt(us, 10)
+	}
+	var start time.Time
+	if s.fallback != nil && s.observer != nil {
+		start = time.Now()
+	}
+	if err := s.takeRedis(ctx, nowArg, reqs, infos, over, out); err != nil {
+		for i := range reqs {
+			out[i] = core.Decision{Limit: reqs[i].Policy.Capacity(), Policy: reqs[i].Policy}
+		}
+		if s.fallback == nil {
+			return err
+		}
+		if s.observer != nil {
+			s.observe(reqs, err, time.Since(start))
+		}
+		return s.fallback.Take(ctx, now, reqs, out)
+	}
+	if over >= 0 {
+		r := &reqs[over]
+		return fmt.Errorf("%w: %q capacity %d, cost %d", core.ErrCostExceedsCapacity, r.Policy.Name(), r.Policy.Capacity(), r.Cost)
+	}
+	return nil
+}
+
+func (s *Store) observe(reqs []core.Request, err error, lat time.Duration) {
+	if s.observer == nil {
+		return
+	}
+	ps := make([]*core.Policy, len(reqs))
+	for i := range reqs {
+		ps[i] = reqs[i].Policy
+	}
+	s.observer.ObserveError(core.ErrorEvent{Policies: ps, Err: err, Latency: lat})
+}
+
+// takeRedis decides the batch in Redis, through the breaker and within
+// the timeout.
+func (s *Store) takeRedis(ctx context.Context, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
+	var done func(error)
+	if s.breaker != nil {
+		d, err := s.breaker.Allow()
+		if err != nil {
+			return ErrUnavailable
+		}
+		done = d
+	}
+	tctx, cancel := ctx, context.CancelFunc(func() {})
+	if s.timeout > 0 {
+		tctx, cancel = context.WithTimeout(ctx, s.timeout)
+	}
+	err := s.decide(tctx, nowArg, reqs, infos, over, out)
+	// A client bounding its reads by the deadline may report its network
+	// timeout a moment before the context's timer fires.
+	dl, hasDL := tctx.Deadline()
+	timedOut := tctx.Err() != nil || (hasDL && !time.Now().Before(dl))
+	cancel()
+	if err != nil {
+		pdl, parentDL := ctx.Deadline()
+		switch {
+		case ctx.Err() != nil || (parentDL && !time.Now().Before(pdl)):
+			err = fmt.Errorf("redisstore: %w: %w", errCallerGone, err)
+		case timedOut && errors.Is(err, context.DeadlineExceeded):
+			err = fmt.Errorf("redisstore: decision timed out after %v: %w", s.timeout, err)
+		case timedOut:
+			// A client bounding its reads by the deadline reports a network
+			// timeout; say it is ours.
+			err = fmt.Errorf("redisstore: decision timed out after %v: %w: %w", s.timeout, context.DeadlineExceeded, err)
+		default:
+			err = fmt.Errorf("redisstore: %w", err)
+		}
+	}
+	if done != nil {
+		done(err)
+	}
+	return err
+}
+
+// keysOf returns the Redis keys of the batch.
+func (s *Store) keysOf(reqs []core.Request, infos []*policyInfo, keys []string) {
+	for i := range reqs {
+		tag := ""
+		if s.hashTag != nil {
+			tag = s.hashTag(reqs[i].Policy.Name(), reqs[i].Key)
+		}
+		keys[i] = redisKey(s.prefix, infos[i].name, tag, &reqs[i])
+	}
+}
+
+// groups splits the batch into the groups one script call can decide:
+// requests on one slot (Cluster) or with one hash tag (other clients). It
+// returns nil when the whole batch is one group.
+func (s *Store) groups(keys []string) [][]int {
+	if s.place == placeOne || len(keys) == 1 {
+		return nil
+	}
+	var ids [core.MaxBatch]string
+	var slots [core.MaxBatch]int
+	for i, k := range keys {
+		if s.place == placeSlot {
+			slots[i] = slot(k)
+		} else {
+			ids[i] = hashTagOf(k)
+		}
+	}
+	same := func(i, j int) bool {
+		if s.place == placeSlot {
+			return slots[i] == slots[j]
+		}
+		return ids[i] == ids[j]
+	}
+	var gs [][]int
+	var gi [core.MaxBatch]int
+	for i := range keys {
+		g := -1
+		for j := 0; j < i; j++ {
+			if same(i, j) {
+				g = gi[j]
+				break
+			}
+		}
+		if g < 0 {
+			g = len(gs)
+			gs = append(gs, nil)
+		}
+		gi[i] = g
+		gs[g] = append(gs[g], i)
+	}
+	if len(gs) == 1 {
+		return nil
+	}
+	return gs
+}
+
+// Script modes (see lua/main.lua).
+const (
+	modeTake   = "T"
+	modeCheck  = "C"
+	modeRefund = "R"
+)
+
+// decide runs the batch in Redis and fills out.
+func (s *Store) decide(ctx context.Context, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
+	var keyBuf [core.MaxBatch]string
+	keys := keyBuf[:len(reqs)]
+	s.keysOf(reqs, infos, keys)
+	var extraBuf [core.MaxBatch]int64
+	extras := extraBuf[:len(reqs)]
+	gs := s.groups(keys)
+	if gs == nil {
+		var idxBuf [core.MaxBatch]int
+		idx := idxBuf[:len(reqs)]
+		for i := range idx {
+			idx[i] = i
+		}
+		mode := modeTake
+		if over >= 0 {
+			mode = modeCheck
+		}
+		_, err := s.call(ctx, mode, nowArg, reqs, infos, keys, idx, over, extras, out)
+		return err
+	}
+	return s.decideSpread(ctx, nowArg, reqs, infos, keys, gs, over, extras, out)
+}
+
+// decideSpread decides a batch whose keys live on several Cluster slots
+// (or, for unknown clients, carry several hash tags), where no single
+// script can see them all: every group is first checked without charging;
+// if all would pass, every group is charged (each atomically, all-or-
+// nothing within it); if a group's charge is refused because its state
+// changed in between, the groups already charged are refunded.
+func (s *Store) decideSpread(ctx context.Context, nowArg any, reqs []core.Request, infos []*policyInfo, keys []string, gs [][]int, over int, extras []int64, out []core.Decision) error {
+	charged := make([]bool, len(gs))
+	runAll := func(ctx context.Context, mode string, which []bool, dst []core.Decision) []error {
+		errs := make([]error, len(gs))
+		var wg sync.WaitGroup
+		for g := range gs {
+			if which != nil && !which[g] {
+				continue
+			}
+			f := func() {
+				ok, err := s.call(ctx, mode, nowArg, reqs, infos, keys, gs[g], over, extras, dst)
+				errs[g] = err
+				if mode == modeTake {
+					charged[g] = ok && err == nil
+				}
+			}
+			if g == len(gs)-1 {
+				f()
+				continue
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); f() }()
+		}
+		wg.Wait()
+		return errs
+	}
+	// Phase 1: check, charging nothing.
+	for _, err := range runAll(ctx, modeCheck, nil, out) {
+		if err != nil {
+			return err
+		}
+	}
+	if over >= 0 {
+		return nil
+	}
+	for i := range reqs {
+		if !out[i].Allowed {
+			return nil
+		}
+	}
+	if s.betweenPhases != nil {
+		s.betweenPhases()
+	}
+	// Phase 2: charge every group.
+	checked := append([]core.Decision(nil), out[:len(reqs)]...)
+	errs := runAll(ctx, modeTake, nil, out)
+	var firstErr error
+	all := true
+	for g := range gs {
+		if errs[g] != nil && firstErr == nil {
+			firstErr = errs[g]
+		}
+		all = all && charged[g]
+	}
+	if all {
+		return nil
+	}
+	// Refund the groups charged, with a context of its own: a refund must
+	// not be starved by the deadline that the charge used up.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.refundTimeout())
+	defer cancel()
+	refunded := make([]core.Decision, len(reqs))
+	rerrs := runAll(rctx, modeRefund, charged, refunded)
+	for g, idx := range gs {
+		if !charged[g] {
+			continue
+		}
+		for _, i := range idx {
+			if rerrs[g] == nil {
+				out[i] = refunded[i]
+			} else {
+				out[i] = checked[i] // uncharged view from the check
+			}
+		}
+		if rerrs[g] != nil {
+			s.observe(reqs, fmt.Errorf("redisstore: refunding a refused batch: %w", rerrs[g]), 0)
+		}
+	}
+	return firstErr
+}
+
+func (s *Store) refundTimeout() time.Duration {
+	if s.timeout > 0 {
+		return s.timeout
+	}
+	return time.Second
+}
+
+// call runs the script for the requests idx of the batch in mode and
+// writes their decisions to out (and their charges' extras to extras). It
+// reports whether every request of the group was allowed.
+func (s *Store) call(ctx context.Context, mode string, nowArg any, reqs []core.Request, infos []*policyInfo, keys []string, idx []int, over int, extras []int64, out []core.Decision) (bool, error) {
+	n := len(idx)
+	args := make([]any, 0, 3+n+4+3*n)
+	args = append(args, nil, nil, n)
+	overLocal := 0
+	for j, i := range idx {
+		args = append(args, keys[i])
+		if i == over {
+			overLocal = j + 1
+		}
+	}
+	args = append(args, mode, nowArg, overLocal, s.slack)
+	for _, i := range idx {
+		args = append(args, infos[i].args, reqs[i].Cost, extras[i])
+	}
+	reply, err := s.eval(ctx, args)
+	if err != nil {
+		return false, err
+	}
+	return parseReply(reply, reqs, idx, extras, out)
+}
+
+// eval runs the script, bounded by ctx's deadline even when the client
+// does not honour contexts (go-redis's ContextTimeoutEnabled unset): the
+// call then runs in a goroutine that is abandoned, not retried, when the
+// deadline passes, and ends on the client's own read timeout.
+func (s *Store) eval(ctx context.Context, args []any) (string, error) {
+	if s.ctxBound {
+		return eval(ctx, s.client, args)
+	}
+	if _, ok := ctx.Deadline(); !ok && ctx.Done() == nil {
+		return eval(ctx, s.client, args)
+	}
+	type result struct {
+		s   string
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		r, err := eval(ctx, s.client, args)
+		ch <- result{r, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.s, r.err
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// parseReply reads the script's reply: now, then six integers per request.
+func parseReply(reply string, reqs []core.Request, idx []int, extras []int64, out []core.Decision) (bool, error) {
+	p := replyParser{s: reply}
+	p.next() // the time decided at
+	all := true
+	for _, i := range idx {
+		pol := reqs[i].Policy
+		allowed := p.next()
+		d := core.Decision{
+			Allowed:    allowed == 1,
+			Limit:      pol.Capacity(),
+			Remaining:  p.next(),
+			ResetAfter: micros(p.next()),
+			RetryAfter: micros(p.next()),
+			Delay:      micros(p.next()),
+			Policy:     pol,
+		}
+		extras[i] = p.next()
+		out[i] = d
+		all = all && d.Allowed
+	}
+	if p.err || p.pos != len(p.s) {
+		return false, fmt.Errorf("unexpected script reply %q", reply)
+	}
+	return all, nil
+}
+
+func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+type replyParser struct {
+	s   string
+	pos int
+	err bool
+}
+
+// next parses the next space-separated decimal integer.
+func (p *replyParser) next() int64 {
+	if p.pos > 0 {
+		if p.pos >= len(p.s) || p.s[p.pos] != ' ' {
+			p.err = true
+			return 0
+		}
+		p.pos++
+	}
+	start := p.pos
+	for p.pos < len(p.s) && p.s[p.pos] != ' ' {
+		p.pos++
+	}
+	v, err := strconv.ParseInt(p.s[start:p.pos], 10, 64)
+	if err != nil {
+		p.err = true
+	}
+	return v
+}

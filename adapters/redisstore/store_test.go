@@ -1,0 +1,271 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+	"github.com/limitry/ratelimit/core/storetest"
+	"github.com/limitry/ratelimit/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// deadClient returns a client of a port nobody listens on.
+func deadClient(t *testing.T) *redis.Client {
+	return newClient(t, "127.0.0.1:1", func(o *redis.Options) { o.DialerRetries = 1 })
+}
+
+func TestNew(t *testing.T) {
+	if _, err := New(nil, nil); err == nil {
+		t.Fatal("New(nil) succeeded")
+	}
+	if _, err := New(deadClient(t), &Config{Breaker: &BreakerConfig{OpenFor: -time.Second}}); err == nil {
+		t.Fatal("negative OpenFor accepted")
+	}
+	s, err := New(deadClient(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.prefix != DefaultPrefix || s.timeout != DefaultTimeout || s.clientTime || s.State() != BreakerClosed || s.place != placeOne {
+		t.Fatalf("defaults: %+v", s)
+	}
+	s, err = New(deadClient(t), &Config{Breaker: &BreakerConfig{Disabled: true}})
+	if err != nil || s.State() != BreakerDisabled {
+		t.Fatalf("disabled breaker: %v %v", s.State(), err)
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true})
+	defer c.Close()
+	if s, _ := New(c, nil); s.place != placeSlot || !s.ctxBound {
+		t.Fatalf("cluster client: place %v ctxBound %v", s.place, s.ctxBound)
+	}
+}
+
+// TestBadInput checks that invalid batches get the memory store's errors
+// before Redis is contacted (the client's server does not exist).
+func TestBadInput(t *testing.T) {
+	s := newStore(t, deadClient(t), &Config{ClientTime: true})
+	mem := core.MustMemoryStore(nil)
+	p := mustPolicy(t, core.Rule{Name: "p", Limit: 3, Window: time.Second})
+	var many []core.Request
+	for i := 0; i <= core.MaxBatch; i++ {
+		many = append(many, core.Request{Policy: p, Key: string(rune('a' + i)), Cost: 1})
+	}
+	cases := []struct {
+		name string
+		reqs []core.Request
+		out  int
+		want error
+	}{
+		{"ShortOutput", []core.Request{{Policy: p, Key: "a", Cost: 1}}, 0, core.ErrShortOutput},
+		{"TooLarge", many, len(many), core.ErrBatchTooLarge},
+		{"ZeroCost", []core.Request{{Policy: p, Key: "a", Cost: 0}}, 1, core.ErrInvalidCost},
+		{"NegativeCost", []core.Request{{Policy: p, Key: "a", Cost: -5}}, 1, core.ErrInvalidCost},
+		{"Duplicate", []core.Request{{Policy: p, Key: "a", Cost: 1}, {Policy: p, Key: "a", Cost: 1}}, 2, core.ErrDuplicateRequest},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out := make([]core.Decision, c.out)
+			start := time.Now()
+			err := s.Take(context.Background(), storetest.T0, c.reqs, out)
+			if !errors.Is(err, c.want) {
+				t.Fatalf("err = %v, want %v", err, c.want)
+			}
+			if werr := mem.Take(context.Background(), storetest.T0, c.reqs, make([]core.Decision, c.out)); !errors.Is(werr, c.want) {
+				t.Fatalf("memory store: %v", werr)
+			}
+			if time.Since(start) > 20*time.Millisecond {
+				t.Fatal("Redis was contacted")
+			}
+		})
+	}
+	if err := s.Take(context.Background(), storetest.T0, nil, nil); err != nil {
+		t.Fatalf("empty batch: %v", err)
+	}
+}
+
+type customAlg struct{ core.Algorithm }
+
+func (customAlg) Name() string { return "custom" }
+
+func TestUnsupported(t *testing.T) {
+	s := newStore(t, deadClient(t), &Config{ClientTime: true})
+	good := mustPolicy(t, core.Rule{Name: "good", Limit: 3, Window: time.Second})
+	custom := mustPolicy(t, core.Rule{Name: "custom", Algorithm: customAlg{core.TokenBucket}, Limit: 3, Window: time.Second})
+	odd := mustPolicy(t, core.Rule{Name: "odd", Limit: 3, Window: time.Second + 500*time.Nanosecond})
+	shaping := mustPolicy(t, core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 3, Window: time.Second, MaxDelay: time.Millisecond + 1})
+	var out [2]core.Decision
+	for _, c := range []struct {
+		p    *core.Policy
+		want error
+	}{{custom, ErrUnsupportedAlgorithm}, {odd, ErrUnsupportedRule}, {shaping, ErrUnsupportedRule}} {
+		err := s.Take(context.Background(), storetest.T0, []core.Request{{Policy: good, Key: "k", Cost: 1}, {Policy: c.p, Key: "k", Cost: 1}}, out[:])
+		if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.p.Name()) {
+			t.Errorf("%s: err = %v, want %v naming the policy", c.p, err, c.want)
+		}
+	}
+	for _, at := range []time.Time{time.Unix(-1, 0), MaxTime.Add(time.Microsecond), time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		err := s.Take(context.Background(), at, []core.Request{{Policy: good, Key: "k", Cost: 1}}, out[:1])
+		if !errors.Is(err, ErrTimeOutOfRange) {
+			t.Errorf("at %v: err = %v, want ErrTimeOutOfRange", at, err)
+		}
+	}
+	if MaxTime.Year() != 2155 {
+		t.Errorf("MaxTime = %v", MaxTime)
+	}
+}
+
+func TestKeyLayout(t *testing.T) {
+	if got := escapeName("a:b%c{d}"); got != "a%3Ab%25c%7Bd%7D" {
+		t.Fatalf("escapeName = %q", got)
+	}
+	if got := escapeName("plain-name_1"); got != "plain-name_1" {
+		t.Fatalf("escapeName changed a plain name: %q", got)
+	}
+	// Distinct (tag, name, key) triples never share a key.
+	type triple struct{ tag, name, key string }
+	seen := map[string]triple{}
+	parts := []string{"", "a", "b", ":", "a:b", "{", "}", "{a}", "%", "%3A", "a}b"}
+	for _, tag := range parts {
+		for _, name := range parts[1:] {
+			for _, key := range parts {
+				k := redisKey("p:", escapeName(name), tag, &core.Request{Key: key})
+				if prev, ok := seen[k]; ok {
+					t.Fatalf("%+v and %+v share the key %q", prev, triple{tag, name, key}, k)
+				}
+				seen[k] = triple{tag, name, key}
+			}
+		}
+	}
+	// A tag is the key's hash tag, whatever it holds.
+	k := redisKey("rl:", "ip", "10.0.0.1", &core.Request{Key: "10.0.0.1"})
+	if k != "rl:{10.0.0.1}ip:10.0.0.1" || hashTagOf(k) != "10.0.0.1" {
+		t.Fatalf("tagged key %q", k)
+	}
+	if k := redisKey("rl:", "ip", "a}b", &core.Request{Key: "x"}); hashTagOf(k) != "a%7Db" {
+		t.Fatalf("tag with a brace: %q", k)
+	}
+	// The documented layout is what lands in Redis.
+	client := newClient(t, redistest.Server(t))
+	s := newStore(t, client, &Config{Prefix: "layout:"})
+	p := mustPolicy(t, core.Rule{Name: "api:v1", Limit: 3, Window: time.Second})
+	take(t, s, time.Now(), p, "10.0.0.1", 1)
+	if n := client.Exists(context.Background(), "layout:api%3Av1:10.0.0.1").Val(); n != 1 {
+		t.Fatal("key not at layout:api%3Av1:10.0.0.1")
+	}
+}
+
+// TestExpiry checks that keys expire when their state stops mattering
+// (core's Algorithm.Expiry, rounded up to a millisecond, plus one), written
+// by the same script call that charges them.
+func TestExpiry(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	s := newStore(t, client, nil) // server time
+	ctx := context.Background()
+	cases := []struct {
+		rule     core.Rule
+		cost     int64
+		min, max time.Duration
+	}{
+		{core.Rule{Name: "tb", Limit: 10, Window: time.Second}, 5, 400 * time.Millisecond, 501 * time.Millisecond},
+		{core.Rule{Name: "lb", Algorithm: core.LeakyBucket, Limit: 2, Window: time.Second}, 1, 400 * time.Millisecond, 501 * time.Millisecond},
+		{core.Rule{Name: "swl", Algorithm: core.SlidingWindowLog, Limit: 3, Window: 2 * time.Second}, 1, 1900 * time.Millisecond, 2001 * time.Millisecond},
+		{core.Rule{Name: "fw", Algorithm: core.FixedWindow, Limit: 3, Window: time.Hour}, 1, 0, time.Hour + time.Millisecond},
+		{core.Rule{Name: "swc", Algorithm: core.SlidingWindowCounter, Limit: 3, Window: time.Hour}, 1, time.Hour, 2*time.Hour + time.Millisecond},
+	}
+	for _, c := range cases {
+		p := mustPolicy(t, c.rule)
+		take(t, s, time.Time{}, p, "k", c.cost)
+		ttl, err := client.PTTL(ctx, redisKey(s.prefix, c.rule.Name, "", &core.Request{Key: "k"})).Result()
+		if err != nil || ttl < c.min || ttl > c.max {
+			t.Errorf("%s: PTTL %v (%v), want in [%v, %v]", c.rule.Name, ttl, err, c.min, c.max)
+		}
+	}
+	// A refused request writes nothing.
+	p := mustPolicy(t, core.Rule{Name: "once", Limit: 1, Window: time.Hour})
+	take(t, s, time.Time{}, p, "k", 1)
+	key := redisKey(s.prefix, "once", "", &core.Request{Key: "k"})
+	before := client.Get(ctx, key).Val()
+	if d := take(t, s, time.Time{}, p, "k", 1); d.Allowed {
+		t.Fatal("admitted twice")
+	}
+	if after := client.Get(ctx, key).Val(); after != before {
+		t.Fatalf("a refusal wrote %q over %q", after, before)
+	}
+}
+
+type errorRecorder struct {
+	core.NopObserver
+	mu   sync.Mutex
+	errs []error
+}
+
+func (r *errorRecorder) ObserveError(e core.ErrorEvent) {
+	r.mu.Lock()
+	r.errs = append(r.errs, e.Err)
+	r.mu.Unlock()
+}
+
+func TestFallbackAndObserver(t *testing.T) {
+	var rec errorRecorder
+	mem := core.MustMemoryStore(nil)
+	s := newStore(t, deadClient(t), &Config{
+		Timeout:  20 * time.Millisecond,
+		Breaker:  &BreakerConfig{Failures: 2, OpenFor: time.Hour},
+		Fallback: mem,
+		Observer: &rec,
+	})
+	p := mustPolicy(t, core.Rule{Name: "fb", Limit: 3, Window: time.Hour})
+	for i := 0; i < 4; i++ {
+		d := take(t, s, storetest.T0, p, "k", 1)
+		if d.Allowed != (i < 3) || d.Policy != p {
+			t.Fatalf("fallback decision %d: %+v", i, d)
+		}
+	}
+	if len(rec.errs) != 4 || !errors.Is(rec.errs[3], ErrUnavailable) || errors.Is(rec.errs[0], ErrUnavailable) {
+		t.Fatalf("observed errors %v, want 2 backend errors then ErrUnavailable", rec.errs)
+	}
+	if s.State() != BreakerOpen {
+		t.Fatalf("breaker %v after 2 failures", s.State())
+	}
+	// Without a fallback the errors are returned, not observed.
+	var rec2 errorRecorder
+	s2 := newStore(t, deadClient(t), &Config{Timeout: 20 * time.Millisecond, Observer: &rec2})
+	var out [1]core.Decision
+	err := s2.Take(context.Background(), storetest.T0, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:])
+	if err == nil || !strings.HasPrefix(err.Error(), "redisstore: ") || len(rec2.errs) != 0 {
+		t.Fatalf("err %v, observed %v", err, rec2.errs)
+	}
+	if out[0].Allowed || out[0].Policy != p || out[0].Limit != 3 {
+		t.Fatalf("decision on error: %+v", out[0])
+	}
+	// The caller's own cancellation does not count against Redis.
+	s3 := newStore(t, deadClient(t), &Config{Breaker: &BreakerConfig{Failures: 1}})
+	cctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := 0; i < 3; i++ {
+		s3.Take(cctx, storetest.T0, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:])
+	}
+	if s3.State() != BreakerClosed {
+		t.Fatalf("cancelled callers opened the breaker")
+	}
+}
+
+// TestRing runs the conformance suite over a go-redis Ring of two servers,
+// where batches are grouped by hash tag.
+func TestRing(t *testing.T) {
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{
+		"a": redistest.Server(t), "b": redistest.Server(t),
+	}})
+	t.Cleanup(func() { ring.Close() })
+	storetest.Run(t, func(t *testing.T) core.Store {
+		s := newStore(t, ring, &Config{ClientTime: true})
+		if s.place != placeTag {
+			t.Fatalf("placement %v for a Ring", s.place)
+		}
+		return s
+	})
+}
