@@ -354,13 +354,21 @@ func (l *Limiter) Admit(w http.ResponseWriter, r *http.Request) bool {
 		n := l.decide(r, &res, buf[:], reqs[:], out[:])
 		return l.serve(w, r, &res, buf[:n])
 	}
+	return l.admitMany(w, r, &res)
+}
+
+// admitMany is Admit for limiters with more than smallBatch layers, apart
+// so that the common case does not zero its larger arrays.
+//
+//go:noinline
+func (l *Limiter) admitMany(w http.ResponseWriter, r *http.Request, res *Result) bool {
 	var (
 		buf  [core.MaxBatch]LayerResult
 		reqs [core.MaxBatch]core.Request
 		out  [core.MaxBatch]core.Decision
 	)
-	n := l.decide(r, &res, buf[:], reqs[:], out[:])
-	return l.serve(w, r, &res, buf[:n])
+	n := l.decide(r, res, buf[:], reqs[:], out[:])
+	return l.serve(w, r, res, buf[:n])
 }
 
 // smallBatch is the size of the stack arrays Admit uses for limiters with
@@ -480,9 +488,8 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 		res.Proceed = true
 		return 0
 	}
-	now := l.clock.Now()
-	res.at = now.UnixNano()
-	ok, err := l.cl.TakeAt(ctx, now, reqs[:n], out[:n])
+	res.at = l.cl.NowUnixNano()
+	ok, err := l.cl.TakeAtUnixNano(ctx, res.at, reqs[:n], out[:n])
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
 		l.failed(res, outcomeStore, fmt.Errorf("%w: %w", ErrStoreFailure, err))
 		return 0

@@ -195,6 +195,25 @@ func admitted(reqs []Request, out []Decision, err error) (bool, error) {
 	return true, nil
 }
 
+// NowUnixNano reads the Limiter's clock as Unix nanoseconds, for
+// TakeAtUnixNano. On the system clock it costs one monotonic clock read and
+// builds no time.Time.
+func (l *Limiter) NowUnixNano() int64 {
+	if l.sys != nil {
+		return l.sys.unixNano()
+	}
+	return l.clock.Now().UnixNano()
+}
+
+// TakeAtUnixNano is TakeAt with the time as Unix nanoseconds, as returned by
+// NowUnixNano.
+func (l *Limiter) TakeAtUnixNano(ctx context.Context, now int64, reqs []Request, out []Decision) (bool, error) {
+	if l.mem != nil && l.observer == nil {
+		return admitted(reqs, out, l.mem.take(reqs, out, now))
+	}
+	return l.TakeAt(ctx, time.Unix(0, now), reqs, out)
+}
+
 // TakeAt is like Take at a time the caller read from the Limiter's Clock,
 // for callers that need the decision time again (to turn ResetAfter into
 // an absolute time, say) without a second clock read.
