@@ -318,33 +318,44 @@ func (m *MemoryStore) take(reqs []Request, out []Decision, now int64) error {
 }
 
 func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
-	var ev [1]evictedInfo
-	nev := 0
 	p := r.Policy
 	s := &m.shards[m.shardOf(r)]
 	s.mu.Lock()
-	var err error
-	if e := s.peek(r, now); e != nil {
-		p.alg.Decide(p, &e.st, r.Cost, now, true, &s.dec)
-		*out = s.dec
-		if out.Allowed {
-			e.setExp(p)
-		}
-	} else {
-		s.scratch = State{}
-		p.alg.Decide(p, &s.scratch, r.Cost, now, true, &s.dec)
-		*out = s.dec
-		if out.Allowed {
-			if err = m.makeRoom(s, 1, now, ev[:], &nev); err == nil {
-				m.insert(s, r, s.scratch, now)
-			} else {
-				p.alg.Decide(p, &s.scratch, 0, now, false, &s.dec)
-				*out = s.dec
-				out.Allowed = false
-			}
-		}
-		s.scratch = State{}
+	e := s.peek(r, now)
+	if e == nil {
+		return m.takeNew(s, r, now, out)
 	}
+	p.alg.Decide(p, &e.st, r.Cost, now, true, &s.dec)
+	*out = s.dec
+	if out.Allowed {
+		e.setExp(p)
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// takeNew is takeOne for a key the store does not hold, apart so that the
+// common case keeps a small frame. Requires s.mu, and releases it.
+//
+//go:noinline
+func (m *MemoryStore) takeNew(s *memShard, r *Request, now int64, out *Decision) error {
+	var ev [1]evictedInfo
+	nev := 0
+	p := r.Policy
+	var err error
+	s.scratch = State{}
+	p.alg.Decide(p, &s.scratch, r.Cost, now, true, &s.dec)
+	*out = s.dec
+	if out.Allowed {
+		if err = m.makeRoom(s, 1, now, ev[:], &nev); err == nil {
+			m.insert(s, r, s.scratch, now)
+		} else {
+			p.alg.Decide(p, &s.scratch, 0, now, false, &s.dec)
+			*out = s.dec
+			out.Allowed = false
+		}
+	}
+	s.scratch = State{}
 	s.mu.Unlock()
 	if nev > 0 {
 		m.report(ev[:], nev)
