@@ -1,0 +1,129 @@
+package bench
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// memCapacity is the key capacity of the bounded peers in the decision
+// workloads: twice the largest working set, so that an existing key is
+// never evicted (NewKey evicts at steady state, as a bounded store must).
+const memCapacity = 200_000
+
+const hotKey = "198.51.100.7"
+
+// keys returns n distinct 15-byte keys.
+func keys(n int) []string {
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = fmt.Sprintf("k%014d", i)
+	}
+	return ks
+}
+
+// clones returns copies of ks in memory of their own. The timed loops
+// decide with these while the limiters were filled with the originals, as
+// in a server where every request builds its key afresh: a limiter that
+// keeps the caller's string does not get its key comparisons for free
+// (Go compares strings sharing a pointer without reading them).
+func clones(ks []string) []string {
+	cs := make([]string, len(ks))
+	for i, k := range ks {
+		cs[i] = strings.Clone(k)
+	}
+	return cs
+}
+
+func forEachPeer(b *testing.B, f func(b *testing.B, p peer)) {
+	for _, p := range peers() {
+		b.Run(p.name, func(b *testing.B) { f(b, p) })
+	}
+}
+
+// BenchmarkHotKey decides one existing key from one goroutine.
+func BenchmarkHotKey(b *testing.B) {
+	forEachPeer(b, func(b *testing.B, p peer) {
+		l := p.newLimiter(b, memCapacity)
+		defer closeLimiter(l)
+		l.Allow(hotKey)
+		key := strings.Clone(hotKey)
+		b.ReportAllocs()
+		for b.Loop() {
+			l.Allow(key)
+		}
+	})
+}
+
+// BenchmarkHotKeyParallel decides one existing key from GOMAXPROCS
+// goroutines.
+func BenchmarkHotKeyParallel(b *testing.B) {
+	forEachPeer(b, func(b *testing.B, p peer) {
+		l := p.newLimiter(b, memCapacity)
+		defer closeLimiter(l)
+		l.Allow(hotKey)
+		key := strings.Clone(hotKey)
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				l.Allow(key)
+			}
+		})
+	})
+}
+
+// BenchmarkKeys100kParallel decides 100,000 existing keys in a scattered
+// order from GOMAXPROCS goroutines (with fresh copies of the keys, see
+// clones).
+func BenchmarkKeys100kParallel(b *testing.B) {
+	ks := keys(100_000)
+	fresh := clones(ks)
+	forEachPeer(b, func(b *testing.B, p peer) {
+		l := p.newLimiter(b, memCapacity)
+		defer closeLimiter(l)
+		for _, k := range ks {
+			l.Allow(k)
+		}
+		var seq atomic.Uint64
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			i := seq.Add(7919) * 104729
+			for pb.Next() {
+				i += 7919
+				l.Allow(fresh[i%uint64(len(fresh))])
+			}
+		})
+	})
+}
+
+// BenchmarkNewKey decides a key never seen before on every operation, from
+// one goroutine. Keys come from a pre-built list of 2^20; when it wraps the
+// limiter is replaced (timer stopped), so that no peer ever sees a key
+// twice. Bounded peers (capacity memCapacity) evict at steady state.
+func BenchmarkNewKey(b *testing.B) {
+	const n = 1 << 20
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = "n" + strconv.FormatInt(int64(1e13+i), 10) // 15 bytes
+	}
+	forEachPeer(b, func(b *testing.B, p peer) {
+		l := p.newLimiter(b, memCapacity)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if i%n == 0 && i > 0 {
+				b.StopTimer()
+				closeLimiter(l)
+				l = p.newLimiter(b, memCapacity)
+				b.StartTimer()
+			}
+			l.Allow(ks[i%n])
+		}
+		b.StopTimer()
+		closeLimiter(l)
+	})
+}

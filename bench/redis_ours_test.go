@@ -1,0 +1,38 @@
+package bench
+
+import (
+	"testing"
+
+	"github.com/limitry/ratelimit/adapters/redisstore"
+	"github.com/limitry/ratelimit/core"
+	"github.com/redis/go-redis/v9"
+)
+
+// ourRedisPeers returns the rows of our Redis store (adapters/redisstore)
+// with the token bucket, behind core.Limiter.Allow, with the store's
+// defaults (server time, 50 ms timeout, circuit breaker): "ratelimit" on
+// the shared client, configured as the package documentation shows
+// (ContextTimeoutEnabled), and "ratelimit-noctxtimeout" on a client left
+// at go-redis's default, where the store runs each call in a goroutine of
+// its own to bound it by its timeout.
+func ourRedisPeers() []redisPeer {
+	newStore := func(b *testing.B, c *redis.Client) limiter {
+		s, err := redisstore.New(c, &redisstore.Config{Prefix: "bench:"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		l, err := core.New(core.Rule{Name: "bench", Limit: quotaLimit, Window: quotaWindow}, core.WithStore(s))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return &coreLimiter{l: l}
+	}
+	return []redisPeer{
+		{name: "ratelimit", new: newStore},
+		{
+			name: "ratelimit-noctxtimeout",
+			opts: func(o *redis.Options) { o.ContextTimeoutEnabled = false },
+			new:  newStore,
+		},
+	}
+}
