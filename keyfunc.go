@@ -339,13 +339,23 @@ func (c *ipConfig) isTrusted(a netip.Addr) bool {
 }
 
 // keyOf returns the canonical key of a client address.
-func (c *ipConfig) keyOf(a netip.Addr) string {
+func (c *ipConfig) keyOf(a netip.Addr) string { return c.keyOfText(a, "") }
+
+// keyOfText is keyOf for an address that appeared in a request as text:
+// when the key is the whole address and text is already its canonical
+// form, the key is text itself, and nothing is allocated.
+func (c *ipConfig) keyOfText(a netip.Addr, text string) string {
 	bits := c.v6Bits
 	if a.Is4() {
 		bits = c.v4Bits
 	}
 	if bits == a.BitLen() {
-		return a.String()
+		var buf [64]byte
+		b := a.AppendTo(buf[:0])
+		if string(b) == text {
+			return text
+		}
+		return string(b)
 	}
 	// Prefix cannot fail here: a is valid and zone-free, bits in range.
 	p, _ := a.Prefix(bits)
@@ -354,21 +364,21 @@ func (c *ipConfig) keyOf(a netip.Addr) string {
 }
 
 func (c *ipConfig) keyPeerOnly(r *http.Request) (string, error) {
-	peer, ok := parseIPEntry(r.RemoteAddr)
+	peer, host, ok := parseIPEntryHost(r.RemoteAddr)
 	if !ok {
 		return "", errBadRemoteAddr
 	}
-	return c.keyOf(peer), nil
+	return c.keyOfText(peer, host), nil
 }
 
 func (c *ipConfig) key(r *http.Request) (string, error) {
-	peer, ok := parseIPEntry(r.RemoteAddr)
+	peer, host, ok := parseIPEntryHost(r.RemoteAddr)
 	if !ok {
 		return "", errBadRemoteAddr
 	}
 	if c.hasTrusted && !c.isTrusted(peer) {
 		// The peer is the client; nothing it sent is believed.
-		return c.keyOf(peer), nil
+		return c.keyOfText(peer, host), nil
 	}
 	lines := r.Header[c.header]
 	var (
@@ -581,24 +591,31 @@ const maxIPEntryLen = 128
 // zone-free. The unspecified addresses (0.0.0.0, ::) are rejected: no proxy
 // reports a peer at them.
 func parseIPEntry(s string) (netip.Addr, bool) {
+	a, _, ok := parseIPEntryHost(s)
+	return a, ok
+}
+
+// parseIPEntryHost is parseIPEntry that also returns the address as it
+// appeared in s (without brackets and port).
+func parseIPEntryHost(s string) (netip.Addr, string, bool) {
 	if len(s) > maxIPEntryLen {
-		return netip.Addr{}, false
+		return netip.Addr{}, "", false
 	}
 	s = trimListOWS(s)
 	if s == "" {
-		return netip.Addr{}, false
+		return netip.Addr{}, "", false
 	}
 	var host string
 	if s[0] == '[' {
 		end := strings.IndexByte(s, ']')
 		if end < 0 || !validNodePort(s[end+1:], true) {
-			return netip.Addr{}, false
+			return netip.Addr{}, "", false
 		}
 		host = s[1:end]
 	} else if i := strings.IndexByte(s, ':'); i >= 0 && strings.IndexByte(s[i+1:], ':') < 0 {
 		// Exactly one colon: IPv4 with a port.
 		if !validNodePort(s[i:], false) {
-			return netip.Addr{}, false
+			return netip.Addr{}, "", false
 		}
 		host = s[:i]
 	} else {
@@ -606,16 +623,16 @@ func parseIPEntry(s string) (netip.Addr, bool) {
 	}
 	a, err := netip.ParseAddr(host)
 	if err != nil {
-		return netip.Addr{}, false
+		return netip.Addr{}, "", false
 	}
 	if s[0] == '[' && a.Is4() {
-		return netip.Addr{}, false // brackets are for IPv6 only
+		return netip.Addr{}, "", false // brackets are for IPv6 only
 	}
 	a = a.WithZone("").Unmap()
 	if a.IsUnspecified() {
-		return netip.Addr{}, false
+		return netip.Addr{}, "", false
 	}
-	return a, true
+	return a, host, true
 }
 
 // validNodePort reports whether s is "" (if empty is allowed) or ":" followed by

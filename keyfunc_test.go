@@ -440,6 +440,23 @@ func TestClientIPAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { _, _ = fn(r6) }); n > 1 {
 		t.Errorf("ipv6 peer: %v allocs, want <= 1", n)
 	}
+	// A peer address already in canonical form is its own key.
+	peer := mustKF(t)
+	r4 := newReq(t, "203.0.113.9:4711")
+	if k, _ := peer(r4); k != "203.0.113.9" {
+		t.Fatalf("key %q", k)
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = peer(r4) }); n != 0 {
+		t.Errorf("canonical ipv4 peer: %v allocs, want 0", n)
+	}
+	untrusted := newReq(t, "198.51.100.2:1", xff("1.2.3.4"))
+	if n := testing.AllocsPerRun(100, func() { _, _ = fn(untrusted) }); n != 0 {
+		t.Errorf("untrusted canonical ipv4 peer: %v allocs, want 0", n)
+	}
+	// A non-canonical spelling is still keyed canonically.
+	if k, _ := peer(newReq(t, "[::ffff:203.0.113.9]:1")); k != "203.0.113.9" {
+		t.Errorf("v4-mapped peer keyed %q", k)
+	}
 }
 
 func TestHeader(t *testing.T) {
