@@ -146,15 +146,24 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 		h[name] = vals[i : i+1 : i+1]
 		i++
 	}
+	sp := speaker(ls)
+	var policy, state, rem string
+	if set&IETFHeaders != 0 {
+		// RateLimit first: X-RateLimit-Remaining can share its digits.
+		policy, state, rem = l.ietfValues(ls, sp)
+	}
 	if set&XRateLimitHeaders != 0 {
-		s := &ls[speaker(ls)]
+		s := &ls[sp]
 		d := &s.Decision
 		if l.own(s) {
 			put(canonLimit, l.layers[s.index].xLimit)
 		} else {
 			put(canonLimit, itoa(d.Limit))
 		}
-		put(canonRemaining, itoa(d.Remaining))
+		if rem == "" || d.Remaining <= maxSmallInt || d.Remaining > maxSFInteger {
+			rem = itoa(d.Remaining)
+		}
+		put(canonRemaining, rem)
 		if l.cfg.resetDelta {
 			put(canonReset, itoa(ceilSeconds(d.ResetAfter)))
 		} else {
@@ -166,7 +175,6 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 		}
 	}
 	if set&IETFHeaders != 0 {
-		policy, state := l.ietfValues(ls)
 		put(canonPolicy, policy)
 		put(canonRateLimit, state)
 	}
@@ -182,8 +190,10 @@ func (l *Limiter) own(lr *LayerResult) bool {
 }
 
 // ietfValues returns the RateLimit-Policy and RateLimit values for the
-// applied layers ls.
-func (l *Limiter) ietfValues(ls []LayerResult) (policy, state string) {
+// applied layers ls, and the digits of the remaining units of layer
+// ls[speaker] within the RateLimit value (they equal X-RateLimit-Remaining,
+// so that header needs no string of its own).
+func (l *Limiter) ietfValues(ls []LayerResult, speaker int) (policy, state, rem string) {
 	var pks [core.MaxBatch][pkLen]byte
 	withPK := l.cfg.partitionKey
 	if withPK {
@@ -230,6 +240,7 @@ func (l *Limiter) ietfValues(ls []LayerResult) (policy, state string) {
 
 	var buf [256]byte
 	b := buf[:0]
+	var remStart, remEnd int
 	for j := range ls {
 		if j > 0 {
 			b = append(b, ", "...)
@@ -239,9 +250,19 @@ func (l *Limiter) ietfValues(ls []LayerResult) (policy, state string) {
 		if ls[j].Refused && d.RetryAfter > 0 {
 			t = d.RetryAfter
 		}
+		start := len(b)
 		b = appendItem(b, d.Policy.Name(), ietfRemaining, d.Remaining, ietfReset, ceilSeconds(t), pk(j))
+		if j == speaker {
+			// The item is `"name";r=<digits>;...`.
+			remStart = start + len(d.Policy.Name()) + 3 + len(ietfRemaining) + 1
+			remEnd = remStart
+			for remEnd < len(b) && b[remEnd] >= '0' && b[remEnd] <= '9' {
+				remEnd++
+			}
+		}
 	}
-	return policy, string(b)
+	state = string(b)
+	return policy, state, state[remStart:remEnd]
 }
 
 // appendPolicyItem appends the RateLimit-Policy member of p.

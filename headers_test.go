@@ -455,3 +455,25 @@ func TestIETFWindowRounding(t *testing.T) {
 		}
 	}
 }
+
+// TestRemainingSharedWithRateLimit checks X-RateLimit-Remaining for values
+// beyond the small-number cache, where it shares the RateLimit field's
+// digits, with one and with several layers.
+func TestRemainingSharedWithRateLimit(t *testing.T) {
+	big := core.Rule{Name: "big", Limit: 1 << 40, Window: time.Hour}
+	small := core.Rule{Name: "s;r=7", Limit: 1 << 35, Window: time.Hour}
+	for _, layers := range [][]ratelimit.Layer{
+		{{Key: ratelimit.Global("g"), Rule: big}},
+		{{Key: ratelimit.Global("g"), Rule: big}, {Key: ratelimit.Global("h"), Rule: small}},
+	} {
+		e := mwNew(t, layers, ratelimit.WithHeaders(ratelimit.AllHeaders))
+		rec := e.do(t, mwReq("203.0.113.1:1"))
+		want := strconv.FormatInt(layers[len(layers)-1].Rule.Limit-1, 10)
+		if got := rec.Header().Get(ratelimit.HeaderRateLimitRemaining); got != want {
+			t.Errorf("%d layers: X-RateLimit-Remaining %q, want %q (RateLimit: %s)", len(layers), got, want, rec.Header().Get(ratelimit.HeaderRateLimit))
+		}
+		if rl := rec.Header().Get(ratelimit.HeaderRateLimit); !strings.Contains(rl, ";r="+want+";") {
+			t.Errorf("RateLimit %q lacks r=%s", rl, want)
+		}
+	}
+}
