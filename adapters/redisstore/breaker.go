@@ -88,7 +88,7 @@ func fromGobreaker(s gobreaker.State) BreakerState {
 	return BreakerClosed
 }
 
-func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (*gobreaker.TwoStepCircuitBreaker[struct{}], error) {
+func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (*gobreaker.CircuitBreaker[struct{}], error) {
 	var c BreakerConfig
 	if cfg != nil {
 		c = *cfg
@@ -120,7 +120,7 @@ func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (*gobr
 			onChange(fromGobreaker(from), fromGobreaker(to))
 		}
 	}
-	return gobreaker.NewTwoStepCircuitBreaker[struct{}](st), nil
+	return gobreaker.NewCircuitBreaker[struct{}](st), nil
 }
 
 // State returns the state of the circuit breaker, BreakerDisabled if the

@@ -50,8 +50,9 @@
 // MaxDelay are whole microseconds, at any time up to MaxTime (the year
 // 2155: now plus two MaxWindows stays below 2^53 us); later times are
 // refused with ErrTimeOutOfRange in ClientTime mode. Rational quantities
-// never cross the Lua boundary: rule parameters and times go in as decimal
-// integer strings, and the reply is one string of decimal integers.
+// never cross the Lua boundary: rule parameters go in as MessagePack
+// integers (decoded by Redis's built-in cmsgpack), times as decimal integer
+// strings, and the reply is one string of decimal integers.
 //
 // # Time
 //
@@ -149,10 +150,14 @@
 // has ContextTimeoutEnabled; otherwise the store waits for the call in a
 // goroutine and abandons it at the deadline (it then ends on the client's
 // ReadTimeout), so setting ContextTimeoutEnabled saves a goroutine per
-// decision. A circuit breaker (github.com/sony/gobreaker, see
-// BreakerConfig) opens after consecutive failures so that a dead Redis
-// costs nothing while it is open, then probes and closes when Redis is
-// back. While Redis is unavailable (an error, a timeout, or the breaker
+// decision. (When the caller's context can never end, as
+// context.Background, the store's deadline shares one timer per
+// millisecond with other decisions: the deadline given to go-redis is
+// exact, and what waits on the context's Done, such as the abandonment
+// above, may see it up to 2ms late.) A circuit breaker
+// (github.com/sony/gobreaker, see BreakerConfig) opens after consecutive
+// failures so that a dead Redis costs nothing while it is open, then
+// probes and closes when Redis is back. While Redis is unavailable (an error, a timeout, or the breaker
 // open), Take returns the error (ErrUnavailable while the breaker is open),
 // and the caller applies its fail policy (the HTTP middleware fails open
 // or closed), or, if Config.Fallback is set, decides with the fallback

@@ -1,9 +1,9 @@
 package redisstore
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/bits"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,7 +13,7 @@ import (
 
 // policyInfo is what the script needs of a policy, computed once.
 type policyInfo struct {
-	args any    // "alg W L cap maxDelay tauQ tauR" (times in µs), boxed once
+	args any    // alg W L cap maxDelay tauQ tauR (times in µs; see policyArg), boxed once
 	name string // the policy name, escaped for keys
 	err  error  // why the Redis store cannot decide under the policy
 }
@@ -68,14 +68,32 @@ func newPolicyInfo(p *core.Policy) *policyInfo {
 	// nanoseconds), so the quotient fits.
 	hi, lo := bits.Mul64(capacity, wus)
 	tauQ, tauR := bits.Div64(hi, lo, limit)
-	b := make([]byte, 0, 96)
-	b = append(b, alg, ' ')
-	for i, v := range [...]uint64{wus, limit, capacity, mdus, tauQ, tauR} {
-		if i > 0 {
-			b = append(b, ' ')
-		}
-		b = strconv.AppendUint(b, v, 10)
-	}
-	info.args = string(b)
+	info.args = policyArg(alg, wus, limit, capacity, mdus, tauQ, tauR)
 	return info
+}
+
+// policyArg encodes a policy for the script as MessagePack, which the
+// script decodes with cmsgpack.unpack (built into Redis since 2.6) at a
+// fraction of the cost of matching and converting decimal text: the
+// algorithm's code as a one-character string, then the six parameters
+// as unsigned integers in their shortest form. Each is below 2^53, so each
+// decodes to an exact Lua number.
+func policyArg(alg byte, vs ...uint64) string {
+	b := make([]byte, 0, 2+9*len(vs))
+	b = append(b, 0xa1, alg) // fixstr of length 1
+	for _, v := range vs {
+		switch {
+		case v < 1<<7:
+			b = append(b, byte(v)) // positive fixint
+		case v < 1<<8:
+			b = append(b, 0xcc, byte(v))
+		case v < 1<<16:
+			b = binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(v))
+		case v < 1<<32:
+			b = binary.BigEndian.AppendUint32(append(b, 0xce), uint32(v))
+		default:
+			b = binary.BigEndian.AppendUint64(append(b, 0xcf), v)
+		}
+	}
+	return string(b)
 }

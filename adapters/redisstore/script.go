@@ -12,13 +12,18 @@ import (
 // The script is composed of one Lua source per algorithm (each defining
 // load, decide, commit and refund for its state) between a prelude of
 // exact integer helpers and the batch logic of main.lua, so one call can
-// decide a batch that mixes algorithms.
+// decide a batch that mixes algorithms. fast.lua, between the exact
+// arithmetic of prelude.lua and the other helpers (helpers.lua), decides
+// the usual call (one request taken under a token or leaky bucket) with
+// the same arithmetic and returns before the rest is set up.
 //
 //go:embed lua/*.lua
 var luaFiles embed.FS
 
 var luaParts = []string{
 	"lua/prelude.lua",
+	"lua/fast.lua",
+	"lua/helpers.lua",
 	"lua/gcra.lua",
 	"lua/fixed_window.lua",
 	"lua/sliding_counter.lua",
@@ -47,6 +52,9 @@ var (
 	// takeScript gives the script's SHA1 and its source: it is run with
 	// EVALSHA, and with EVAL when the server answers NOSCRIPT.
 	takeScript = redis.NewScript(scriptSource)
+
+	// The first two arguments of the script's calls, boxed once.
+	evalshaArg, hashArg, evalArg, sourceArg any = "evalsha", takeScript.Hash(), "eval", scriptSource
 )
 
 // noRetryCmd is a script call go-redis must not send twice: once its bytes
@@ -55,7 +63,7 @@ var (
 // the client's MaxRetries. (go-redis still retries failures that happen
 // before the command is written, such as a failed dial, and follows
 // MOVED/ASK redirections, which mean the command did not run.)
-type noRetryCmd struct{ *redis.Cmd }
+type noRetryCmd struct{ *redis.StringCmd }
 
 // NoRetry implements redis.Cmder.
 func (noRetryCmd) NoRetry() bool { return true }
@@ -65,20 +73,20 @@ func (noRetryCmd) NoRetry() bool { return true }
 // with EVAL, which also caches it. It does what redis.Script.Run does,
 // without the client's retries of a command that may have run.
 func eval(ctx context.Context, c redis.UniversalClient, args []any) (string, error) {
-	args[0], args[1] = "evalsha", takeScript.Hash()
-	cmd := redis.NewCmd(ctx, args...)
+	args[0], args[1] = evalshaArg, hashArg
+	cmd := redis.NewStringCmd(ctx, args...)
 	_ = c.Process(ctx, noRetryCmd{cmd})
 	err := cmd.Err()
 	if err != nil && isNoScript(err) {
-		args[0], args[1] = "eval", scriptSource
-		cmd = redis.NewCmd(ctx, args...)
+		args[0], args[1] = evalArg, sourceArg
+		cmd = redis.NewStringCmd(ctx, args...)
 		_ = c.Process(ctx, noRetryCmd{cmd})
 		err = cmd.Err()
 	}
 	if err != nil {
 		return "", err
 	}
-	return cmd.Text()
+	return cmd.Val(), nil
 }
 
 func isNoScript(err error) bool {

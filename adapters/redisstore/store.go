@@ -138,14 +138,17 @@ type Store struct {
 	client     redis.UniversalClient
 	place      placement
 	ctxBound   bool // the client bounds its I/O by the context's deadline
+	poolArgs   bool // the client is go-redis's own: argBufs may be reused
 	prefix     string
 	clientTime bool
 	slack      int64 // milliseconds added to key expiries
+	slackArg   any   // slack, boxed once
 	hashTag    func(policyName, key string) string
 	timeout    time.Duration
 	fallback   core.Store
 	observer   core.Observer
-	breaker    *gobreaker.TwoStepCircuitBreaker[struct{}]
+	breaker    *gobreaker.CircuitBreaker[struct{}]
+	deadlines  deadlines // Done channels of the decisions' timeouts
 
 	// betweenPhases, if set (by tests), runs between the check and the
 	// charge of a batch spanning several slots.
@@ -191,16 +194,17 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	if s.clientTime {
 		s.slack = int64(ClientTimeSlack / time.Millisecond)
 	}
+	s.slackArg = s.slack
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
 	switch cl := client.(type) {
 	case *redis.Client:
-		s.place, s.ctxBound = placeOne, cl.Options().ContextTimeoutEnabled
+		s.place, s.ctxBound, s.poolArgs = placeOne, cl.Options().ContextTimeoutEnabled, true
 	case *redis.ClusterClient:
-		s.place, s.ctxBound = placeSlot, cl.Options().ContextTimeoutEnabled
+		s.place, s.ctxBound, s.poolArgs = placeSlot, cl.Options().ContextTimeoutEnabled, true
 	case *redis.Ring:
-		s.place, s.ctxBound = placeTag, cl.Options().ContextTimeoutEnabled
+		s.place, s.ctxBound, s.poolArgs = placeTag, cl.Options().ContextTimeoutEnabled, true
 	default:
 		s.place = placeTag
 	}
@@ -230,8 +234,9 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, ou
 	if len(reqs) == 0 {
 		return nil
 	}
-	var infoBuf [core.MaxBatch]*policyInfo
-	infos := infoBuf[:len(reqs)]
+	st := takeStates.Get().(*takeState)
+	defer st.release()
+	infos := st.infos[:len(reqs)]
 	for i := range reqs {
 		infos[i] = infoOf(reqs[i].Policy)
 		if infos[i].err != nil {
@@ -250,7 +255,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, ou
 	if s.fallback != nil && s.observer != nil {
 		start = time.Now()
 	}
-	if err := s.takeRedis(ctx, nowArg, reqs, infos, over, out); err != nil {
+	if err := s.takeRedis(ctx, st, nowArg, reqs, infos, over, out); err != nil {
 		for i := range reqs {
 			out[i] = core.Decision{Limit: reqs[i].Policy.Capacity(), Policy: reqs[i].Policy}
 		}
@@ -282,20 +287,33 @@ func (s *Store) observe(reqs []core.Request, err error, lat time.Duration) {
 
 // takeRedis decides the batch in Redis, through the breaker and within
 // the timeout.
-func (s *Store) takeRedis(ctx context.Context, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
-	var done func(error)
-	if s.breaker != nil {
-		d, err := s.breaker.Allow()
-		if err != nil {
-			return ErrUnavailable
-		}
-		done = d
+func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
+	if s.breaker == nil {
+		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
 	}
+	ran := false
+	_, err := s.breaker.Execute(func() (struct{}, error) {
+		ran = true
+		return struct{}{}, s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
+	})
+	if !ran {
+		return ErrUnavailable
+	}
+	return err
+}
+
+// decideBounded decides the batch in Redis within the timeout, and wraps
+// the errors.
+func (s *Store) decideBounded(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
 	tctx, cancel := ctx, context.CancelFunc(func() {})
 	if s.timeout > 0 {
-		tctx, cancel = context.WithTimeout(ctx, s.timeout)
+		if ctx.Done() == nil {
+			tctx = s.deadlines.withTimeout(ctx, s.timeout)
+		} else {
+			tctx, cancel = context.WithTimeout(ctx, s.timeout)
+		}
 	}
-	err := s.decide(tctx, nowArg, reqs, infos, over, out)
+	err := s.decide(tctx, st, nowArg, reqs, infos, over, out)
 	// A client bounding its reads by the deadline may report its network
 	// timeout a moment before the context's timer fires.
 	dl, hasDL := tctx.Deadline()
@@ -315,9 +333,6 @@ func (s *Store) takeRedis(ctx context.Context, nowArg any, reqs []core.Request, 
 		default:
 			err = fmt.Errorf("redisstore: %w", err)
 		}
-	}
-	if done != nil {
-		done(err)
 	}
 	return err
 }
@@ -378,6 +393,61 @@ func (s *Store) groups(keys []string) [][]int {
 	return gs
 }
 
+// takeState holds a Take's per-request scratch arrays, pooled so that a
+// decision allocates none of them.
+type takeState struct {
+	infos  [core.MaxBatch]*policyInfo
+	keys   [core.MaxBatch]string
+	extras [core.MaxBatch]int64
+}
+
+var takeStates = sync.Pool{New: func() any { return new(takeState) }}
+
+func (st *takeState) release() {
+	*st = takeState{}
+	takeStates.Put(st)
+}
+
+// argBuf holds the arguments of one script call: EVALSHA, the SHA1, the
+// key count, the keys, four script arguments and three per request.
+// go-redis's clients do not keep a command's arguments once Process
+// returns, so with them the buffer is reused after the call (after the
+// goroutine of an abandoned call ends, see Store.eval); with a client of
+// another type, which might, it is not.
+type argBuf struct {
+	a      [3 + core.MaxBatch + 4 + 3*core.MaxBatch]any
+	pooled bool
+}
+
+var argBufs = sync.Pool{New: func() any { return &argBuf{pooled: true} }}
+
+func (s *Store) argBuf() *argBuf {
+	if s.poolArgs {
+		return argBufs.Get().(*argBuf)
+	}
+	return new(argBuf)
+}
+
+func (ab *argBuf) release() {
+	if ab.pooled {
+		clear(ab.a[:])
+		argBufs.Put(ab)
+	}
+}
+
+// modeArg returns mode as a script argument, without allocating.
+func modeArg(mode string) any {
+	switch mode {
+	case modeTake:
+		return modeTake
+	case modeCheck:
+		return modeCheck
+	case modeRefund:
+		return modeRefund
+	}
+	return mode
+}
+
 // Script modes (see lua/main.lua).
 const (
 	modeTake   = "T"
@@ -386,12 +456,10 @@ const (
 )
 
 // decide runs the batch in Redis and fills out.
-func (s *Store) decide(ctx context.Context, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
-	var keyBuf [core.MaxBatch]string
-	keys := keyBuf[:len(reqs)]
+func (s *Store) decide(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
+	keys := st.keys[:len(reqs)]
 	s.keysOf(reqs, infos, keys)
-	var extraBuf [core.MaxBatch]int64
-	extras := extraBuf[:len(reqs)]
+	extras := st.extras[:len(reqs)]
 	gs := s.groups(keys)
 	if gs == nil {
 		var idxBuf [core.MaxBatch]int
@@ -508,8 +576,8 @@ func (s *Store) refundTimeout() time.Duration {
 // reports whether every request of the group was allowed.
 func (s *Store) call(ctx context.Context, mode string, nowArg any, reqs []core.Request, infos []*policyInfo, keys []string, idx []int, over int, extras []int64, out []core.Decision) (bool, error) {
 	n := len(idx)
-	args := make([]any, 0, 3+n+4+3*n)
-	args = append(args, nil, nil, n)
+	ab := s.argBuf()
+	args := append(ab.a[:0], nil, nil, n)
 	overLocal := 0
 	for j, i := range idx {
 		args = append(args, keys[i])
@@ -517,11 +585,11 @@ func (s *Store) call(ctx context.Context, mode string, nowArg any, reqs []core.R
 			overLocal = j + 1
 		}
 	}
-	args = append(args, mode, nowArg, overLocal, s.slack)
+	args = append(args, modeArg(mode), nowArg, overLocal, s.slackArg)
 	for _, i := range idx {
 		args = append(args, infos[i].args, reqs[i].Cost, extras[i])
 	}
-	reply, err := s.eval(ctx, args)
+	reply, err := s.eval(ctx, ab, args)
 	if err != nil {
 		return false, err
 	}
@@ -532,11 +600,15 @@ func (s *Store) call(ctx context.Context, mode string, nowArg any, reqs []core.R
 // does not honour contexts (go-redis's ContextTimeoutEnabled unset): the
 // call then runs in a goroutine that is abandoned, not retried, when the
 // deadline passes, and ends on the client's own read timeout.
-func (s *Store) eval(ctx context.Context, args []any) (string, error) {
+//
+// It releases ab, which holds args, once the call is over.
+func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) (string, error) {
 	if s.ctxBound {
+		defer ab.release()
 		return eval(ctx, s.client, args)
 	}
 	if _, ok := ctx.Deadline(); !ok && ctx.Done() == nil {
+		defer ab.release()
 		return eval(ctx, s.client, args)
 	}
 	type result struct {
@@ -546,6 +618,7 @@ func (s *Store) eval(ctx context.Context, args []any) (string, error) {
 	ch := make(chan result, 1)
 	go func() {
 		r, err := eval(ctx, s.client, args)
+		ab.release() // only now: an abandoned call still reads args
 		ch <- result{r, err}
 	}()
 	select {

@@ -50,7 +50,7 @@ modules.fixed = function()
       redis.call('DEL', key)
       return
     end
-    keep(key, sformat('f:%.0f:%.0f', A, B), (A + 1) * P.W - now, slack)
+    keep(key, sformat(I64 and 'f:%d:%d' or 'f:%.0f:%.0f', A, B), (A + 1) * P.W - now, slack)
   end
 
   function fixed.commit(key, st, P, cost, now, d, slack)

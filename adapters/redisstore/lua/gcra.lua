@@ -63,7 +63,7 @@ modules.gcra = function()
   local function gcra_store(key, A, B, now, slack)
     local exp = A
     if B > 0 then exp = exp + 1 end
-    keep(key, sformat('g:%.0f:%.0f', A, B), exp - now, slack)
+    keep(key, sformat(I64 and 'g:%d:%d' or 'g:%.0f:%.0f', A, B), exp - now, slack)
   end
 
   function gcra.commit(key, st, P, cost, now, d, slack)

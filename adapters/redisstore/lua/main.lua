@@ -6,9 +6,9 @@
 -- ARGV[2] now in Unix microseconds, or '' to read the server's TIME.
 -- ARGV[3] 1-based index of a request whose cost exceeds its capacity, or 0.
 -- ARGV[4] milliseconds added to every key's expiry.
--- Then three arguments per request: the policy ("alg W L cap maxDelay tauQ
--- tauR", times in microseconds), the cost, and (for 'R') what the charge
--- reported.
+-- Then three arguments per request: the policy (alg W L cap maxDelay tauQ
+-- tauR, times in microseconds, as MessagePack: see policyargs), the cost,
+-- and (for 'R') what the charge reported.
 --
 -- The reply is one string of integers separated by spaces: now, then per
 -- request allowed (0/1), remaining, resetAfter, retryAfter, delay (in
@@ -47,15 +47,27 @@ local n = #KEYS
 local reqs = {}
 for i = 1, n do
   local base = 5 + 3 * (i - 1)
-  local a, w, l, cap, md, tq, tr = smatch(ARGV[base], '^(%a) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  local a, w, l, cap, md, tq, tr = policyargs(ARGV[base])
   local alg = algorithm(a)
-  if alg == nil then
+  if alg == nil or tr == nil then
     return redis.error_reply('ERR ratelimit: bad policy argument ' .. i)
   end
-  local P = { W = tonumber(w), L = tonumber(l), cap = tonumber(cap), maxDelay = tonumber(md),
-    tauQ = tonumber(tq), tauR = tonumber(tr) }
+  local P = { W = w, L = l, cap = cap, maxDelay = md, tauQ = tq, tauR = tr }
   reqs[i] = { key = KEYS[i], alg = alg, P = P, cost = tonumber(ARGV[base + 1]),
     extra = tonumber(ARGV[base + 2]), st = alg.load(KEYS[i]) }
+end
+
+-- A single request taken alone (the usual decision): decide, charge if
+-- admitted, and reply in one format, as the batch logic below would.
+if n == 1 and mode == 'T' and over == 0 then
+  local r = reqs[1]
+  local d = r.alg.decide(r.st, r.P, r.cost, now)
+  local a = 0
+  if d.allowed then
+    a = 1
+    d.extra = r.alg.commit(r.key, r.st, r.P, r.cost, now, d, slack)
+  end
+  return sformat(I64 and '%d %d %d %d %d %d %d' or '%.0f %d %.0f %.0f %.0f %.0f %.0f', now, a, d.rem, d.reset, d.retry, d.delay, d.extra)
 end
 
 local out = {}
@@ -66,7 +78,7 @@ local function reply()
     local d = out[i]
     local a = 0
     if d.allowed then a = 1 end
-    parts[i + 1] = sformat('%d %.0f %.0f %.0f %.0f %.0f', a, d.rem, d.reset, d.retry, d.delay, d.extra)
+    parts[i + 1] = sformat(I64 and '%d %d %d %d %d %d' or '%d %.0f %.0f %.0f %.0f %.0f', a, d.rem, d.reset, d.retry, d.delay, d.extra)
   end
   return table.concat(parts, ' ')
 end

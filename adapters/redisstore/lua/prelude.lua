@@ -1,15 +1,26 @@
--- prelude.lua: helpers shared by every algorithm of the ratelimit script.
+-- prelude.lua: the exact integer arithmetic of the ratelimit script (the
+-- rest of the helpers, which fast.lua does without, are in helpers.lua).
 --
 -- Lua numbers in Redis are IEEE doubles: integers are exact up to 2^53.
 -- Every value here is an integer: times and durations in microseconds,
 -- counts in units. Values cross the Lua boundary as decimal strings,
--- formatted with fmt (tostring and '..' would use %.14g and lose digits).
+-- formatted with fmt (tostring and '..' would use %.14g and lose digits),
+-- except the policy, which comes as MessagePack integers (policyargs).
 
 local P53 = 9007199254740992
 local floor, fmod, frexp = math.floor, math.fmod, math.frexp
 local sformat, smatch = string.format, string.match
 
+-- Lua 5.1's '%d' converts through a C long: exact for every integer below
+-- 2^53 where long has 64 bits (it has on every 64-bit Unix), and several
+-- times cheaper than '%.0f'. I64 says whether it is here; every format
+-- picks '%d' only then.
+local I64 = sformat('%d', P53) == '9007199254740992'
+
 local function fmt(x)
+  if I64 then
+    return sformat('%d', x)
+  end
   return sformat('%.0f', x)
 end
 
@@ -18,14 +29,6 @@ end
 -- multiple n - r by d.
 local function divmod(n, d)
   local r = fmod(n, d)
-  return (n - r) / d, r
-end
-
--- floordiv returns floor(n / d) for any integer n and 0 < d, and the
--- remainder in [0, d).
-local function floordiv(n, d)
-  local r = fmod(n, d)
-  if r < 0 then r = r + d end
   return (n - r) / d, r
 end
 
@@ -72,58 +75,4 @@ local function muldiv(a, b, c, d)
     Q, R = Q + 1, R - d
   end
   return Q, R
-end
-
--- lesseq reports whether aq + ar/l <= bq + br/l for fractions in [0, l).
-local function lesseq(aq, ar, bq, br)
-  return aq < bq or (aq == bq and ar <= br)
-end
-
--- ceildiff returns ceil((aq + ar/l) - (bq + br/l)) for fractions in [0, l).
-local function ceildiff(aq, ar, bq, br)
-  if ar > br then
-    return aq - bq + 1
-  end
-  return aq - bq
-end
-
--- ceilms returns ceil(us / 1000) for us >= 0.
-local function ceilms(us)
-  local q, r = divmod(us, 1000)
-  if r > 0 then
-    return q + 1
-  end
-  return q
-end
-
--- keep stores value at key for life microseconds (rounded up to whole
--- milliseconds) plus slack milliseconds, or deletes the key when its state
--- already equals a fresh one. One SET with PX: value and expiry are written
--- together.
-local function keep(key, value, life, slack)
-  if life <= 0 then
-    redis.call('DEL', key)
-    return
-  end
-  redis.call('SET', key, value, 'PX', fmt(ceilms(life) + slack))
-end
-
--- getstate reads a string state tagged with tag and returns its numeric
--- fields, or nil for a missing key, a key of another type, or a value
--- written by another algorithm (read as a fresh state, and overwritten by
--- the next write).
-local function getstate(key, pattern)
-  local v = redis.pcall('GET', key)
-  if type(v) ~= 'string' then
-    return nil
-  end
-  return smatch(v, pattern)
-end
-
--- modules holds one constructor per algorithm (see gcra.lua and the
--- others), each returning a table of load, decide, commit and refund.
-local modules = {}
-
-local function newdecision()
-  return { allowed = false, rem = 0, reset = 0, retry = 0, delay = 0, extra = 0 }
 end

@@ -112,7 +112,7 @@ modules.counter = function()
       redis.call('DEL', key)
       return
     end
-    keep(key, sformat('c:%.0f:%.0f:%.0f', A, prev, curr), exp - now, slack)
+    keep(key, sformat(I64 and 'c:%d:%d:%d' or 'c:%.0f:%.0f:%.0f', A, prev, curr), exp - now, slack)
   end
 
   function counter.commit(key, st, P, cost, now, d, slack)

@@ -20,7 +20,7 @@ modules.swlog = function()
   end
 
   local function entry_string(t, n)
-    return sformat('%.0f:%.0f', t, n)
+    return sformat(I64 and '%d:%d' or '%.0f:%.0f', t, n)
   end
 
   function swlog.load(key)
