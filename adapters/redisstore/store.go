@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/limitry/ratelimit/core"
@@ -148,7 +149,10 @@ type Store struct {
 	fallback   core.Store
 	observer   core.Observer
 	breaker    *gobreaker.CircuitBreaker[struct{}]
-	deadlines  deadlines // Done channels of the decisions' timeouts
+	deadlines  deadlines      // Done channels of the decisions' timeouts
+	abandoned  sync.WaitGroup // calls given up at their deadline, still running
+	closed     atomic.Bool
+	closeOnce  sync.Once
 
 	// betweenPhases, if set (by tests), runs between the check and the
 	// charge of a batch spanning several slots.
@@ -227,6 +231,9 @@ var errCallerGone = errors.New("the caller's context ended")
 // Redis. Backend failures are wrapped with a "redisstore: " prefix, or
 // decided by the Fallback if one is set.
 func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
 	over, err := core.CheckBatch(reqs, out)
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
 		return err
@@ -616,7 +623,9 @@ func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) (string, error
 		err error
 	}
 	ch := make(chan result, 1)
+	s.abandoned.Add(1)
 	go func() {
+		defer s.abandoned.Done()
 		r, err := eval(ctx, s.client, args)
 		ab.release() // only now: an abandoned call still reads args
 		ch <- result{r, err}
@@ -627,6 +636,22 @@ func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) (string, error
 	case <-ctx.Done():
 		return "", ctx.Err()
 	}
+}
+
+// ErrClosed is returned by Take after Close.
+var ErrClosed = errors.New("redisstore: store is closed")
+
+// Close stops the store: Take returns ErrClosed from then on, and Close
+// waits for the calls it gave up on at their deadline (made only for
+// clients without ContextTimeoutEnabled) to finish, which they do by the
+// client's own read timeout. It does not close the client, which the
+// caller owns. Close is idempotent and always returns nil.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.abandoned.Wait()
+	})
+	return nil
 }
 
 // parseReply reads the script's reply: now, then six integers per request.
