@@ -1,0 +1,97 @@
+package bench
+
+import (
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+)
+
+// BenchmarkLRULayout isolates the cost of the per-key structure behind
+// Keys100kParallel: look a key up among 100,000 and update its 24-byte
+// state, from 2 goroutines, in 64 locked shards, with no clock and no
+// algorithm. "golang-lru" keeps the state behind a pointer in a
+// simplelru.LRU, as core.MemoryStore does; "slab" keeps it inline in a
+// node of a per-shard slice indexed by a map[string]uint32, the layout
+// BENCHMARKS.md describes under "What would be needed".
+func BenchmarkLRULayout(b *testing.B) {
+	const n = 100_000
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%014d", i)
+	}
+	lookups := make([]string, n) // fresh copies, as a server builds keys
+	for i, k := range keys {
+		lookups[i] = string([]byte(k))
+	}
+	seed := maphash.MakeSeed()
+	shard := func(k string) uint64 { return maphash.String(seed, k) & 63 }
+	run := func(b *testing.B, do func(k string)) {
+		var seq atomic.Uint64
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			i := seq.Add(7919) * 104729
+			for pb.Next() {
+				i += 7919
+				do(lookups[i%n])
+			}
+		})
+	}
+	type state struct {
+		a, b    int64
+		exp, at uint32
+	}
+	b.Run("golang-lru", func(b *testing.B) {
+		var shards [64]struct {
+			mu sync.Mutex
+			l  *simplelru.LRU[string, *state]
+			_  [48]byte
+		}
+		for i := range shards {
+			shards[i].l, _ = simplelru.NewLRU[string, *state](2*n/64, nil)
+		}
+		for _, k := range keys {
+			shards[shard(k)].l.Add(k, &state{})
+		}
+		run(b, func(k string) {
+			s := &shards[shard(k)]
+			s.mu.Lock()
+			if e, ok := s.l.Peek(k); ok {
+				e.a++
+			}
+			s.mu.Unlock()
+		})
+	})
+	b.Run("slab", func(b *testing.B) {
+		type node struct {
+			key        string
+			st         state
+			prev, next uint32
+		}
+		var shards [64]struct {
+			mu    sync.Mutex
+			index map[string]uint32
+			nodes []node
+			_     [32]byte
+		}
+		for i := range shards {
+			shards[i].index = map[string]uint32{}
+		}
+		for _, k := range keys {
+			s := &shards[shard(k)]
+			s.index[k] = uint32(len(s.nodes))
+			s.nodes = append(s.nodes, node{key: k})
+		}
+		run(b, func(k string) {
+			s := &shards[shard(k)]
+			s.mu.Lock()
+			if i, ok := s.index[k]; ok {
+				s.nodes[i].st.a++
+			}
+			s.mu.Unlock()
+		})
+	})
+}
