@@ -476,6 +476,7 @@ func writeProblem(w http.ResponseWriter, p problem) {
 	h := w.Header()
 	h["Content-Type"] = []string{"application/problem+json"}
 	h["X-Content-Type-Options"] = []string{"nosniff"}
+	h["Cache-Control"] = []string{"no-store"} // RFC 6585: a 429 must not be stored
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(append(body, '\n'))
 }

@@ -735,6 +735,7 @@ func writeText(w http.ResponseWriter, status int, body string) {
 	h := w.Header()
 	h["Content-Type"] = []string{"text/plain; charset=utf-8"}
 	h["X-Content-Type-Options"] = []string{"nosniff"}
+	h["Cache-Control"] = []string{"no-store"} // RFC 6585: a 429 must not be stored
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(body))
 }

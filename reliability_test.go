@@ -199,3 +199,18 @@ func TestFloodDoesNotReleaseLimitedClient(t *testing.T) {
 		t.Fatalf("default store: %d evictions, %d of %d keys", store2.Evictions(), store2.Len(), store2.Capacity())
 	}
 }
+
+// TestRefusalsAreNotCached checks that every refusal the middleware writes
+// (text or problem details) forbids caches to store it (RFC 6585 §4).
+func TestRefusalsAreNotCached(t *testing.T) {
+	for _, opts := range [][]ratelimit.Option{nil, {ratelimit.WithProblemDetails()}} {
+		e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1).Named("ip")}}, opts...)
+		if rec := e.do(t, mwReq("203.0.113.9:1")); rec.Code != http.StatusOK || rec.Header().Get("Cache-Control") != "" {
+			t.Fatalf("admitted: %d, Cache-Control %q", rec.Code, rec.Header().Get("Cache-Control"))
+		}
+		rec := e.do(t, mwReq("203.0.113.9:1"))
+		if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Cache-Control") != "no-store" {
+			t.Fatalf("refused: %d, Cache-Control %q, want 429 and no-store", rec.Code, rec.Header().Get("Cache-Control"))
+		}
+	}
+}
