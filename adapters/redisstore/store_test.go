@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -268,4 +269,63 @@ func TestRing(t *testing.T) {
 		}
 		return s
 	})
+}
+
+// TestExpiryExact checks the exact millisecond expiry that a charge sets,
+// on the single-request fast path and on the general (batch) path: the
+// state's life rounded up to a millisecond, plus the slack. It reads the
+// server's clock before and after the charge and keeps only runs where both
+// fall in the same millisecond, so the expiry time pins the TTL exactly.
+func TestExpiryExact(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	s := newStore(t, client, &Config{ClientTime: true})
+	ctx := context.Background()
+	slack := int64(ClientTimeSlack / time.Millisecond)
+	now := time.Unix(1_800_000_000, 0)
+	cases := []struct {
+		name string
+		rule core.Rule
+		cost int64
+		life time.Duration // state's life after the charge
+	}{
+		// 1/3 s per unit: a life of 333.333334 ms rounds up to 334.
+		{"tb", core.Rule{Name: "x-tb", Limit: 3, Window: time.Second}, 1, 333333334 * time.Nanosecond},
+		{"lb", core.Rule{Name: "x-lb", Algorithm: core.LeakyBucket, Limit: 3, Window: time.Second, Burst: 3}, 2, 666666667 * time.Nanosecond},
+		{"fw", core.Rule{Name: "x-fw", Algorithm: core.FixedWindow, Limit: 3, Window: 7 * time.Millisecond}, 1, 7*time.Millisecond - time.Duration(now.UnixNano()%int64(7*time.Millisecond))},
+	}
+	for _, c := range cases {
+		p := mustPolicy(t, c.rule)
+		want := (int64(c.life)+int64(time.Millisecond)-1)/int64(time.Millisecond) + slack
+		for _, batch := range []bool{false, true} {
+			var got int64
+			for attempt := 0; ; attempt++ {
+				key := fmt.Sprintf("exact-%v-%d", batch, attempt)
+				before, _ := client.Time(ctx).Result()
+				reqs := []core.Request{{Policy: p, Key: key, Cost: c.cost}}
+				if batch {
+					other := mustPolicy(t, core.Rule{Name: "x-other", Limit: 100, Window: time.Hour})
+					reqs = append(reqs, core.Request{Policy: other, Key: key, Cost: 1})
+				}
+				out := make([]core.Decision, len(reqs))
+				if err := s.Take(ctx, now, reqs, out); err != nil || !out[0].Allowed {
+					t.Fatalf("%s: %+v %v", c.name, out, err)
+				}
+				after, _ := client.Time(ctx).Result()
+				at, err := client.PExpireTime(ctx, redisKey(s.prefix, p.Name(), "", &core.Request{Key: key})).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if before.UnixMilli() == after.UnixMilli() {
+					got = at.Milliseconds() - before.UnixMilli()
+					break
+				}
+				if attempt > 50 {
+					t.Skip("the server's clock never stayed within one millisecond across a charge")
+				}
+			}
+			if got != want {
+				t.Errorf("%s (batch %v): key expires %d ms after the charge, want %d", c.name, batch, got, want)
+			}
+		}
+	}
 }
