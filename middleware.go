@@ -541,7 +541,7 @@ func (l *Limiter) skip(r *http.Request) bool {
 func (a *allowList) match(r *http.Request) bool {
 	var client netip.Prefix
 	if a.ip == nil {
-		addr, ok := peerAddr(r.RemoteAddr)
+		addr, ok := parseIPEntry(r.RemoteAddr)
 		if !ok {
 			return false
 		}
@@ -562,18 +562,6 @@ func (a *allowList) match(r *http.Request) bool {
 		}
 	}
 	return false
-}
-
-// peerAddr parses r.RemoteAddr ("ip:port", or a bare IP), unmapped and
-// without zone.
-func peerAddr(s string) (netip.Addr, bool) {
-	var a netip.Addr
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		a = ap.Addr()
-	} else if a, err = netip.ParseAddr(s); err != nil {
-		return netip.Addr{}, false
-	}
-	return a.WithZone("").Unmap(), true
 }
 
 // keyPrefix parses a ClientIP key: an address or a network.

@@ -175,11 +175,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Decision,
 // whether all were admitted. out must be at least as long as reqs. Errors
 // are as for Store.Take.
 func (l *Limiter) Take(ctx context.Context, reqs []Request, out []Decision) (bool, error) {
-	if l.mem != nil && l.sys != nil && l.observer == nil {
-		// The common case, without building a time.Time.
-		return admitted(reqs, out, l.mem.take(reqs, out, l.sys.unixNano()))
-	}
-	return l.TakeAt(ctx, l.clock.Now(), reqs, out)
+	return l.TakeAtUnixNano(ctx, l.NowUnixNano(), reqs, out)
 }
 
 // admitted reports whether a decided batch was admitted.
