@@ -4,6 +4,8 @@ go 1.26.8
 
 replace github.com/limitry/ratelimit => ../
 
+replace github.com/limitry/ratelimit/adapters/redisstore => ../adapters/redisstore
+
 require (
 	github.com/go-chi/httprate v0.16.1
 	github.com/go-chi/httprate-redis v0.5.4
@@ -23,6 +25,7 @@ require (
 	github.com/hashicorp/golang-lru v0.5.4 // indirect
 	github.com/klauspost/cpuid/v2 v2.4.0 // indirect
 	github.com/labstack/gommon v0.5.0 // indirect
+	github.com/limitry/ratelimit/adapters/redisstore v0.0.0-00010101000000-000000000000
 	github.com/mattn/go-colorable v0.1.15 // indirect
 	github.com/mattn/go-isatty v0.0.22 // indirect
 	github.com/pkg/errors v0.9.1 // indirect

@@ -11,7 +11,7 @@
 //
 // Try it:
 //
-//	go run ./examples/echo -addr 127.0.0.1:8080
+//	cd examples/echo && go run . -addr 127.0.0.1:8080
 //	for i in 1 2 3 4 5 6; do curl -si http://127.0.0.1:8080/hello | grep -i -e ^HTTP -e ^x-ratelimit -e ^retry; done
 //	for i in 1 2 3; do curl -si -X POST http://127.0.0.1:8080/login | grep -i -e ^HTTP -e ^retry -e message; done
 //	curl -s http://127.0.0.1:8080/metrics | grep ^ratelimit_decisions_total

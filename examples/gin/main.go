@@ -10,7 +10,7 @@
 //
 // Try it:
 //
-//	go run ./examples/gin -addr 127.0.0.1:8080
+//	cd examples/gin && go run . -addr 127.0.0.1:8080
 //	for i in 1 2 3 4 5 6; do curl -si http://127.0.0.1:8080/hello | grep -i -e ^HTTP -e ^x-ratelimit -e ^retry; done
 //	for i in 1 2 3; do curl -si -X POST http://127.0.0.1:8080/login | grep -i -e ^HTTP -e ^retry; done
 //	curl -s http://127.0.0.1:8080/metrics | grep ^ratelimit_decisions_total

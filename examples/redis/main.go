@@ -2,8 +2,8 @@
 // per 10 seconds (token bucket) kept in Redis, with every rate-limit header
 // set. Every instance pointed at the same Redis shares the quota:
 //
-//	go run ./examples/redis -addr 127.0.0.1:8080 -redis 127.0.0.1:6379 &
-//	go run ./examples/redis -addr 127.0.0.1:8081 -redis 127.0.0.1:6379 &
+//	(cd examples/redis && go run . -addr 127.0.0.1:8080 -redis 127.0.0.1:6379) &
+//	(cd examples/redis && go run . -addr 127.0.0.1:8081 -redis 127.0.0.1:6379) &
 //	for p in 8080 8081 8080 8081 8080 8081 8080; do curl -s -o /dev/null -w "$p %{http_code}\n" http://127.0.0.1:$p/; done
 //
 // prints 200 five times, then 429: the two servers count against one

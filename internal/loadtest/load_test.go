@@ -40,7 +40,10 @@ func TestLoadRedis(t *testing.T) {
 
 func run(t *testing.T, example string, args ...string) {
 	bin := filepath.Join(t.TempDir(), example)
-	build := exec.Command("go", "build", "-o", bin, "../../examples/"+example)
+	// Examples that need an adapter are modules of their own: build each
+	// in its own directory.
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = filepath.Join("..", "..", "examples", example)
 	build.Stderr = os.Stderr
 	if err := build.Run(); err != nil {
 		t.Fatalf("building examples/%s: %v", example, err)
