@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 )
 
@@ -19,6 +20,13 @@ type ResolverFunc func(ctx context.Context, key string) (*Policy, error)
 
 // Resolve calls f.
 func (f ResolverFunc) Resolve(ctx context.Context, key string) (*Policy, error) { return f(ctx, key) }
+
+// PolicyLister is implemented by Resolvers that know every policy they can
+// return, such as the one Tiers builds. Limiters use it at construction to
+// refuse a configuration whose layers could meet two equally named policies.
+type PolicyLister interface {
+	Policies() []*Policy
+}
 
 // Tiers returns a Resolver that validates every rule of tiers now and, per
 // request, maps the key to a tier name with tierOf and that name to its
@@ -36,9 +44,32 @@ func Tiers(tierOf func(ctx context.Context, key string) string, tiers map[string
 		}
 		ps[name] = p
 	}
-	return ResolverFunc(func(ctx context.Context, key string) (*Policy, error) {
-		return ps[tierOf(ctx, key)], nil
-	}), nil
+	return &tierResolver{tierOf: tierOf, byName: ps}, nil
+}
+
+// tierResolver is the Resolver Tiers returns.
+type tierResolver struct {
+	tierOf func(ctx context.Context, key string) string
+	byName map[string]*Policy
+}
+
+// Resolve implements Resolver.
+func (t *tierResolver) Resolve(ctx context.Context, key string) (*Policy, error) {
+	return t.byName[t.tierOf(ctx, key)], nil
+}
+
+// Policies implements PolicyLister: the tiers' policies, sorted by tier name.
+func (t *tierResolver) Policies() []*Policy {
+	names := make([]string, 0, len(t.byName))
+	for n := range t.byName {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	ps := make([]*Policy, len(names))
+	for i, n := range names {
+		ps[i] = t.byName[n]
+	}
+	return ps
 }
 
 // Limiter decides requests: it reads its Clock once per call, asks its

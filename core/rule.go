@@ -125,6 +125,7 @@ type Policy struct {
 	unitR    uint64
 	maxDelay int64
 	nameHash uint64
+	identity string
 }
 
 var nameSeed = maphash.MakeSeed()
@@ -191,6 +192,7 @@ func NewPolicy(r Rule) (*Policy, error) {
 	}
 	p.tauQ, p.tauR = int64(q), rem
 	p.unitQ, p.unitR = int64(uint64(r.Window)/p.limit), uint64(r.Window)%p.limit
+	p.identity = fmt.Sprintf("%s;l=%d;w=%d;c=%d", r.Algorithm.Name(), r.Limit, int64(r.Window), c)
 	return p, nil
 }
 
@@ -226,6 +228,15 @@ func (p *Policy) Capacity() int64 { return p.capacity }
 
 // MaxDelay returns the rule's MaxDelay.
 func (p *Policy) MaxDelay() time.Duration { return time.Duration(p.maxDelay) }
+
+// Identity names what the policy's per-key state means: the algorithm's
+// Name and the parameters its State is read under (Limit, Window in
+// nanoseconds and capacity), as in "token_bucket;l=100;w=60000000000;c=100".
+// Two policies with the same Identity read a State identically; stores tag
+// every key's state with the Identity that wrote it and never read it under
+// another. MaxDelay and Name are not part of it: they change decisions, not
+// what the state means.
+func (p *Policy) Identity() string { return p.identity }
 
 // String returns a short description such as "api: 100 per 1m0s (token_bucket, burst 100)".
 func (p *Policy) String() string {
