@@ -12,3 +12,9 @@ func SetWaitFunc(l *Limiter, f func(ctx context.Context, d time.Duration) error)
 
 // Waiting returns the number of requests l counts as waiting.
 func Waiting(l *Limiter) int64 { return l.waiting.Load() }
+
+// SetIdempotencySleep replaces the function f pauses with while another
+// request holds the claim on a key.
+func SetIdempotencySleep(f *Idempotency, sleep func(ctx context.Context, d time.Duration) error) {
+	f.sleep = sleep
+}

@@ -1,0 +1,377 @@
+package ratelimit
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+// IdempotencyKeyHeader is the request header that carries an idempotency key
+// (draft-ietf-httpapi-idempotency-key-header).
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// Defaults of [IdempotencyConfig].
+const (
+	DefaultIdempotencyTTL      = 24 * time.Hour
+	DefaultIdempotencyMaxWait  = time.Second
+	DefaultReplayStoreCapacity = 100_000
+)
+
+// ErrReplayPending is returned by [ReplayStore.Claim] when another request
+// holds a live claim on the key: it is being decided right now.
+var ErrReplayPending = errors.New("ratelimit: idempotency key is being decided by another request")
+
+// ReplayStore remembers the idempotency keys an [Idempotency] filter has seen
+// admitted, with the rate-limit headers of their decision. Keys arrive
+// hashed and scoped (see [Idempotency]); records are opaque bytes. A
+// ReplayStore is safe for concurrent use. The memory implementation is
+// [MemoryReplayStore]; adapters/redisstore has one for fleets.
+type ReplayStore interface {
+	// Claim looks key up. When it holds a committed record, Claim returns
+	// the record (token empty). When it holds nothing, Claim claims it for
+	// hold and returns a non-empty token, the proof of the claim for Commit
+	// or Release. When another claim on it is live, Claim returns
+	// ErrReplayPending. Any other error is a store failure.
+	Claim(ctx context.Context, key string, hold time.Duration) (rec []byte, token string, err error)
+
+	// Commit replaces the claim token holds on key by rec, kept for ttl. It
+	// does nothing when the claim has expired or was taken over.
+	Commit(ctx context.Context, key, token string, rec []byte, ttl time.Duration) error
+
+	// Release drops the claim token holds on key, so the next request with
+	// the key is decided afresh. It does nothing when the claim is gone.
+	Release(ctx context.Context, key, token string) error
+}
+
+// IdempotencyConfig configures [NewIdempotency]. A nil *IdempotencyConfig
+// means the defaults.
+type IdempotencyConfig struct {
+	// Key returns the request's idempotency key; ErrNoKey means the request
+	// has none and is limited as usual. The default value reads the
+	// Idempotency-Key header.
+	Key KeyFunc
+
+	// Client scopes idempotency keys to a client, so that one client can
+	// neither replay nor probe another's keys. The default value is
+	// ClientIP() (the peer address; pass the Limiter's own ClientIP key
+	// function when it trusts proxies). A request whose client key fails is
+	// limited as usual, without replay.
+	Client KeyFunc
+
+	// Store remembers admitted keys. The default value is a new
+	// MemoryReplayStore holding DefaultReplayStoreCapacity keys on the
+	// Limiter's clock.
+	Store ReplayStore
+
+	// TTL is how long an admitted key is replayed. The default value is
+	// DefaultIdempotencyTTL.
+	TTL time.Duration
+
+	// MaxWait bounds how long a request waits for a concurrent request with
+	// the same key to be decided before it is answered 409 Conflict, as the
+	// idempotency-key draft advises. The default value is
+	// DefaultIdempotencyMaxWait.
+	MaxWait time.Duration
+
+	// OnError, if set, is called when the ReplayStore fails; the request is
+	// then limited (and charged) as if it had no idempotency key. The
+	// default value is none.
+	OnError func(r *http.Request, err error)
+}
+
+// Idempotency is a decorator around a [Limiter] that charges a retried
+// request once. A request carrying an idempotency key (the Idempotency-Key
+// header by default) that was already admitted within the TTL gets the same
+// decision again, with the same rate-limit headers, and is charged nothing;
+// the handler runs again (making the handler itself idempotent is the
+// application's business). A key whose request was refused, skipped or
+// failed is not remembered: a refusal is not a promise, and the next request
+// with it is decided afresh.
+//
+// Keys are scoped per client (see IdempotencyConfig.Client), per method and
+// per URL path, and hashed (SHA-256) before they reach the store, so a raw
+// key is never stored and one client cannot replay another's.
+//
+// Claiming a key and charging are one step for concurrent requests: the
+// first request with a fresh key claims it in the ReplayStore, is decided,
+// and commits its headers before it is served; a concurrent request with the
+// same key waits (at most MaxWait) for that outcome and is replayed, or
+// decided afresh after a refusal. So N concurrent requests with one fresh key
+// are charged once. A process that dies between claim and commit leaves the
+// claim to expire after MaxWait.
+//
+// A shaped request (a LeakyBucket layer with MaxDelay) waits its delay the
+// first time only. Requests without a key go through the Limiter unchanged.
+type Idempotency struct {
+	l       *Limiter
+	key     KeyFunc
+	client  KeyFunc
+	store   ReplayStore
+	ttl     time.Duration
+	maxWait time.Duration
+	onError func(*http.Request, error)
+	sleep   func(ctx context.Context, d time.Duration) error
+}
+
+// NewIdempotency returns the idempotency filter around l configured by cfg
+// (nil for the defaults). It returns an error for a nil Limiter or a
+// negative TTL or MaxWait.
+func NewIdempotency(l *Limiter, cfg *IdempotencyConfig) (*Idempotency, error) {
+	if l == nil {
+		return nil, errors.New("ratelimit: NewIdempotency needs a Limiter")
+	}
+	var c IdempotencyConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.TTL < 0 || c.MaxWait < 0 {
+		return nil, fmt.Errorf("ratelimit: idempotency TTL (%v) and MaxWait (%v) must not be negative", c.TTL, c.MaxWait)
+	}
+	f := &Idempotency{l: l, key: c.Key, client: c.Client, store: c.Store, ttl: c.TTL, maxWait: c.MaxWait, onError: c.OnError, sleep: waitTimer}
+	if f.key == nil {
+		f.key = Header(IdempotencyKeyHeader)
+	}
+	if f.client == nil {
+		ip, err := ClientIP()
+		if err != nil {
+			return nil, err
+		}
+		f.client = ip
+	}
+	if f.store == nil {
+		f.store = NewMemoryReplayStore(DefaultReplayStoreCapacity, l.clock)
+	}
+	if f.ttl == 0 {
+		f.ttl = DefaultIdempotencyTTL
+	}
+	if f.maxWait == 0 {
+		f.maxWait = DefaultIdempotencyMaxWait
+	}
+	return f, nil
+}
+
+// Handler returns a handler that decides every request through the filter
+// (see [Idempotency.Admit]) and calls next for the ones it admits. It panics
+// if next is nil.
+func (f *Idempotency) Handler(next http.Handler) http.Handler {
+	if next == nil {
+		panic("ratelimit: Idempotency.Handler called with a nil http.Handler")
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if f.Admit(w, r) {
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+// Admit is [Limiter.Admit] with replay: it reports whether the caller should
+// serve r, having written the rate-limit headers (replayed ones for a
+// request whose key was already admitted) and, when r must not be served,
+// the response. A request that waited MaxWait for a concurrent request with
+// the same key is answered 409 Conflict.
+func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
+	skey, ok := f.scopedKey(r)
+	if !ok {
+		return f.l.Admit(w, r)
+	}
+	ctx := r.Context()
+	var (
+		rec   []byte
+		token string
+		err   error
+	)
+	// Waiting is bounded by the sum of the pauses (on real timers, like
+	// shaping delays), not by the Limiter's clock, which may be a fake one.
+	var waited time.Duration
+	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
+		rec, token, err = f.store.Claim(ctx, skey, f.maxWait)
+		if !errors.Is(err, ErrReplayPending) {
+			break
+		}
+		if waited >= f.maxWait {
+			writeText(w, http.StatusConflict, "Conflict: a request with this idempotency key is in progress\n")
+			return false
+		}
+		pause = min(pause, f.maxWait-waited)
+		if err := f.sleep(ctx, pause); err != nil {
+			return false // the client went away
+		}
+		waited += pause
+	}
+	switch {
+	case err != nil:
+		if f.onError != nil {
+			f.onError(r, fmt.Errorf("ratelimit: idempotency store: %w", err))
+		}
+		return f.l.Admit(w, r)
+	case token == "":
+		replayHeaders(w.Header(), rec)
+		return true
+	}
+	res := f.l.Decide(r)
+	if admittedResult(&res) {
+		h := make(http.Header, 4)
+		f.l.WriteHeaders(h, &res)
+		err = f.store.Commit(ctx, skey, token, encodeHeaders(h), f.ttl)
+	} else {
+		err = f.store.Release(ctx, skey, token)
+	}
+	if err != nil && f.onError != nil {
+		f.onError(r, fmt.Errorf("ratelimit: idempotency store: %w", err))
+	}
+	return f.l.serve(w, r, &res, res.Layers)
+}
+
+// admittedResult reports whether res charged every applied layer: the only
+// outcome worth replaying.
+func admittedResult(res *Result) bool {
+	if res.Err != nil || res.Skipped || len(res.Layers) == 0 {
+		return false
+	}
+	for i := range res.Layers {
+		if res.Layers[i].Refused || !res.Layers[i].Decision.Allowed {
+			return false
+		}
+	}
+	return true
+}
+
+// scopedKey returns the store key of r's idempotency key: a hash of the
+// client, method, path and key. ok is false when r has no usable key.
+func (f *Idempotency) scopedKey(r *http.Request) (string, bool) {
+	k, err := f.key(r)
+	if err != nil || k == "" {
+		return "", false
+	}
+	client, err := f.client(r)
+	if err != nil || client == "" {
+		return "", false
+	}
+	h := sha256.New()
+	for _, part := range []string{client, r.Method, r.URL.EscapedPath(), k} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(h.Sum(sum[:0])[:16]), true
+}
+
+// encodeHeaders serialises the rate-limit headers of a decision as
+// "Name: value" lines.
+func encodeHeaders(h http.Header) []byte {
+	var b strings.Builder
+	for name, vs := range h {
+		for _, v := range vs {
+			b.WriteString(name)
+			b.WriteString(": ")
+			b.WriteString(v)
+			b.WriteByte('\n')
+		}
+	}
+	return []byte(b.String())
+}
+
+// replayHeaders sets the headers encoded in rec on h.
+func replayHeaders(h http.Header, rec []byte) {
+	for _, line := range strings.Split(string(rec), "\n") {
+		name, v, ok := strings.Cut(line, ": ")
+		if ok && name != "" {
+			h[name] = append(h[name], v)
+		}
+	}
+}
+
+// newToken returns a random claim token.
+func newToken() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// MemoryReplayStore is the in-memory [ReplayStore]: at most a fixed number of
+// keys in an LRU (github.com/hashicorp/golang-lru/v2), expired by a Clock.
+// When it is full, the least recently used key is forgotten: a retry of a
+// forgotten key is charged again. It is safe for concurrent use.
+type MemoryReplayStore struct {
+	mu    sync.Mutex
+	lru   *simplelru.LRU[string, replayEntry]
+	clock core.Clock
+}
+
+var _ ReplayStore = (*MemoryReplayStore)(nil)
+
+type replayEntry struct {
+	token   string // non-empty while claimed
+	rec     []byte
+	expires int64 // Unix ns
+}
+
+// NewMemoryReplayStore returns a MemoryReplayStore holding at most capacity
+// keys (DefaultReplayStoreCapacity when capacity <= 0), expiring them on
+// clock (core.SystemClock() when nil).
+func NewMemoryReplayStore(capacity int, clock core.Clock) *MemoryReplayStore {
+	if capacity <= 0 {
+		capacity = DefaultReplayStoreCapacity
+	}
+	if clock == nil {
+		clock = core.SystemClock()
+	}
+	l, _ := simplelru.NewLRU[string, replayEntry](capacity, nil) // capacity > 0: no error
+	return &MemoryReplayStore{lru: l, clock: clock}
+}
+
+// Len returns the number of keys held, expired ones included until they are
+// met or evicted.
+func (m *MemoryReplayStore) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lru.Len()
+}
+
+// Claim implements ReplayStore.
+func (m *MemoryReplayStore) Claim(_ context.Context, key string, hold time.Duration) ([]byte, string, error) {
+	now := m.clock.Now().UnixNano()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.lru.Get(key); ok && e.expires > now {
+		if e.token != "" {
+			return nil, "", ErrReplayPending
+		}
+		return e.rec, "", nil
+	}
+	tok := newToken()
+	m.lru.Add(key, replayEntry{token: tok, expires: now + int64(hold)})
+	return nil, tok, nil
+}
+
+// Commit implements ReplayStore.
+func (m *MemoryReplayStore) Commit(_ context.Context, key, token string, rec []byte, ttl time.Duration) error {
+	now := m.clock.Now().UnixNano()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.lru.Peek(key); ok && e.token == token {
+		m.lru.Add(key, replayEntry{rec: rec, expires: now + int64(ttl)})
+	}
+	return nil
+}
+
+// Release implements ReplayStore.
+func (m *MemoryReplayStore) Release(_ context.Context, key, token string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.lru.Peek(key); ok && e.token == token {
+		m.lru.Remove(key)
+	}
+	return nil
+}

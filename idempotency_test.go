@@ -1,0 +1,274 @@
+package ratelimit_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+// idemSetup is a Limiter of limit requests per minute per client IP behind
+// an Idempotency filter, on a fake clock.
+type idemSetup struct {
+	clock   *core.FakeClock
+	l       *ratelimit.Limiter
+	f       *ratelimit.Idempotency
+	h       http.Handler
+	served  int
+	servedM sync.Mutex
+}
+
+func newIdemSetup(t *testing.T, limit int64, cfg *ratelimit.IdempotencyConfig) *idemSetup {
+	t.Helper()
+	s := &idemSetup{clock: core.NewFakeClock(time.Unix(1_800_000_000, 0))}
+	s.l = ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "per-ip", Limit: limit, Window: time.Minute},
+	}}, ratelimit.WithClock(s.clock)))
+	f, err := ratelimit.NewIdempotency(s.l, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.f = f
+	s.h = f.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.servedM.Lock()
+		s.served++
+		s.servedM.Unlock()
+	}))
+	return s
+}
+
+func (s *idemSetup) do(method, path, ip, key string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, path, nil)
+	r.RemoteAddr = ip + ":1234"
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	w := httptest.NewRecorder()
+	s.h.ServeHTTP(w, r)
+	return w
+}
+
+func TestIdempotencyReplaysAdmittedKey(t *testing.T) {
+	s := newIdemSetup(t, 2, nil)
+	a := s.do("POST", "/charge", "192.0.2.1", "k1")
+	b := s.do("POST", "/charge", "192.0.2.1", "k1")
+	if a.Code != 200 || b.Code != 200 {
+		t.Fatalf("statuses %d, %d; want 200, 200", a.Code, b.Code)
+	}
+	for _, h := range []string{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset"} {
+		if a.Header().Get(h) == "" || a.Header().Get(h) != b.Header().Get(h) {
+			t.Errorf("%s: first %q, replay %q; want the same value", h, a.Header().Get(h), b.Header().Get(h))
+		}
+	}
+	if got := a.Header().Get("X-Ratelimit-Remaining"); got != "1" {
+		t.Errorf("X-RateLimit-Remaining %q, want 1", got)
+	}
+	// The replay charged nothing: k2 takes the second unit, k3 is refused.
+	if c := s.do("POST", "/charge", "192.0.2.1", "k2"); c.Code != 200 || c.Header().Get("X-Ratelimit-Remaining") != "0" {
+		t.Errorf("k2: %d remaining %q, want 200 with 0", c.Code, c.Header().Get("X-Ratelimit-Remaining"))
+	}
+	if c := s.do("POST", "/charge", "192.0.2.1", "k3"); c.Code != http.StatusTooManyRequests {
+		t.Errorf("k3: %d, want 429", c.Code)
+	}
+	if s.served != 3 {
+		t.Errorf("handler ran %d times, want 3 (k1 twice, k2)", s.served)
+	}
+}
+
+func TestIdempotencyRefusalIsNotRemembered(t *testing.T) {
+	s := newIdemSetup(t, 1, nil)
+	if c := s.do("POST", "/x", "192.0.2.1", "k0").Code; c != 200 {
+		t.Fatalf("k0: %d", c)
+	}
+	if c := s.do("POST", "/x", "192.0.2.1", "k1").Code; c != 429 {
+		t.Fatalf("k1 over quota: %d, want 429", c)
+	}
+	s.clock.Advance(time.Minute)
+	if c := s.do("POST", "/x", "192.0.2.1", "k1").Code; c != 200 {
+		t.Fatalf("k1 after recovery: %d, want 200 (decided afresh)", c)
+	}
+	// ...and that decision charged: a new key is refused now.
+	if c := s.do("POST", "/x", "192.0.2.1", "k2").Code; c != 429 {
+		t.Fatalf("k2: %d, want 429", c)
+	}
+}
+
+func TestIdempotencyScopedPerClientAndRoute(t *testing.T) {
+	s := newIdemSetup(t, 3, nil)
+	s.do("POST", "/a", "192.0.2.1", "k1")
+	// Another client with the same key is charged, not replayed: its own
+	// quota goes from 3 to 2.
+	if got := s.do("POST", "/a", "192.0.2.2", "k1").Header().Get("X-Ratelimit-Remaining"); got != "2" {
+		t.Errorf("other client, same key: remaining %q, want 2", got)
+	}
+	// The same client on another path is charged too.
+	if got := s.do("POST", "/b", "192.0.2.1", "k1").Header().Get("X-Ratelimit-Remaining"); got != "1" {
+		t.Errorf("same client, other path: remaining %q, want 1", got)
+	}
+	// The same client, path and key is replayed.
+	if got := s.do("POST", "/a", "192.0.2.1", "k1").Header().Get("X-Ratelimit-Remaining"); got != "2" {
+		t.Errorf("replay: remaining %q, want 2 (the first decision's)", got)
+	}
+}
+
+func TestIdempotencyTTL(t *testing.T) {
+	s := newIdemSetup(t, 10, &ratelimit.IdempotencyConfig{TTL: time.Second})
+	s.do("POST", "/x", "192.0.2.1", "k1")
+	s.clock.Advance(999 * time.Millisecond)
+	if got := s.do("POST", "/x", "192.0.2.1", "k1").Header().Get("X-Ratelimit-Remaining"); got != "9" {
+		t.Errorf("within TTL: remaining %q, want 9 (replayed)", got)
+	}
+	s.clock.Advance(time.Millisecond)
+	if got := s.do("POST", "/x", "192.0.2.1", "k1").Header().Get("X-Ratelimit-Remaining"); got != "8" {
+		t.Errorf("after TTL: remaining %q, want 8 (charged again)", got)
+	}
+}
+
+func TestIdempotencyConcurrentRetriesChargeOnce(t *testing.T) {
+	s := newIdemSetup(t, 100, nil)
+	const n = 64
+	var wg sync.WaitGroup
+	codes := make([]int, n)
+	rem := make([]string, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := s.do("POST", "/charge", "192.0.2.1", "same")
+			codes[i], rem[i] = w.Code, w.Header().Get("X-Ratelimit-Remaining")
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if codes[i] != 200 || rem[i] != "99" {
+			t.Fatalf("request %d: %d remaining %q, want 200 with 99", i, codes[i], rem[i])
+		}
+	}
+	if got := s.do("POST", "/charge", "192.0.2.1", "").Header().Get("X-Ratelimit-Remaining"); got != "98" {
+		t.Fatalf("after 64 retries of one key: remaining %q, want 98 (charged once)", got)
+	}
+}
+
+// recordingStore wraps a ReplayStore and records the keys it sees.
+type recordingStore struct {
+	ratelimit.ReplayStore
+	mu   sync.Mutex
+	keys []string
+}
+
+func (s *recordingStore) Claim(ctx context.Context, key string, hold time.Duration) ([]byte, string, error) {
+	s.mu.Lock()
+	s.keys = append(s.keys, key)
+	s.mu.Unlock()
+	return s.ReplayStore.Claim(ctx, key, hold)
+}
+
+func TestIdempotencyKeyIsHashed(t *testing.T) {
+	rs := &recordingStore{ReplayStore: ratelimit.NewMemoryReplayStore(10, nil)}
+	s := newIdemSetup(t, 10, &ratelimit.IdempotencyConfig{Store: rs})
+	s.do("POST", "/x", "192.0.2.1", "secret-key-value")
+	if len(rs.keys) != 1 {
+		t.Fatalf("store saw %d keys, want 1", len(rs.keys))
+	}
+	k := rs.keys[0]
+	if strings.Contains(k, "secret") || strings.Contains(k, "192.0.2.1") || len(k) != 32 {
+		t.Errorf("store key %q: want 32 hex digits of a hash, with no raw key or address", k)
+	}
+}
+
+// pendingStore always reports another request holding the claim.
+type pendingStore struct{ ratelimit.ReplayStore }
+
+func (pendingStore) Claim(context.Context, string, time.Duration) ([]byte, string, error) {
+	return nil, "", ratelimit.ErrReplayPending
+}
+
+func TestIdempotencyPendingTooLongIsConflict(t *testing.T) {
+	s := newIdemSetup(t, 10, &ratelimit.IdempotencyConfig{Store: pendingStore{}, MaxWait: 100 * time.Millisecond})
+	var waited time.Duration
+	ratelimit.SetIdempotencySleep(s.f, func(_ context.Context, d time.Duration) error { waited += d; return nil })
+	w := s.do("POST", "/x", "192.0.2.1", "k1")
+	if w.Code != http.StatusConflict {
+		t.Fatalf("status %d, want 409", w.Code)
+	}
+	if waited != 100*time.Millisecond {
+		t.Errorf("waited %v, want MaxWait (100ms)", waited)
+	}
+	if s.served != 0 {
+		t.Error("handler ran for a conflicting request")
+	}
+}
+
+// failingStore fails every call.
+type failingStore struct{ ratelimit.ReplayStore }
+
+func (failingStore) Claim(context.Context, string, time.Duration) ([]byte, string, error) {
+	return nil, "", errors.New("backend down")
+}
+
+func TestIdempotencyStoreFailureLimitsAsUsual(t *testing.T) {
+	var got error
+	s := newIdemSetup(t, 1, &ratelimit.IdempotencyConfig{Store: failingStore{}, OnError: func(_ *http.Request, err error) { got = err }})
+	if c := s.do("POST", "/x", "192.0.2.1", "k1").Code; c != 200 {
+		t.Fatalf("first: %d", c)
+	}
+	if got == nil || !strings.Contains(got.Error(), "backend down") {
+		t.Errorf("OnError got %v, want the store's error", got)
+	}
+	// Without the store the retry is charged again, and so refused: never
+	// unlimited.
+	if c := s.do("POST", "/x", "192.0.2.1", "k1").Code; c != 429 {
+		t.Fatalf("retry without a replay store: %d, want 429", c)
+	}
+}
+
+func TestIdempotencyWithoutKeyIsPlainLimiting(t *testing.T) {
+	s := newIdemSetup(t, 1, nil)
+	if c := s.do("POST", "/x", "192.0.2.1", "").Code; c != 200 {
+		t.Fatalf("first: %d", c)
+	}
+	if c := s.do("POST", "/x", "192.0.2.1", "").Code; c != 429 {
+		t.Fatalf("second without a key: %d, want 429", c)
+	}
+}
+
+func TestMemoryReplayStoreBounded(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	m := ratelimit.NewMemoryReplayStore(2, clock)
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c"} {
+		_, tok, err := m.Claim(ctx, k, time.Second)
+		if err != nil || tok == "" {
+			t.Fatalf("claim %s: %q %v", k, tok, err)
+		}
+		if err := m.Commit(ctx, k, tok, []byte(k), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m.Len() != 2 {
+		t.Fatalf("Len %d, want 2", m.Len())
+	}
+	if rec, _, _ := m.Claim(ctx, "c", time.Second); string(rec) != "c" {
+		t.Errorf("newest key: record %q, want c", rec)
+	}
+	// A stale token neither commits nor releases.
+	_, tok, _ := m.Claim(ctx, "d", time.Second)
+	if err := m.Release(ctx, "d", tok+"x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.Claim(ctx, "d", time.Second); !errors.Is(err, ratelimit.ErrReplayPending) {
+		t.Errorf("claim after a release with a wrong token: %v, want ErrReplayPending", err)
+	}
+	clock.Advance(time.Second)
+	if _, tok2, err := m.Claim(ctx, "d", time.Second); err != nil || tok2 == "" {
+		t.Errorf("claim after the hold expired: %q %v, want a new claim", tok2, err)
+	}
+}
