@@ -1,0 +1,106 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/limitry/ratelimit"
+)
+
+// ReplayStore is a ratelimit.ReplayStore on Redis, so that every process of
+// a fleet replays the same idempotency keys (see ratelimit.Idempotency).
+// Each key is one Redis string, "p:<token>" while claimed and "d:<record>"
+// once committed, written by short Lua scripts (one round trip per call) and
+// expiring with PEXPIRE: a claim after its hold, a record after its TTL.
+// Keys are single-key operations, so any Cluster slot will do.
+type ReplayStore struct {
+	client redis.UniversalClient
+	prefix string
+}
+
+var _ ratelimit.ReplayStore = (*ReplayStore)(nil)
+
+// NewReplayStore returns a ReplayStore over client whose keys start with
+// prefix followed by "idem:" (DefaultPrefix when prefix is empty).
+func NewReplayStore(client redis.UniversalClient, prefix string) (*ReplayStore, error) {
+	if client == nil {
+		return nil, errors.New("ratelimit: redisstore: NewReplayStore needs a client")
+	}
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return &ReplayStore{client: client, prefix: prefix + "idem:"}, nil
+}
+
+var (
+	claimScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then
+  if string.sub(v, 1, 2) == 'p:' then return {2} end
+  return {1, string.sub(v, 3)}
+end
+redis.call('SET', KEYS[1], 'p:' .. ARGV[1], 'PX', ARGV[2])
+return {0}`)
+	commitScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
+  redis.call('SET', KEYS[1], 'd:' .. ARGV[2], 'PX', ARGV[3])
+end
+return 0`)
+	releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
+  redis.call('DEL', KEYS[1])
+end
+return 0`)
+)
+
+// millis returns d in whole milliseconds, at least 1.
+func millis(d time.Duration) int64 { return max(int64((d+time.Millisecond-1)/time.Millisecond), 1) }
+
+// Claim implements ratelimit.ReplayStore.
+func (s *ReplayStore) Claim(ctx context.Context, key string, hold time.Duration) ([]byte, string, error) {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	tok := hex.EncodeToString(b[:])
+	v, err := claimScript.Run(ctx, s.client, []string{s.prefix + key}, tok, millis(hold)).Slice()
+	if err != nil {
+		return nil, "", fmt.Errorf("ratelimit: redisstore: idempotency claim: %w", err)
+	}
+	if len(v) == 0 {
+		return nil, "", errors.New("ratelimit: redisstore: idempotency claim: empty reply")
+	}
+	switch code, _ := v[0].(int64); code {
+	case 0:
+		return nil, tok, nil
+	case 1:
+		if len(v) == 2 {
+			if rec, ok := v[1].(string); ok {
+				return []byte(rec), "", nil
+			}
+		}
+	case 2:
+		return nil, "", ratelimit.ErrReplayPending
+	}
+	return nil, "", fmt.Errorf("ratelimit: redisstore: idempotency claim: unexpected reply %v", v)
+}
+
+// Commit implements ratelimit.ReplayStore.
+func (s *ReplayStore) Commit(ctx context.Context, key, token string, rec []byte, ttl time.Duration) error {
+	if err := commitScript.Run(ctx, s.client, []string{s.prefix + key}, token, rec, millis(ttl)).Err(); err != nil {
+		return fmt.Errorf("ratelimit: redisstore: idempotency commit: %w", err)
+	}
+	return nil
+}
+
+// Release implements ratelimit.ReplayStore.
+func (s *ReplayStore) Release(ctx context.Context, key, token string) error {
+	if err := releaseScript.Run(ctx, s.client, []string{s.prefix + key}, token).Err(); err != nil {
+		return fmt.Errorf("ratelimit: redisstore: idempotency release: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,118 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/core"
+	"github.com/limitry/ratelimit/internal/redistest"
+)
+
+func TestReplayStoreClaimCommitRelease(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	prefix := uniquePrefix(t)
+	s, err := NewReplayStore(client, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	rec, tok, err := s.Claim(ctx, "a", 5*time.Second)
+	if err != nil || tok == "" || rec != nil {
+		t.Fatalf("first claim: %q %q %v, want a token", rec, tok, err)
+	}
+	if ttl := client.PTTL(ctx, prefix+"idem:a").Val(); ttl <= 0 || ttl > 5*time.Second {
+		t.Errorf("claim PTTL %v, want within (0, 5s]", ttl)
+	}
+	if _, _, err := s.Claim(ctx, "a", 5*time.Second); !errors.Is(err, ratelimit.ErrReplayPending) {
+		t.Fatalf("second claim: %v, want ErrReplayPending", err)
+	}
+	// A stale token changes nothing.
+	if err := s.Commit(ctx, "a", tok+"x", []byte("no"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, "a", tok+"x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Claim(ctx, "a", 5*time.Second); !errors.Is(err, ratelimit.ErrReplayPending) {
+		t.Fatalf("claim after stale calls: %v, want ErrReplayPending", err)
+	}
+	if err := s.Commit(ctx, "a", tok, []byte("X-Ratelimit-Remaining: 1\n"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := client.PTTL(ctx, prefix+"idem:a").Val(); ttl <= 59*time.Minute || ttl > time.Hour {
+		t.Errorf("record PTTL %v, want about 1h", ttl)
+	}
+	rec, tok2, err := s.Claim(ctx, "a", 5*time.Second)
+	if err != nil || tok2 != "" || string(rec) != "X-Ratelimit-Remaining: 1\n" {
+		t.Fatalf("claim of a committed key: %q %q %v, want its record", rec, tok2, err)
+	}
+	// Release frees a claim for the next request.
+	_, tok, _ = s.Claim(ctx, "b", 5*time.Second)
+	if err := s.Release(ctx, "b", tok); err != nil {
+		t.Fatal(err)
+	}
+	if _, tok, err := s.Claim(ctx, "b", 5*time.Second); err != nil || tok == "" {
+		t.Fatalf("claim after release: %q %v, want a new claim", tok, err)
+	}
+}
+
+// TestReplayAcrossFleet runs two middleware instances sharing one Redis for
+// limits and idempotency keys: 64 concurrent requests with one key, spread
+// over both, are charged once, and a later retry on either is replayed.
+func TestReplayAcrossFleet(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	prefix := uniquePrefix(t)
+	var handlers []http.Handler
+	for range 2 {
+		l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+			Key:  ratelimit.MustClientIP(),
+			Rule: core.Rule{Name: "per-ip", Limit: 100, Window: time.Hour},
+		}}, ratelimit.WithStore(newStore(t, client, &Config{Prefix: prefix}))))
+		rs, err := NewReplayStore(client, prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := ratelimit.NewIdempotency(l, &ratelimit.IdempotencyConfig{Store: rs, MaxWait: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		handlers = append(handlers, f.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	}
+	do := func(i int, key string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/charge", nil)
+		r.RemoteAddr = "192.0.2.7:1000"
+		if key != "" {
+			r.Header.Set("Idempotency-Key", key)
+		}
+		w := httptest.NewRecorder()
+		handlers[i%2].ServeHTTP(w, r)
+		return w
+	}
+	const n = 64
+	var wg sync.WaitGroup
+	rem := make([]string, n)
+	codes := make([]int, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := do(i, "pay-1")
+			codes[i], rem[i] = w.Code, w.Header().Get("X-RateLimit-Remaining")
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if codes[i] != 200 || rem[i] != "99" {
+			t.Fatalf("request %d: %d remaining %q, want 200 with 99", i, codes[i], rem[i])
+		}
+	}
+	if got := do(0, "").Header().Get("X-RateLimit-Remaining"); got != "98" {
+		t.Fatalf("after 64 retries of one key on two instances: remaining %q, want 98", got)
+	}
+}
