@@ -351,10 +351,13 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 	var waited time.Duration
 	for {
 		now := t.clock.Now()
-		e := OutboundLimitError{Key: key}
-		if until, ok := t.pausedUntil(key, now.UnixNano()); ok && !t.dryRun {
-			e.PausedUntil = time.Unix(0, until)
-			e.Wait = time.Duration(until - now.UnixNano())
+		var (
+			wait  time.Duration
+			dec   core.Decision
+			until int64
+		)
+		if u, ok := t.pausedUntil(key, now.UnixNano()); ok && !t.dryRun {
+			until, wait = u, time.Duration(u-now.UnixNano())
 		} else {
 			d, err := t.limiter.AllowN(ctx, key, 1)
 			if err != nil {
@@ -363,23 +366,27 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 			if d.Allowed || t.dryRun {
 				return nil
 			}
-			e.Decision, e.Wait = d, d.RetryAfter
-			if e.Wait <= 0 { // a store that refuses without a time: do not spin
-				e.Wait = time.Millisecond
+			dec, wait = d, d.RetryAfter
+			if wait <= 0 { // a store that refuses without a time: do not spin
+				wait = time.Millisecond
 			}
 		}
-		if t.failFast || (t.maxWait > 0 && waited+e.Wait > t.maxWait) {
-			return &e
+		var cause error // why the request does not wait; nil: it may not
+		switch dl, hasDeadline := ctx.Deadline(); {
+		case t.failFast || (t.maxWait > 0 && waited+wait > t.maxWait):
+		case hasDeadline && time.Until(dl) < wait:
+			cause = context.DeadlineExceeded
+		default:
+			if cause = t.sleep(ctx, wait); cause == nil {
+				waited += wait
+				continue
+			}
 		}
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < e.Wait {
-			e.Err = context.DeadlineExceeded
-			return &e
+		e := &OutboundLimitError{Key: key, Wait: wait, Decision: dec, Err: cause}
+		if until != 0 {
+			e.PausedUntil = time.Unix(0, until)
 		}
-		if err := t.sleep(ctx, e.Wait); err != nil {
-			e.Err = err
-			return &e
-		}
-		waited += e.Wait
+		return e
 	}
 }
 
@@ -443,14 +450,14 @@ func serverPause(status int, h http.Header, now time.Time, maxPause time.Duratio
 	}
 	var d time.Duration
 	hinted := false
-	if vs := h.Values("RateLimit"); len(vs) > 0 {
+	if vs := h["Ratelimit"]; len(vs) > 0 {
 		if t, ok := parseRateLimitField(vs); ok {
 			d, hinted = max(d, capPause(t, 0, maxPause)), true
 		}
 	}
 	for _, p := range [...][2]string{
-		{"X-RateLimit-Remaining", "X-RateLimit-Reset"},
-		{"RateLimit-Remaining", "RateLimit-Reset"},
+		{"X-Ratelimit-Remaining", "X-Ratelimit-Reset"},
+		{"Ratelimit-Remaining", "Ratelimit-Reset"},
 	} {
 		rem, ok := fieldOnce(h, p[0])
 		if !ok {
@@ -473,9 +480,10 @@ func serverPause(status int, h http.Header, now time.Time, maxPause time.Duratio
 	return d
 }
 
-// fieldOnce returns the value of a field that appears exactly once.
+// fieldOnce returns the value of a field that appears exactly once; name
+// is in canonical form.
 func fieldOnce(h http.Header, name string) (string, bool) {
-	vs := h.Values(name)
+	vs := h[name]
 	if len(vs) != 1 || len(vs[0]) > maxPauseFieldLen {
 		return "", false
 	}
@@ -572,7 +580,10 @@ func parseRateLimitField(lines []string) (t int64, ok bool) {
 	if n > maxPauseFieldLen {
 		return 0, false
 	}
-	p := rlFieldParser{s: strings.Join(lines, ", ")}
+	p := rlFieldParser{s: lines[0]}
+	if len(lines) > 1 {
+		p.s = strings.Join(lines, ", ")
+	}
 	p.skipSP()
 	if p.eof() {
 		return 0, false

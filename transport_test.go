@@ -760,3 +760,28 @@ func TestNewTransportValidation(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkTransport measures what the Transport adds to a request: key,
+// pause lookup, decision and header reading, on a base that answers at once.
+func BenchmarkTransport(b *testing.B) {
+	lim := core.Must(core.New(core.Rule{Limit: core.MaxLimit, Window: time.Second}))
+	resp := trResp(200, "RateLimit", `"default";r=99;t=1`, "X-RateLimit-Remaining", "99", "X-RateLimit-Reset", "1")
+	tr, err := ratelimit.NewTransport(lim, &ratelimit.TransportConfig{Base: trFunc(func(*http.Request) (*http.Response, error) { return resp, nil })})
+	if err != nil {
+		b.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "https://api.example.com/v1/items", nil)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := tr.RoundTrip(req); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+type trFunc func(*http.Request) (*http.Response, error)
+
+func (f trFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
