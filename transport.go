@@ -264,7 +264,7 @@ type OutboundLimitError struct {
 func (e *OutboundLimitError) Error() string {
 	why := "rate limit " + outboundRuleName(e.Decision.Policy)
 	if !e.PausedUntil.IsZero() {
-		why = "pause asked by the server"
+		why = "paused at the server's request"
 	}
 	msg := fmt.Sprintf("%s: key %q: %s, %v to wait", ErrOutboundLimited, e.Key, why, e.Wait)
 	if e.Err != nil {
@@ -308,7 +308,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	resp, err := t.base.RoundTrip(req)
-	if err != nil || t.dryRun {
+	if err != nil || resp == nil || t.dryRun {
 		return resp, err
 	}
 	now := t.clock.Now()

@@ -785,3 +785,44 @@ func BenchmarkTransport(b *testing.B) {
 type trFunc func(*http.Request) (*http.Response, error)
 
 func (f trFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestTransportRealTimer runs the default wait, a real timer, for a few
+// milliseconds: the request waits, then goes; a cancelled context ends the
+// wait.
+func TestTransportRealTimer(t *testing.T) {
+	lim := core.Must(core.New(core.Rule{Limit: 1, Window: 20 * time.Millisecond}))
+	base := &trBase{}
+	tr, err := ratelimit.NewTransport(lim, &ratelimit.TransportConfig{Base: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodGet, "https://api.example.com/", nil)
+		if _, err := tr.RoundTrip(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if took := time.Since(start); took < 15*time.Millisecond {
+		t.Errorf("two requests in %v; the second should have waited about 20ms", took)
+	}
+
+	// A wait of an hour, ended by its context after a few milliseconds.
+	hourly, err := ratelimit.NewTransport(core.Must(core.New(core.PerHour(1))), &ratelimit.TransportConfig{Base: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range 2 {
+		if i == 1 {
+			time.AfterFunc(5*time.Millisecond, cancel)
+		}
+		start = time.Now()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://api.example.com/", nil)
+		_, err = hourly.RoundTrip(req)
+	}
+	if !errors.Is(err, context.Canceled) || time.Since(start) > 10*time.Second || base.sent() != 3 {
+		t.Errorf("hourly second request: %v after %v, %d sent; want context.Canceled at once and 3 sent", err, time.Since(start), base.sent())
+	}
+}
