@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/limitry/ratelimit/core"
@@ -133,8 +134,13 @@ func LimitByIP(limit int64, window time.Duration, opts ...LimitOption) func(http
 //
 // The layer is named [NamePerKey] (see [LayerName]); otherwise it is
 // [LimitByIP] in every respect, its options and its panics included.
-// LimitByHeader also panics if name is empty.
+// LimitByHeader also panics if name is not a valid header name (empty, or
+// with a space or other character outside RFC 9110's token), which no
+// request could carry: every request would be limited by its address alone.
 func LimitByHeader(name string, limit int64, window time.Duration, opts ...LimitOption) func(http.Handler) http.Handler {
+	if !validHeaderName(strings.TrimSpace(name)) {
+		panic(fmt.Errorf("%w: LimitByHeader: %q is not a valid header name", ErrInvalidKeyConfig, name))
+	}
 	hdr := Header(name, HashKey())
 	return oneLiner("LimitByHeader", NamePerKey, limit, window, opts, func(ip KeyFunc) KeyFunc {
 		return func(r *http.Request) (string, error) {
@@ -174,6 +180,21 @@ func LimitByUser(limit int64, window time.Duration, opts ...LimitOption) func(ht
 			return ip(r)
 		}
 	})
+}
+
+// validHeaderName reports whether name is an RFC 9110 token.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // oneLiner builds the Limiter of a one-liner whose key is made by key from

@@ -281,7 +281,9 @@ func TestLimitByPanicsOnInvalidArguments(t *testing.T) {
 		{"invalid Option", ip(100, time.Minute, ratelimit.WithStore(nil)), nil, "WithStore: nil store"},
 		{"empty LayerName", ip(100, time.Minute, ratelimit.LayerName("")), nil, "LayerName is empty"},
 		{"bad LayerName", ip(100, time.Minute, ratelimit.LayerName(`a"b`)), core.ErrInvalidRule, "Name"},
-		{"header: empty name", func() { ratelimit.LimitByHeader(" ", 100, time.Minute) }, nil, "Header name is empty"},
+		{"header: empty name", func() { ratelimit.LimitByHeader(" ", 100, time.Minute) }, ratelimit.ErrInvalidKeyConfig, "not a valid header name"},
+		{"header: space in name", func() { ratelimit.LimitByHeader("X API Key", 100, time.Minute) }, ratelimit.ErrInvalidKeyConfig, "not a valid header name"},
+		{"header: colon in name", func() { ratelimit.LimitByHeader("X-API-Key:", 100, time.Minute) }, ratelimit.ErrInvalidKeyConfig, "not a valid header name"},
 		{"header: zero limit", func() { ratelimit.LimitByHeader("X-API-Key", 0, time.Minute) }, core.ErrInvalidRule, "Limit must be positive"},
 		{"header: bad CIDR", func() {
 			ratelimit.LimitByHeader("X-API-Key", 1, time.Minute, ratelimit.TrustedProxyCIDRs("nope"))
@@ -381,4 +383,16 @@ func lbKeysAre(keys []string, pattern string) bool {
 		}
 	}
 	return len(keys) > 0
+}
+
+// Header names are matched as net/http matches them: in any case, and
+// surrounding spaces in the configured name are ignored.
+func TestLimitByHeaderNameCanonical(t *testing.T) {
+	for _, name := range []string{"x-api-key", " X-Api-Key "} {
+		h := ratelimit.LimitByHeader(name, 1, time.Minute, ratelimit.WithClock(lbClock()))(lbOK)
+		k := lbReq{peer: "192.0.2.1:1", hdr: map[string]string{"X-API-KEY": "k1"}}
+		k2 := lbReq{peer: "192.0.2.1:1", hdr: map[string]string{"X-API-KEY": "k2"}}
+		// Keyed by the header: k2 from the same address has its own quota.
+		lbExpect(t, name, lbStatuses(h, k, k, k2), 200, 429, 200)
+	}
 }
