@@ -53,3 +53,17 @@ func ExamplePerDay() {
 	fmt.Println(core.MustPolicy(core.PerDay(10000).Named("daily")))
 	// Output: daily: 10000 per 24h0m0s (token_bucket, capacity 10000)
 }
+
+// MustParseRate suits rates written in the program, where a typo should stop
+// it at start-up.
+func ExampleMustParseRate() {
+	var (
+		search = core.MustParseRate("30/min").Named("search")
+		export = core.MustParseRate("5/1h").Named("export").Using(core.FixedWindow)
+	)
+	fmt.Println(core.MustPolicy(search))
+	fmt.Println(core.MustPolicy(export))
+	// Output:
+	// search: 30 per 1m0s (token_bucket, capacity 30)
+	// export: 5 per 1h0m0s (fixed_window, capacity 5)
+}
