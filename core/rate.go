@@ -68,8 +68,8 @@ var ululeUnits = map[string]time.Duration{
 //
 // The error wraps [ErrInvalidRate] and says what is wrong: an empty or
 // over-long text (more than [MaxRateLen] bytes), a missing separator, a count
-// that is not a positive integer (zero, negative, or too large), an unknown
-// unit, a zero, negative or unparseable duration. A well-formed rate that no
+// that is not a positive decimal integer (zero, negative, signed, fractional),
+// an unknown unit, a zero, negative or unparseable duration. A well-formed rate that no
 // Rule can hold (a count above MaxLimit, a window above MaxWindow) is
 // refused with an error that also wraps [ErrInvalidRule]. Every Rule
 // ParseRate returns passes [Rule.Validate].
@@ -91,6 +91,9 @@ func ParseRate(s string) (Rule, error) {
 	}
 	count, per = strings.TrimSpace(count), strings.TrimSpace(per)
 	n, err := parseRateCount(count)
+	if err == errCountTooLarge {
+		return Rule{}, ruleRateError(text, fmt.Sprintf("count %s exceeds MaxLimit (%d)", count, int64(MaxLimit)))
+	}
 	if err != nil {
 		return Rule{}, fmt.Errorf("%w %q: %v", ErrInvalidRate, text, err)
 	}
@@ -100,14 +103,30 @@ func ParseRate(s string) (Rule, error) {
 		if w, known = ululeUnits[strings.ToUpper(per)]; !known {
 			return Rule{}, fmt.Errorf("%w %q: unknown period %q, want S, M, H or D", ErrInvalidRate, text, per)
 		}
-	} else if w, err = parseRateWindow(per); err != nil {
+	} else if w, err = parseRateWindow(per); err == errWindowTooLong {
+		return Rule{}, ruleRateError(text, fmt.Sprintf("window %q exceeds MaxWindow (%v)", per, MaxWindow))
+	} else if err != nil {
 		return Rule{}, fmt.Errorf("%w %q: %v", ErrInvalidRate, text, err)
+	}
+	if w > MaxWindow {
+		return Rule{}, ruleRateError(text, fmt.Sprintf("window %v exceeds MaxWindow (%v)", w, MaxWindow))
 	}
 	r := Rule{Limit: n, Window: w}
 	if err := r.Validate(); err != nil {
 		return Rule{}, fmt.Errorf("%w %q: %w", ErrInvalidRate, text, err)
 	}
 	return r, nil
+}
+
+// rateRuleError is a ParseRate error for a well-formed rate that no Rule can
+// hold: it wraps both ErrInvalidRate and ErrInvalidRule.
+type rateRuleError struct{ msg string }
+
+func (e *rateRuleError) Error() string   { return e.msg }
+func (e *rateRuleError) Unwrap() []error { return []error{ErrInvalidRate, ErrInvalidRule} }
+
+func ruleRateError(text, detail string) error {
+	return &rateRuleError{msg: fmt.Sprintf("%v %q: %s", ErrInvalidRate, text, detail)}
 }
 
 // MustParseRate is like [ParseRate] but panics if s is not a valid rate. It
@@ -130,14 +149,22 @@ func parseRateCount(s string) (int64, error) {
 		return 0, fmt.Errorf("count %q is not a positive decimal integer", s)
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("count %q is too large (at most %d)", s, int64(MaxLimit))
+	if err != nil || n > MaxLimit {
+		return 0, errCountTooLarge
 	}
 	if n == 0 {
 		return 0, errors.New("count must be positive, got 0")
 	}
 	return n, nil
 }
+
+// errCountTooLarge is returned by parseRateCount for a count above
+// MaxLimit.
+var errCountTooLarge = errors.New("count exceeds MaxLimit")
+
+// errWindowTooLong is returned by parseRateWindow for a number of days
+// above MaxWindow.
+var errWindowTooLong = errors.New("window exceeds MaxWindow")
 
 // parseRateWindow parses what follows the '/' of a rate: a unit name, a
 // whole number of days ("7d"), or a Go duration ("10m", "1h30m").
@@ -154,7 +181,7 @@ func parseRateWindow(s string) (time.Duration, error) {
 	if days, ok := strings.CutSuffix(s, "d"); ok && allDigits(days) {
 		n, err := strconv.ParseInt(days, 10, 64)
 		if err != nil || n > int64(MaxWindow/Day) {
-			return 0, fmt.Errorf("duration %q is longer than MaxWindow (%v)", s, MaxWindow)
+			return 0, errWindowTooLong
 		}
 		if n == 0 {
 			return 0, fmt.Errorf("duration %q must be positive", s)
