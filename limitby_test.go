@@ -396,3 +396,30 @@ func TestLimitByHeaderNameCanonical(t *testing.T) {
 		lbExpect(t, name, lbStatuses(h, k, k, k2), 200, 429, 200)
 	}
 }
+
+// Many goroutines on one client admit exactly the limit, never one more.
+func TestLimitByIPConcurrentExact(t *testing.T) {
+	const limit, workers, each = 100, 8, 40
+	h := ratelimit.LimitByIP(limit, time.Hour, ratelimit.WithClock(lbClock()))(lbOK)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		byStatus = map[int]int{}
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				code := lbServe(h, lbReq{peer: "192.0.2.1:1"}).Code
+				mu.Lock()
+				byStatus[code]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if byStatus[200] != limit || byStatus[429] != workers*each-limit || len(byStatus) != 2 {
+		t.Fatalf("statuses %v, want exactly %d 200s and %d 429s", byStatus, limit, workers*each-limit)
+	}
+}
