@@ -100,7 +100,7 @@ func LayerName(name string) LimitOption { return layerName(name) }
 // large (the panic value is an error wrapping core.ErrInvalidRule), an
 // invalid IPOption (wrapping [ErrInvalidKeyConfig]) such as a malformed CIDR
 // or FromHeader without trusted proxies, an invalid Option (any error [New]
-// returns), or a nil LimitOption. To have an error instead (limits read from
+// returns), an empty or invalid LayerName, or a nil LimitOption. To have an error instead (limits read from
 // configuration), parse them with core.ParseRate, whose rules always fit, or
 // build the Limiter with [New]; LimitByIP(n, w) is the same as
 //
@@ -123,8 +123,8 @@ func LimitByIP(limit int64, window time.Duration, opts ...LimitOption) func(http
 // header, or with an empty one, is not let through unlimited: it is limited
 // by its client IP, at the same rate, as [LimitByIP] would limit it (with the
 // IPOptions among opts). Hashed values and client addresses never share a
-// key. A header too long for the server (http.Server.MaxHeaderBytes) never
-// reaches the middleware.
+// key. Values of any length are accepted; the server's header size limit
+// (http.Server.MaxHeaderBytes) bounds them.
 //
 // The header is taken as the client says it: a client that invents a new
 // value for every request gets a new quota every time. Mount the middleware
