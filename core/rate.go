@@ -18,12 +18,13 @@ var ErrInvalidRate = errors.New("ratelimit: invalid rate")
 // rate is far shorter; a longer text is refused before it is examined.
 const MaxRateLen = 64
 
-// Day is the window of [PerDay]: 24 hours, without regard to calendar days or
-// daylight saving time.
-const Day = 24 * time.Hour
+// day is the window of PerDay and the "d" of ParseRate: 24 hours, without
+// regard to calendar days or daylight saving time.
+const day = 24 * time.Hour
 
-// PerDay returns a token-bucket Rule admitting n units per day (24 hours).
-func PerDay(n int64) Rule { return Rule{Limit: n, Window: Day} }
+// PerDay returns a token-bucket Rule admitting n units per day: 24 hours,
+// without regard to calendar days or daylight saving time.
+func PerDay(n int64) Rule { return Rule{Limit: n, Window: day} }
 
 // rateUnits are the unit names ParseRate accepts after a '/'.
 var rateUnits = map[string]time.Duration{
@@ -37,8 +38,8 @@ var rateUnits = map[string]time.Duration{
 	"h":      time.Hour,
 	"hr":     time.Hour,
 	"hour":   time.Hour,
-	"d":      Day,
-	"day":    Day,
+	"d":      day,
+	"day":    day,
 }
 
 // ululeUnits are the period letters of the "<count>-<period>" form, as
@@ -47,7 +48,7 @@ var ululeUnits = map[string]time.Duration{
 	"S": time.Second,
 	"M": time.Minute,
 	"H": time.Hour,
-	"D": Day,
+	"D": day,
 }
 
 // ParseRate parses a rate written in configuration, such as "100/min", and
@@ -180,13 +181,13 @@ func parseRateWindow(s string) (time.Duration, error) {
 	}
 	if days, ok := strings.CutSuffix(s, "d"); ok && allDigits(days) {
 		n, err := strconv.ParseInt(days, 10, 64)
-		if err != nil || n > int64(MaxWindow/Day) {
+		if err != nil || n > int64(MaxWindow/day) {
 			return 0, errWindowTooLong
 		}
 		if n == 0 {
 			return 0, fmt.Errorf("duration %q must be positive", s)
 		}
-		return time.Duration(n) * Day, nil
+		return time.Duration(n) * day, nil
 	}
 	w, err := time.ParseDuration(s)
 	if err != nil {
