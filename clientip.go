@@ -43,7 +43,8 @@ const (
 // Request-time errors carry context without allocating, and never echo the
 // hostile value itself.
 var (
-	errBadRemoteAddr    = fmt.Errorf("%w: unparseable RemoteAddr", ErrInvalidClientIP)
+	errBadRemoteAddr    = fmt.Errorf("%w: unparseable RemoteAddr (behind a proxy on a unix socket, use ratelimit.TrustUnixSocketPeer)", ErrInvalidClientIP)
+	errUnixNoHeader     = fmt.Errorf("%w: unix socket peer sent no forwarded header", ErrInvalidClientIP)
 	errGarbageEntry     = fmt.Errorf("%w: unparseable entry in forwarded header", ErrInvalidClientIP)
 	errForwardedTooLong = fmt.Errorf("%w: forwarded header exceeds examination limit", ErrInvalidClientIP)
 	errTooFewHops       = fmt.Errorf("%w: forwarded header has fewer entries than trusted hops", ErrInvalidClientIP)
@@ -64,6 +65,8 @@ type ipConfig struct {
 	trusted6   []netip.Prefix // trusted IPv6 prefixes
 	hasTrusted bool           // TrustedProxies/TrustedProxyCIDRs was given
 	hops       int            // TrustedHops; 0 means not set
+	unixPeer   bool           // TrustUnixSocketPeer was given
+	trustAll   bool           // AllowTrustAll was given
 	header     string         // canonical header name; "" means not set
 	kind       ipHeaderKind
 	v4Bits     int
@@ -78,12 +81,17 @@ type IPOption func(*ipConfig) error
 // the connecting peer (r.RemoteAddr) is inside one of them, and the header is
 // walked right to left past every address inside them. IPv4-mapped IPv6
 // prefixes (::ffff:10.0.0.0/104) are treated as the IPv4 prefixes they map.
-// Several calls accumulate. An invalid prefix is a configuration error.
+// Several calls accumulate. An invalid prefix, or one with host bits set
+// (10.1.2.3/8), is a configuration error; so are prefixes that together
+// cover every address of a family, unless [AllowTrustAll] is given.
 func TrustedProxies(prefixes ...netip.Prefix) IPOption {
 	return func(c *ipConfig) error {
 		for _, p := range prefixes {
 			if !p.IsValid() {
 				return fmt.Errorf("%w: invalid trusted proxy prefix %v", ErrInvalidKeyConfig, p)
+			}
+			if err := canonicalPrefix(p); err != nil {
+				return fmt.Errorf("%w: trusted proxy %v: %v", ErrInvalidKeyConfig, p, err)
 			}
 			c.addTrusted(p)
 		}
@@ -92,13 +100,44 @@ func TrustedProxies(prefixes ...netip.Prefix) IPOption {
 	}
 }
 
+// TrustUnixSocketPeer trusts a peer connected over a unix socket (a
+// RemoteAddr that is empty, "@", or a socket path, as net/http reports it
+// for a unix listener) as a proxy: the client is then taken from the
+// forwarded header it sends, walked as with [TrustedProxies] (or
+// [TrustedHops]). A unix socket is reachable only by local processes, so
+// this is the setup for a reverse proxy such as nginx on the same host. A
+// request from a unix peer without the header is a key error. Peers with an
+// IP address are trusted only if [TrustedProxies] says so.
+func TrustUnixSocketPeer() IPOption {
+	return func(c *ipConfig) error {
+		c.unixPeer = true
+		return nil
+	}
+}
+
+// AllowTrustAll permits trusted proxy prefixes that together cover every
+// IPv4 or every IPv6 address (0.0.0.0/0, ::/0, or halves that add up to it),
+// which [ClientIP] otherwise refuses: trusting every peer lets every client
+// choose its own key with a forged header. Use it only when the server
+// cannot be reached except through proxies that overwrite the header.
+func AllowTrustAll() IPOption {
+	return func(c *ipConfig) error {
+		c.trustAll = true
+		return nil
+	}
+}
+
 // TrustedProxyCIDRs is [TrustedProxies] with prefixes in CIDR notation
 // ("10.0.0.0/8", "2001:db8::/32"). A bare address ("192.0.2.1") means that
-// single host. An unparseable entry is a configuration error.
+// single host. An unparseable entry, or one with host bits set, is a
+// configuration error.
 func TrustedProxyCIDRs(cidrs ...string) IPOption {
 	return func(c *ipConfig) error {
 		for _, s := range cidrs {
 			p, err := parseTrustedCIDR(s)
+			if err == nil {
+				err = canonicalPrefix(p)
+			}
 			if err != nil {
 				return fmt.Errorf("%w: trusted proxy %q: %v", ErrInvalidKeyConfig, s, err)
 			}
@@ -247,10 +286,72 @@ func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	if c.header == "" {
 		c.header, c.kind = "X-Forwarded-For", ipHeaderXFF
 	}
-	if !c.hasTrusted && c.hops == 0 {
+	if !c.trustAll {
+		if coversAll(c.trusted4, 32) {
+			return nil, fmt.Errorf("%w: the trusted proxies cover every IPv4 address, so any client could choose its key with a forged header; list your proxies' networks, or add AllowTrustAll if no client can reach the server directly", ErrInvalidKeyConfig)
+		}
+		if coversAll(c.trusted6, 128) {
+			return nil, fmt.Errorf("%w: the trusted proxies cover every IPv6 address, so any client could choose its key with a forged header; list your proxies' networks, or add AllowTrustAll if no client can reach the server directly", ErrInvalidKeyConfig)
+		}
+	}
+	if !c.hasTrusted && c.hops == 0 && !c.unixPeer {
 		return c.keyPeerOnly, nil
 	}
 	return c.key, nil
+}
+
+// canonicalPrefix reports a prefix with host bits set ("10.1.2.3/8"), which
+// usually means a typo: the error says which network it stands for.
+func canonicalPrefix(p netip.Prefix) error {
+	if m := p.Masked(); m != p {
+		return fmt.Errorf("host bits set: did you mean %v (or %v/%d for the single host)?", m, p.Addr(), p.Addr().BitLen())
+	}
+	return nil
+}
+
+// coversAll reports whether the union of ps (all of one family, masked)
+// covers the whole address space of that family (bits 32 or 128).
+func coversAll(ps []netip.Prefix, bits int) bool {
+	if len(ps) == 0 {
+		return false
+	}
+	var root netip.Prefix
+	if bits == 32 {
+		root = netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	} else {
+		root = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	}
+	return covers(ps, root)
+}
+
+// covers reports whether the union of ps covers q. Its recursion descends
+// only into halves that some prefix of ps lies strictly inside, so its work
+// is bounded by len(ps) times the address length.
+func covers(ps []netip.Prefix, q netip.Prefix) bool {
+	inside := false
+	for _, p := range ps {
+		if p.Bits() <= q.Bits() && p.Contains(q.Addr()) {
+			return true
+		}
+		if p.Bits() > q.Bits() && q.Contains(p.Addr()) {
+			inside = true
+		}
+	}
+	if !inside || q.Bits() == q.Addr().BitLen() {
+		return false
+	}
+	lo := netip.PrefixFrom(q.Addr(), q.Bits()+1)
+	hiAddr := q.Addr().AsSlice()
+	bit := q.Bits()
+	hiAddr[bit/8] |= 0x80 >> (bit % 8)
+	hi, _ := netip.AddrFromSlice(hiAddr)
+	return covers(ps, lo) && covers(ps, netip.PrefixFrom(hi, q.Bits()+1))
+}
+
+// isUnixRemote reports whether RemoteAddr is what net/http reports for a
+// unix socket peer: empty, "@" (an unnamed or abstract socket) or a path.
+func isUnixRemote(s string) bool {
+	return s == "" || s[0] == '@' || s[0] == '/'
 }
 
 // MustClientIP is like [ClientIP] but panics if the options are invalid. It is
@@ -327,9 +428,12 @@ func (c *ipConfig) keyPeerOnly(r *http.Request) (string, error) {
 func (c *ipConfig) key(r *http.Request) (string, error) {
 	peer, host, ok := parseIPEntryHost(r.RemoteAddr)
 	if !ok {
-		return "", errBadRemoteAddr
+		if !c.unixPeer || !isUnixRemote(r.RemoteAddr) {
+			return "", errBadRemoteAddr
+		}
+		return c.keyUnix(r)
 	}
-	if c.hasTrusted && !c.isTrusted(peer) {
+	if c.hasTrusted && !c.isTrusted(peer) || !c.hasTrusted && c.hops == 0 {
 		// The peer is the client; nothing it sent is believed.
 		return c.keyOfText(peer, host), nil
 	}
@@ -354,6 +458,37 @@ func (c *ipConfig) key(r *http.Request) (string, error) {
 		client, err = c.walkHops(lines)
 	default:
 		client, err = c.walkTrusted(lines, peer)
+	}
+	if err != nil {
+		return "", err
+	}
+	return c.keyOf(client), nil
+}
+
+// keyUnix is key for a trusted unix socket peer: the client is in the
+// forwarded header, which must be present.
+func (c *ipConfig) keyUnix(r *http.Request) (string, error) {
+	lines := r.Header[c.header]
+	var (
+		client netip.Addr
+		err    error
+	)
+	switch {
+	case len(lines) == 0:
+		return "", errUnixNoHeader
+	case c.kind == ipHeaderSingle:
+		a, ok := parseIPEntry(lines[len(lines)-1])
+		if !ok {
+			return "", errGarbageEntry
+		}
+		client = a
+	case c.hops > 0:
+		client, err = c.walkHops(lines)
+	default:
+		client, err = c.walkTrusted(lines, netip.Addr{})
+		if err == nil && !client.IsValid() {
+			err = errUnixNoHeader
+		}
 	}
 	if err != nil {
 		return "", err

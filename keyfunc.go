@@ -187,50 +187,78 @@ func User() KeyFunc {
 
 type routeContextKey struct{}
 
-// WithRoute returns a copy of ctx carrying the route pattern that matched the
-// request ("/users/{id}"), for [Route] to key by. Framework adapters call it
-// with the router's pattern (chi's RoutePattern, echo's c.Path, gin's
-// c.FullPath). An empty pattern counts as none.
+// ErrNoRoute is returned (wrapped) by [Route] for a request that carries no
+// routing information at all: the limiter runs before routing and was told
+// neither the ServeMux ([WithServeMux]) nor the pattern (a framework adapter
+// or [WithRoute]). The middleware treats it as a configuration error
+// ([ErrConfig]), never as an absent key: a route limit that cannot see the
+// route must not silently limit nothing.
+var ErrNoRoute = errors.New("ratelimit: no route pattern: the limiter runs before routing")
+
+// errRouteUnmatched is Route's error for a request the router matched no
+// route for: the route layer does not apply (the router answers it).
+var errRouteUnmatched = fmt.Errorf("%w: no route matched", ErrNoKey)
+
+// WithRoute returns a copy of ctx carrying the route the router matched, for
+// [Route] to key by. pattern is the route as the router names it: the
+// method and the pattern ("GET /users/{id}") when the route serves one
+// method, the pattern alone ("/login") when it serves every method. An
+// empty pattern records that the router matched no route (a 404 or 405):
+// route layers then do not apply. Framework adapters call it.
 func WithRoute(ctx context.Context, pattern string) context.Context {
 	return context.WithValue(ctx, routeContextKey{}, pattern)
 }
 
-// RouteFromContext returns the route pattern stored by [WithRoute]. ok is
-// false when none was stored or it is empty.
+// RouteFromContext returns the route stored by [WithRoute]. ok is false when
+// none was stored or it is empty (no route matched).
 func RouteFromContext(ctx context.Context) (pattern string, ok bool) {
 	pattern, _ = ctx.Value(routeContextKey{}).(string)
 	return pattern, pattern != ""
 }
 
-// Route returns a KeyFunc that keys a request by its method and route
-// pattern, "GET /users/{id}", so every request to one endpoint shares a
-// quota whatever its path parameters. The pattern is the one stored by
-// [WithRoute]; failing that, the http.ServeMux pattern in r.Pattern (Go
-// 1.22+), whose own method, if any, is replaced by the request's ("GET
-// /users/{id}" matched by a HEAD request gives "HEAD /users/{id}"). A request
-// with neither (not yet routed, or unmatched) returns [ErrNoKey].
+// Route returns a KeyFunc that keys a request by the route the router
+// matched, so every request to one endpoint shares a quota whatever its path
+// parameters, and the number of keys is bounded by the number of routes. The
+// key is the pattern plus the method only where the route names one:
+// "POST /login" for a route registered for POST, "/login" for one that
+// serves every method (http.ServeMux's Handle("/login", ...), chi's Handle),
+// so that changing the method never buys a fresh quota. A GET route serving
+// HEAD counts HEAD with GET, as the router serves it.
 //
-// Route patterns come from the program, so the number of keys is bounded by
-// the number of routes times the number of methods.
-func Route() KeyFunc {
-	return func(r *http.Request) (string, error) {
-		pattern, ok := RouteFromContext(r.Context())
-		if !ok {
-			pattern = stripPatternMethod(r.Pattern)
-			if pattern == "" {
-				return "", ErrNoKey
-			}
+// The route comes from [WithRoute] (framework adapters), failing that from
+// r.Pattern, set by http.ServeMux when it routes the request and by the
+// Limiter before routing with [WithServeMux]. A request the router matched
+// no route for returns an error wrapping [ErrNoKey]: a route layer does not
+// apply to it. A request with no routing information at all returns
+// [ErrNoRoute], a configuration error.
+func Route() KeyFunc { return routeKey }
+
+// routeKey is the KeyFunc Route returns.
+func routeKey(r *http.Request) (string, error) {
+	if p, routed := r.Context().Value(routeContextKey{}).(string); routed {
+		if p == "" {
+			return "", errRouteUnmatched
 		}
-		return requestMethod(r) + " " + pattern, nil
+		return p, nil
 	}
+	if r.Pattern != "" {
+		return normalizePattern(r.Pattern), nil
+	}
+	return "", ErrNoRoute
 }
 
-// stripPatternMethod removes the "METHOD " prefix of a ServeMux pattern.
-func stripPatternMethod(p string) string {
-	if i := strings.IndexAny(p, " \t"); i >= 0 && strings.IndexByte(p[:i], '/') < 0 {
-		return strings.TrimLeft(p[i:], " \t")
+// normalizePattern writes the space between a ServeMux pattern's method and
+// path as one space ("POST\t /x" is "POST /x"), allocating only when the
+// pattern was written otherwise.
+func normalizePattern(p string) string {
+	i := strings.IndexAny(p, " \t")
+	if i < 0 || strings.IndexByte(p[:i], '/') >= 0 {
+		return p
 	}
-	return p
+	if p[i] == ' ' && i+1 < len(p) && p[i+1] != ' ' && p[i+1] != '\t' {
+		return p
+	}
+	return p[:i] + " " + strings.TrimLeft(p[i:], " \t")
 }
 
 // RawPath returns a KeyFunc that keys a request by its method and URL path,
@@ -318,6 +346,46 @@ func decimalDigits(n int) int {
 		l++
 	}
 	return l
+}
+
+// FirstOf returns a KeyFunc that keys a request by the first of fns that
+// applies to it: FirstOf(User(), ClientIP()) keys signed-in users by user
+// and everyone else by client IP, so leaving the user out (or the API key)
+// never escapes the layer. A part returning an error wrapping [ErrNoKey] is
+// passed over; any other error is returned at once (a key error never falls
+// through to a weaker key). When no part applies, FirstOf returns [ErrNoKey].
+//
+// Each key is prefixed with the index of the part that produced it ("0:" +
+// user, "1:" + address), so a user named like an address never shares that
+// address's bucket.
+//
+// FirstOf panics if fns is empty or contains nil.
+func FirstOf(fns ...KeyFunc) KeyFunc {
+	if len(fns) == 0 {
+		panic("ratelimit: FirstOf needs at least one KeyFunc")
+	}
+	for i, fn := range fns {
+		if fn == nil {
+			panic(fmt.Sprintf("ratelimit: FirstOf KeyFunc %d is nil", i))
+		}
+	}
+	fns = append([]KeyFunc(nil), fns...)
+	return func(r *http.Request) (string, error) {
+		for i, fn := range fns {
+			k, err := fn(r)
+			if err != nil {
+				if errors.Is(err, ErrNoKey) {
+					continue
+				}
+				return "", err
+			}
+			if k == "" {
+				return "", ErrEmptyKey
+			}
+			return strconv.Itoa(i) + ":" + k, nil
+		}
+		return "", ErrNoKey
+	}
 }
 
 // Global returns a KeyFunc that keys every request by the constant name: one

@@ -220,14 +220,16 @@ func TestRouteWithRoute(t *testing.T) {
 		want    string
 		wantErr error
 	}{
-		{"with route", "GET", ratelimit.WithRoute(context.Background(), "/users/{id}"), "", "GET /users/{id}", nil},
-		{"with route post", "POST", ratelimit.WithRoute(context.Background(), "/users/{id}"), "", "POST /users/{id}", nil},
-		{"with route wins over r.Pattern", "GET", ratelimit.WithRoute(context.Background(), "/users/:id"), "GET /other", "GET /users/:id", nil},
-		{"empty route falls back", "GET", ratelimit.WithRoute(context.Background(), ""), "/items/", "GET /items/", nil},
-		{"r.Pattern method replaced", "HEAD", context.Background(), "GET /items/{id}", "HEAD /items/{id}", nil},
+		{"with route", "GET", ratelimit.WithRoute(context.Background(), "GET /users/{id}"), "", "GET /users/{id}", nil},
+		{"with route any method", "PUT", ratelimit.WithRoute(context.Background(), "/login"), "", "/login", nil},
+		{"with route ignores the request method", "X1", ratelimit.WithRoute(context.Background(), "/login"), "", "/login", nil},
+		{"with route wins over r.Pattern", "GET", ratelimit.WithRoute(context.Background(), "GET /users/:id"), "GET /other", "GET /users/:id", nil},
+		{"empty route: routed, unmatched", "GET", ratelimit.WithRoute(context.Background(), ""), "/items/", "", ratelimit.ErrNoKey},
+		{"r.Pattern HEAD counted with GET", "HEAD", context.Background(), "GET /items/{id}", "GET /items/{id}", nil},
+		{"r.Pattern without method", "POST", context.Background(), "/login", "/login", nil},
 		{"r.Pattern with host", "GET", context.Background(), "GET example.com/x", "GET example.com/x", nil},
-		{"none", "GET", context.Background(), "", "", ratelimit.ErrNoKey},
-		{"empty route none", "GET", ratelimit.WithRoute(context.Background(), ""), "", "", ratelimit.ErrNoKey},
+		{"r.Pattern tab normalised", "POST", context.Background(), "POST\t /x", "POST /x", nil},
+		{"none: not routed", "GET", context.Background(), "", "", ratelimit.ErrNoRoute},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -266,8 +268,10 @@ func TestRouteServeMux(t *testing.T) {
 	cases := []struct{ method, path, want string }{
 		{"GET", "/items/1", "GET /items/{id}"},
 		{"GET", "/items/2", "GET /items/{id}"},
-		{"HEAD", "/items/1", "HEAD /items/{id}"},
-		{"DELETE", "/things/a/b", "DELETE /things/"},
+		{"HEAD", "/items/1", "GET /items/{id}"},
+		{"DELETE", "/things/a/b", "/things/"},
+		{"X1", "/things/a/b", "/things/"},
+		{"post", "/things/", "/things/"},
 		{"POST", "/tabbed", "POST /tabbed"},
 	}
 	for _, tc := range cases {
@@ -325,7 +329,7 @@ func TestComposite(t *testing.T) {
 		{"one part", ratelimit.Composite(g("a")), nil, "1:a", nil},
 		{"parts", ratelimit.Composite(g("a|b"), g("c")), nil, "3:a|b1:c", nil},
 		{"user and route", ratelimit.Composite(ratelimit.User(), ratelimit.Route()),
-			ratelimit.WithRoute(ratelimit.WithUser(context.Background(), "alice"), "/users/{id}"), "5:alice15:GET /users/{id}", nil},
+			ratelimit.WithRoute(ratelimit.WithUser(context.Background(), "alice"), "GET /users/{id}"), "5:alice15:GET /users/{id}", nil},
 		{"missing part skips", ratelimit.Composite(ratelimit.User(), g("x")), nil, "", ratelimit.ErrNoKey},
 		{"missing last part skips", ratelimit.Composite(g("x"), ratelimit.User()), nil, "", ratelimit.ErrNoKey},
 		{"error part", ratelimit.Composite(g("x"), keyErr(errBackend)), nil, "", errBackend},

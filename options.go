@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -35,6 +36,8 @@ type config struct {
 	resetDelta   bool
 	partitionKey bool
 	maxWaiting   int
+	logger       *slog.Logger // nil: silent
+	mux          *http.ServeMux
 	errs         []error
 }
 
@@ -43,7 +46,25 @@ func (c *config) fail(format string, args ...any) {
 }
 
 func defaultConfig() config {
-	return config{headers: XRateLimitHeaders, maxWaiting: DefaultMaxWaiting}
+	return config{headers: XRateLimitHeaders, maxWaiting: DefaultMaxWaiting, logger: slog.Default()}
+}
+
+// WithServeMux tells the Limiter the *http.ServeMux its handler wraps, so
+// that a Limiter mounted around the whole mux, before routing, can key
+// [Route] layers and apply [Layer.Routes]: for each request not yet routed
+// it asks mux.Handler(r) for the pattern the mux will match and sets
+// r.Pattern to it, as the mux itself does when it serves r. A request the
+// mux matches no pattern for (a 404, a 405, a redirect) is not keyed by
+// route: route layers do not apply to it (the mux answers it). Without this
+// option, or a framework adapter, a Route layer mounted before routing is a
+// configuration error (see [ErrConfig]), never a skip.
+func WithServeMux(mux *http.ServeMux) Option {
+	return func(c *config) {
+		if mux == nil {
+			c.fail("WithServeMux: nil mux")
+		}
+		c.mux = mux
+	}
 }
 
 // WithStore sets the Store that holds the per-key state, such as a Redis
@@ -243,7 +264,9 @@ func parsePrefix(s string) (netip.Prefix, error) {
 		}
 		p = netip.PrefixFrom(a, a.BitLen())
 	}
-	p = p.Masked()
+	if err := canonicalPrefix(p); err != nil {
+		return p, err
+	}
 	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
 		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 	}
