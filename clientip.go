@@ -175,7 +175,7 @@ func TrustedHops(n int) IPOption {
 // header such as "X-Real-IP", "CF-Connecting-IP" or "True-Client-IP", whose
 // last line is used (a proxy that appends its line after a forged one wins);
 // a value that is not one address is a key error, and a missing header means
-// the trusted peer itself is the client. FromHeader requires [TrustedProxies] or [TrustedHops];
+// the trusted peer itself is the client. FromHeader requires [TrustedProxies], [TrustedHops] or [TrustUnixSocketPeer];
 // with TrustedHops a single-IP header allows only TrustedHops(1).
 func FromHeader(name string) IPOption {
 	return func(c *ipConfig) error {
@@ -277,8 +277,8 @@ func ClientIP(opts ...IPOption) (KeyFunc, error) {
 			return nil, err
 		}
 	}
-	if c.header != "" && !c.hasTrusted && c.hops == 0 {
-		return nil, fmt.Errorf("%w: FromHeader(%q) requires TrustedProxies or TrustedHops", ErrInvalidKeyConfig, c.header)
+	if c.header != "" && !c.hasTrusted && c.hops == 0 && !c.unixPeer {
+		return nil, fmt.Errorf("%w: FromHeader(%q) requires TrustedProxies, TrustedHops or TrustUnixSocketPeer", ErrInvalidKeyConfig, c.header)
 	}
 	if c.kind == ipHeaderSingle && c.hops > 1 {
 		return nil, fmt.Errorf("%w: single-IP header %q cannot be used with TrustedHops(%d)", ErrInvalidKeyConfig, c.header, c.hops)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/core"
 )
 
 func TestClientIPDefaultRemoteAddr(t *testing.T) {
@@ -402,4 +403,81 @@ func BenchmarkClientIP(b *testing.B) {
 			})
 		})
 	}
+}
+
+// TestClientIPRefusesTrustAll checks that trusted prefixes covering every
+// address of a family are refused unless AllowTrustAll says so.
+func TestClientIPRefusesTrustAll(t *testing.T) {
+	cases := []struct {
+		name string
+		opt  ratelimit.IPOption
+	}{
+		{"v4 all", ratelimit.TrustedProxyCIDRs("0.0.0.0/0")},
+		{"v6 all", ratelimit.TrustedProxyCIDRs("::/0")},
+		{"v4 halves", ratelimit.TrustedProxyCIDRs("0.0.0.0/1", "128.0.0.0/1")},
+		{"v4 pieces", ratelimit.TrustedProxyCIDRs("0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/1")},
+		{"v4-mapped all", ratelimit.TrustedProxyCIDRs("::ffff:0.0.0.0/96")},
+		{"v6 halves as netip", ratelimit.TrustedProxies(netip.MustParsePrefix("::/1"), netip.MustParsePrefix("8000::/1"))},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ratelimit.ClientIP(tc.opt)
+			if !errors.Is(err, ratelimit.ErrInvalidKeyConfig) || !strings.Contains(err.Error(), "AllowTrustAll") {
+				t.Fatalf("err = %v, want a refusal naming AllowTrustAll", err)
+			}
+			if _, err := ratelimit.ClientIP(tc.opt, ratelimit.AllowTrustAll()); err != nil {
+				t.Fatalf("with AllowTrustAll: %v", err)
+			}
+		})
+	}
+	// Almost everything is not everything.
+	if _, err := ratelimit.ClientIP(ratelimit.TrustedProxyCIDRs("0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3", "224.0.0.0/4")); err != nil {
+		t.Fatalf("partial cover refused: %v", err)
+	}
+}
+
+// TestClientIPRefusesHostBits checks that a prefix with host bits set is
+// refused with the network it stands for, in trusted proxies and allowlists.
+func TestClientIPRefusesHostBits(t *testing.T) {
+	for _, opt := range []ratelimit.IPOption{
+		ratelimit.TrustedProxyCIDRs("10.1.2.3/8"),
+		ratelimit.TrustedProxies(netip.MustParsePrefix("10.1.2.3/8")),
+	} {
+		_, err := ratelimit.ClientIP(opt)
+		if !errors.Is(err, ratelimit.ErrInvalidKeyConfig) || !strings.Contains(err.Error(), "did you mean 10.0.0.0/8") {
+			t.Fatalf("err = %v", err)
+		}
+	}
+	_, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1)}}, ratelimit.WithSkipCIDRs("10.1.2.3/8"))
+	if err == nil || !strings.Contains(err.Error(), "did you mean 10.0.0.0/8") || strings.Count(err.Error(), "ratelimit:") != 1 {
+		t.Fatalf("WithSkipCIDRs: err = %v", err)
+	}
+}
+
+// TestClientIPUnixSocketPeer checks that a unix socket peer (RemoteAddr "@"
+// or "") is a key error whose message names TrustUnixSocketPeer, and that
+// with TrustUnixSocketPeer its forwarded header gives the client.
+func TestClientIPUnixSocketPeer(t *testing.T) {
+	plain := mustKF(t)
+	for _, ra := range []string{"@", ""} {
+		_, err := plain(newReq(t, ra, xff("203.0.113.5")))
+		if !errors.Is(err, ratelimit.ErrInvalidClientIP) || !strings.Contains(err.Error(), "TrustUnixSocketPeer") {
+			t.Fatalf("RemoteAddr %q: err = %v", ra, err)
+		}
+	}
+	runKeyCases(t, mustKF(t, ratelimit.TrustUnixSocketPeer()), []keyCase{
+		{name: "abstract socket", remote: "@", headers: []hdr{xff("198.51.100.1, 203.0.113.5")}, want: "203.0.113.5"},
+		{name: "unnamed socket", remote: "", headers: []hdr{xff("203.0.113.5")}, want: "203.0.113.5"},
+		{name: "socket path", remote: "/run/app.sock", headers: []hdr{xff("203.0.113.5")}, want: "203.0.113.5"},
+		{name: "no header", remote: "@", wantErr: ratelimit.ErrInvalidClientIP},
+		{name: "garbage", remote: "@", headers: []hdr{xff("nope")}, wantErr: ratelimit.ErrInvalidClientIP},
+		{name: "ip peer not trusted", remote: "192.0.2.1:1", headers: []hdr{xff("203.0.113.5")}, want: "192.0.2.1"},
+	})
+	runKeyCases(t, mustKF(t, ratelimit.TrustUnixSocketPeer(), ratelimit.TrustedProxyCIDRs("10.0.0.0/8")), []keyCase{
+		{name: "walks trusted entries", remote: "@", headers: []hdr{xff("203.0.113.5, 10.0.0.2")}, want: "203.0.113.5"},
+		{name: "ip proxy trusted too", remote: "10.0.0.1:1", headers: []hdr{xff("203.0.113.5")}, want: "203.0.113.5"},
+	})
+	runKeyCases(t, mustKF(t, ratelimit.TrustUnixSocketPeer(), ratelimit.FromHeader("X-Real-IP")), []keyCase{
+		{name: "single-IP header", remote: "@", headers: []hdr{realIP("203.0.113.5")}, want: "203.0.113.5"},
+	})
 }

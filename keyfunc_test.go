@@ -425,3 +425,49 @@ func BenchmarkComposite(b *testing.B) {
 		_, _ = fn(r)
 	}
 }
+
+func TestFirstOf(t *testing.T) {
+	user, apiKey := ratelimit.User(), ratelimit.Header("X-API-Key")
+	fn := ratelimit.FirstOf(user, apiKey, ratelimit.Global("anon"))
+	cases := []struct {
+		name    string
+		ctx     context.Context
+		hdrs    []hdr
+		want    string
+		wantErr error
+	}{
+		{"user first", ratelimit.WithUser(context.Background(), "alice"), []hdr{{"X-API-Key", "k"}}, "0:alice", nil},
+		{"falls back to header", context.Background(), []hdr{{"X-API-Key", "k"}}, "1:k", nil},
+		{"falls back to the last", context.Background(), nil, "2:anon", nil},
+		{"a user named like a key stays apart", ratelimit.WithUser(context.Background(), "k"), nil, "0:k", nil},
+		{"key error is not passed over", context.Background(), []hdr{{"X-API-Key", strings.Repeat("x", ratelimit.MaxHeaderKeyLen+1)}}, "", ratelimit.ErrKeyTooLong},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			key, err := fn(newReq(t, "192.0.2.1:1", tc.hdrs...).WithContext(tc.ctx))
+			checkContract(t, key, err)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("got (%q, %v), want %v", key, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || key != tc.want {
+				t.Fatalf("got (%q, %v), want %q", key, err, tc.want)
+			}
+		})
+	}
+	if _, err := ratelimit.FirstOf(user, apiKey)(newReq(t, "192.0.2.1:1")); !errors.Is(err, ratelimit.ErrNoKey) {
+		t.Fatalf("no part applies: %v, want ErrNoKey", err)
+	}
+	for _, bad := range [][]ratelimit.KeyFunc{nil, {user, nil}} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("FirstOf(%d funcs) did not panic", len(bad))
+				}
+			}()
+			ratelimit.FirstOf(bad...)
+		}()
+	}
+}
