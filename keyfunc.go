@@ -20,8 +20,8 @@ import (
 // one shared bucket. Every KeyFunc in this package honours that rule.
 //
 // An error wrapping [ErrNoKey] means the key does not apply to this request
-// (an anonymous request for a per-user limit); the middleware skips that
-// layer. Any other error is a key error ([ErrInvalidClientIP],
+// (an anonymous request for a per-user limit); the middleware does what the
+// layer's IfNoKey says: skip it (the default) or refuse the request. Any other error is a key error ([ErrInvalidClientIP],
 // [ErrKeyTooLong], ...): the middleware never charges the request to an empty
 // or default key, and handles it with its error policy instead.
 //
@@ -32,7 +32,8 @@ type KeyFunc func(r *http.Request) (string, error)
 var (
 	// ErrNoKey is returned (possibly wrapped) by a KeyFunc whose key does
 	// not apply to the request, e.g. [User] for an anonymous request. The
-	// middleware skips a layer whose KeyFunc returns it.
+	// middleware skips a layer whose KeyFunc returns it, unless the layer's
+	// IfNoKey is [NoKeyRefuse].
 	ErrNoKey = errors.New("ratelimit: key does not apply to this request")
 
 	// ErrKeyTooLong is returned (wrapped) by a [Header] key function
@@ -87,7 +88,8 @@ func HashKey() HeaderOption {
 // Header returns a KeyFunc that keys a request by the value of the named
 // request header, typically an API key. When the header appears more than
 // once, its first line is used, as http.Header.Get does. A missing or empty
-// header returns [ErrNoKey], so the layer is skipped: pair it with a per-IP
+// header returns [ErrNoKey], so the layer is skipped: make the key required
+// (Layer.IfNoKey [NoKeyRefuse]), fall back with [FirstOf], or pair it with a per-IP
 // layer so anonymous traffic is still limited.
 //
 // Without [HashKey] the value is the key, and a value longer than

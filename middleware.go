@@ -70,9 +70,9 @@ const AbsentKeyLogAfter = 100
 // atomically: a request refused by any layer charges no layer.
 type Layer struct {
 	// Key derives the key the request is charged to, such as ClientIP() or
-	// User(). A Key returning an error wrapping ErrNoKey skips the layer
-	// for that request; any other error is a key error (see
-	// [WithErrorHandler]). Required.
+	// User(). A Key returning an error wrapping ErrNoKey does what
+	// IfNoKey says (skip the layer by default); any other error is a key
+	// error (see [WithErrorHandler]). Required.
 	Key KeyFunc
 
 	// Rule is the quota. Its Name (core.DefaultName when empty) names the
@@ -116,7 +116,9 @@ type Layer struct {
 type Result struct {
 	// Proceed reports whether the request may be served, after waiting
 	// Delay. It is true for admitted, skipped and dry-run requests and for
-	// store failures under the default fail-open policy.
+	// store failures under the default fail-open policy; it is false for a
+	// full store, a configuration error and a request that ended before it
+	// was decided, whatever the fail policy.
 	Proceed bool
 
 	// Skipped reports that the request matched [WithSkip] or an allowlist
@@ -499,10 +501,13 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 //	if !l.Admit(c.Writer, c.Request) { c.Abort(); return }
 //
 // In order: a skipped request (or one no layer applies to) is admitted
-// without headers. An error goes to the error handler; unless it writes a
-// response, a request error is answered 400, a store failure is served
-// (fail-open, without headers) or answered 503 (fail-closed), and in dry-run
-// mode the request is served. Otherwise the headers are set; a refused
+// without headers. A request whose context ended before the store answered
+// gets no response at all (its client is gone). An error goes to the error
+// handler; unless it writes a response, a request error is answered 400, a
+// missing required key 401, a configuration error 500, a full store 429
+// with Retry-After, a store failure is served (fail-open, without headers,
+// logged once) or answered 503 (fail-closed), and in dry-run mode the
+// request is served. Otherwise the headers are set; a refused
 // request gets Retry-After and the denied response (429, or 413 for a cost
 // above capacity). An admitted request with a Delay waits for it (see
 // [Limiter.Wait]); a full waiting room refuses it with 429 and a request
@@ -908,7 +913,9 @@ func keyPrefix(key string) (netip.Prefix, bool) {
 // than Delay from now. Wait returns nil at once for a zero Delay or a dry-run
 // Result, nil after the delay, the context's error if ctx ends first, and
 // ErrTooManyWaiting without waiting when [WithMaxWaiting] requests are
-// already waiting. In the last two cases the charge stays, and Wait turns
+// already waiting. (Admit and Handler take the waiting slot before charging,
+// so their full-room refusals charge nothing; after Decide, Wait can only
+// count the waiters afterwards.) In the last two cases the charge stays, and Wait turns
 // res into a refusal for [Limiter.Refuse]: Proceed false, Err set, and for
 // ErrTooManyWaiting the delaying layers marked Refused (Refuse then answers
 // 429 with Retry-After set to the delay; 503 for an ended context).

@@ -44,7 +44,8 @@ func mwLimiter(t testing.TB, layers []ratelimit.Layer, opts ...ratelimit.Option)
 func mwNew(t testing.TB, layers []ratelimit.Layer, opts ...ratelimit.Option) *mwEnv {
 	t.Helper()
 	e := &mwEnv{clk: core.NewFakeClock(mwT0)}
-	l, err := ratelimit.New(layers, append([]ratelimit.Option{ratelimit.WithClock(e.clk)}, opts...)...)
+	// The one-time warnings are silenced unless a test sets a logger.
+	l, err := ratelimit.New(layers, append([]ratelimit.Option{ratelimit.WithClock(e.clk), ratelimit.WithLogger(nil)}, opts...)...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
