@@ -109,3 +109,25 @@ func ExampleMiddleware_topLevel() {
 	// POST /login    429 remaining="0" retry-after="60"
 	// GET /hello    200 remaining="2" retry-after=""
 }
+
+// RouteOf reports the route chi will match, as ratelimit.Route keys it,
+// even in a top-level r.Use before chi has routed the request.
+func ExampleRouteOf() {
+	r := chi.NewRouter()
+	r.Use(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			route, _ := chilimit.RouteOf(req)
+			fmt.Printf("%s %s -> %q\n", req.Method, req.URL.Path, route)
+			next.ServeHTTP(w, req)
+		})
+	})
+	r.Post("/login", func(http.ResponseWriter, *http.Request) {})
+	r.HandleFunc("/any", func(http.ResponseWriter, *http.Request) {})
+	for _, m := range [][2]string{{"POST", "/login"}, {"PUT", "/any"}, {"GET", "/nope"}} {
+		r.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(m[0], m[1], nil))
+	}
+	// Output:
+	// POST /login -> "POST /login"
+	// PUT /any -> "/any"
+	// GET /nope -> ""
+}
