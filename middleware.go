@@ -458,6 +458,26 @@ func prefixed(where string, err error) error {
 	return &prefixedError{msg: "ratelimit: " + msg, err: err}
 }
 
+// wrapError is a sentinel and a cause under one "ratelimit: " prefix:
+// errors.Is sees both.
+type wrapError struct {
+	msg  string
+	errs [2]error
+}
+
+func (e *wrapError) Error() string   { return e.msg }
+func (e *wrapError) Unwrap() []error { return e.errs[:] }
+
+// wrap returns an error wrapping sentinel and err whose message is
+// sentinel's, then where (if any), then err's, with one "ratelimit: " prefix.
+func wrap(sentinel error, where string, err error) error {
+	msg := sentinel.Error()
+	if where != "" {
+		msg += ": " + where
+	}
+	return &wrapError{msg: msg + ": " + strings.TrimPrefix(err.Error(), "ratelimit: "), errs: [2]error{sentinel, err}}
+}
+
 // Must panics if err is not nil and returns l otherwise, for limiters built
 // at program start: ratelimit.Must(ratelimit.New(layers)).
 func Must(l *Limiter, err error) *Limiter {
@@ -696,7 +716,7 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 				if l.gone(res, ctx, err) {
 					return 0
 				}
-				l.failed(res, outcomeStore, fmt.Errorf("%w: layer %s: resolving the policy: %w", ErrStoreFailure, ly.desc, err))
+				l.failed(res, outcomeStore, wrap(ErrStoreFailure, "layer "+ly.desc+": resolving the policy", err))
 				return 0
 			}
 			if rp != nil {
@@ -758,10 +778,10 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 			for j := 0; j < n; j++ {
 				ra = max(ra, out[j].RetryAfter)
 			}
-			l.failed(res, outcomeStoreFull, fmt.Errorf("ratelimit: refused: %w", err))
+			l.failed(res, outcomeStoreFull, prefixed("refused", err))
 			res.Delay = ra
 		default:
-			l.failed(res, outcomeStore, fmt.Errorf("%w: %w", ErrStoreFailure, err))
+			l.failed(res, outcomeStore, wrap(ErrStoreFailure, "", err))
 		}
 		return 0
 	}
@@ -819,7 +839,7 @@ func (l *Limiter) configError(res *Result, ly *layer, err error) {
 	if ly != nil {
 		where = "layer " + ly.desc
 	}
-	l.failed(res, outcomeConfig, fmt.Errorf("%w: %s: %w", ErrConfig, where, err))
+	l.failed(res, outcomeConfig, wrap(ErrConfig, where, err))
 	if errors.Is(err, ErrNoRoute) {
 		l.logOnce(logNoRoute, msgNoRoute, "layer", ly.desc)
 		return

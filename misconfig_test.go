@@ -222,7 +222,8 @@ func TestRouteLayerWithoutPatternIsLoud(t *testing.T) {
 		}
 	}
 	errs := er.all()
-	if len(errs) != 6 || !errors.Is(errs[0], ratelimit.ErrConfig) || !errors.Is(errs[0], ratelimit.ErrNoRoute) || errors.Is(errs[0], ratelimit.ErrStoreFailure) {
+	if len(errs) != 6 || !errors.Is(errs[0], ratelimit.ErrConfig) || !errors.Is(errs[0], ratelimit.ErrNoRoute) || errors.Is(errs[0], ratelimit.ErrStoreFailure) ||
+		errs[0].Error() != `ratelimit: configuration error: layer "login": no route pattern: the limiter runs before routing` {
 		t.Fatalf("error handler saw %v", errs)
 	}
 	if n := logs.count("a Route layer found no route pattern"); n != 2 {
@@ -304,7 +305,8 @@ func TestDuplicatePoliciesAtRequestTime(t *testing.T) {
 		t.Fatalf("served %d", e.served.Load())
 	}
 	errs := er.all()
-	if len(errs) != 3 || !errors.Is(errs[0], ratelimit.ErrConfig) || !errors.Is(errs[0], core.ErrDuplicateRequest) || errors.Is(errs[0], ratelimit.ErrStoreFailure) {
+	if len(errs) != 3 || !errors.Is(errs[0], ratelimit.ErrConfig) || !errors.Is(errs[0], core.ErrDuplicateRequest) || errors.Is(errs[0], ratelimit.ErrStoreFailure) ||
+		strings.Count(errs[0].Error(), "ratelimit:") != 1 {
 		t.Fatalf("error handler saw %v", errs)
 	}
 	if logs.count("configuration error at request time") != 1 || logs.count("fail-open") != 0 {
