@@ -99,6 +99,9 @@ func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc 
 				h.Del(echo.HeaderContentLength)
 				code := rw.code
 				if code == 0 {
+					if r.Context().Err() != nil {
+						return nil // the client went away: nobody to answer
+					}
 					code = http.StatusTooManyRequests
 				}
 				return echo.NewHTTPError(code)

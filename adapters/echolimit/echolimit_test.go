@@ -1,6 +1,7 @@
 package echolimit_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -187,6 +188,36 @@ func TestHTTPErrorModeRequestError(t *testing.T) {
 	var he *echo.HTTPError
 	if w.Code != 400 || len(handled) != 1 || !errors.As(handled[0], &he) || he.Code != 400 {
 		t.Errorf("status %d, handled %v: want a 400 *echo.HTTPError", w.Code, handled)
+	}
+}
+
+// ctxStore fails with the context's error once the context ends, as a
+// network store does when the client goes away.
+type ctxStore struct{}
+
+func (ctxStore) Take(ctx context.Context, _ time.Time, _ []core.Request, _ []core.Decision) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestHTTPErrorModeClientGone checks that a request whose client went away
+// before the store answered reaches neither echo's error handler nor a
+// response, in HTTPError mode too.
+func TestHTTPErrorModeClientGone(t *testing.T) {
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, perIP(1), ratelimit.WithStore(ctxStore{}), ratelimit.WithFailClosed())
+	e := echo.New()
+	var handled []error
+	e.HTTPErrorHandler = func(err error, c echo.Context) { handled = append(handled, err) }
+	e.Use(echolimit.MiddlewareWithConfig(l, echolimit.Config{HTTPError: true}))
+	e.GET("/hello", ok)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequest("GET", "/hello", nil).WithContext(ctx)
+	r.RemoteAddr = peer
+	w := httptest.NewRecorder()
+	e.ServeHTTP(w, r)
+	if len(handled) != 0 || w.Body.Len() != 0 {
+		t.Fatalf("handled %v, body %q: want nothing", handled, w.Body)
 	}
 }
 
