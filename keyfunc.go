@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"strings"
 )
@@ -21,8 +20,8 @@ import (
 // one shared bucket. Every KeyFunc in this package honours that rule.
 //
 // An error wrapping [ErrNoKey] means the key does not apply to this request
-// (an anonymous request for a per-user limit); the middleware skips that
-// layer. Any other error is a key error ([ErrInvalidClientIP],
+// (an anonymous request for a per-user limit); the middleware does what the
+// layer's IfNoKey says: skip it (the default) or refuse the request. Any other error is a key error ([ErrInvalidClientIP],
 // [ErrKeyTooLong], ...): the middleware never charges the request to an empty
 // or default key, and handles it with its error policy instead.
 //
@@ -33,16 +32,9 @@ type KeyFunc func(r *http.Request) (string, error)
 var (
 	// ErrNoKey is returned (possibly wrapped) by a KeyFunc whose key does
 	// not apply to the request, e.g. [User] for an anonymous request. The
-	// middleware skips a layer whose KeyFunc returns it.
+	// middleware skips a layer whose KeyFunc returns it, unless the layer's
+	// IfNoKey is [NoKeyRefuse].
 	ErrNoKey = errors.New("ratelimit: key does not apply to this request")
-
-	// ErrInvalidClientIP is returned (wrapped) by a [ClientIP] key function
-	// when the client address cannot be determined safely: an unparseable
-	// RemoteAddr, a garbage entry in the trusted part of a forwarded
-	// header, a chain shorter than the configured hop count, or a header
-	// too long to walk within the examination limits. It never falls back
-	// to another address.
-	ErrInvalidClientIP = errors.New("ratelimit: cannot determine client IP")
 
 	// ErrKeyTooLong is returned (wrapped) by a [Header] key function
 	// without [HashKey] when the header value is longer than
@@ -52,26 +44,10 @@ var (
 	// ErrEmptyKey is returned by [Composite] when one of its parts breaks
 	// the KeyFunc contract by returning ("", nil).
 	ErrEmptyKey = errors.New("ratelimit: key function returned an empty key")
-
-	// ErrInvalidKeyConfig is returned (wrapped) by [ClientIP] when its
-	// options are invalid; [MustClientIP] panics with it.
-	ErrInvalidKeyConfig = errors.New("ratelimit: invalid key function configuration")
 )
 
 // Limits on the work done for one request on hostile input.
 const (
-	// MaxForwardedEntries is the largest number of non-empty entries of a
-	// forwarded header (X-Forwarded-For elements or Forwarded elements,
-	// all header lines merged) that [ClientIP] examines, counting from the
-	// right. It is also the largest accepted [TrustedHops] count.
-	MaxForwardedEntries = 32
-
-	// MaxForwardedBytes is the largest number of bytes of a forwarded
-	// header (all lines merged, counting from the right) that [ClientIP]
-	// examines. A walk that cannot find the client within these limits
-	// fails closed with [ErrInvalidClientIP].
-	MaxForwardedBytes = 4096
-
 	// MaxHeaderKeyLen is the longest header value a [Header] key function
 	// without [HashKey] uses as a key; a longer value is a key error
 	// ([ErrKeyTooLong]). Hashed values have no such limit beyond the
@@ -86,612 +62,8 @@ const (
 // Request-time errors carry context without allocating, and never echo the
 // hostile value itself.
 var (
-	errBadRemoteAddr    = fmt.Errorf("%w: unparseable RemoteAddr", ErrInvalidClientIP)
-	errGarbageEntry     = fmt.Errorf("%w: unparseable entry in forwarded header", ErrInvalidClientIP)
-	errForwardedTooLong = fmt.Errorf("%w: forwarded header exceeds examination limit", ErrInvalidClientIP)
-	errTooFewHops       = fmt.Errorf("%w: forwarded header has fewer entries than trusted hops", ErrInvalidClientIP)
 	errHeaderKeyTooLong = fmt.Errorf("%w: header value longer than %d bytes", ErrKeyTooLong, MaxHeaderKeyLen)
 )
-
-// ---------------------------------------------------------------------------
-// Client IP
-
-// ipHeaderKind says how the configured header is parsed.
-type ipHeaderKind uint8
-
-const (
-	ipHeaderXFF       ipHeaderKind = iota // X-Forwarded-For: comma-separated addresses
-	ipHeaderForwarded                     // RFC 7239 Forwarded: for= parameters
-	ipHeaderSingle                        // one address, e.g. X-Real-IP
-)
-
-// ipConfig is the parsed configuration of a ClientIP key function.
-type ipConfig struct {
-	trusted4   []netip.Prefix // trusted IPv4 prefixes (v4-mapped ones converted)
-	trusted6   []netip.Prefix // trusted IPv6 prefixes
-	hasTrusted bool           // TrustedProxies/TrustedProxyCIDRs was given
-	hops       int            // TrustedHops; 0 means not set
-	header     string         // canonical header name; "" means not set
-	kind       ipHeaderKind
-	v4Bits     int
-	v6Bits     int
-}
-
-// IPOption configures [ClientIP].
-type IPOption func(*ipConfig) error
-
-// TrustedProxies declares the networks of the reverse proxies and load
-// balancers in front of the server. A forwarded header is consulted only when
-// the connecting peer (r.RemoteAddr) is inside one of them, and the header is
-// walked right to left past every address inside them. IPv4-mapped IPv6
-// prefixes (::ffff:10.0.0.0/104) are treated as the IPv4 prefixes they map.
-// Several calls accumulate. An invalid prefix is a configuration error.
-func TrustedProxies(prefixes ...netip.Prefix) IPOption {
-	return func(c *ipConfig) error {
-		for _, p := range prefixes {
-			if !p.IsValid() {
-				return fmt.Errorf("%w: invalid trusted proxy prefix %v", ErrInvalidKeyConfig, p)
-			}
-			c.addTrusted(p)
-		}
-		c.hasTrusted = true
-		return nil
-	}
-}
-
-// TrustedProxyCIDRs is [TrustedProxies] with prefixes in CIDR notation
-// ("10.0.0.0/8", "2001:db8::/32"). A bare address ("192.0.2.1") means that
-// single host. An unparseable entry is a configuration error.
-func TrustedProxyCIDRs(cidrs ...string) IPOption {
-	return func(c *ipConfig) error {
-		for _, s := range cidrs {
-			p, err := parseTrustedCIDR(s)
-			if err != nil {
-				return fmt.Errorf("%w: trusted proxy %q: %v", ErrInvalidKeyConfig, s, err)
-			}
-			c.addTrusted(p)
-		}
-		c.hasTrusted = true
-		return nil
-	}
-}
-
-// TrustedHops selects the hop-count strategy: exactly n reverse proxies stand
-// in front of the server, each appending the address of its own peer to the
-// forwarded header, so the client is the n-th entry from the right (n == 1:
-// the rightmost). n must be between 1 and [MaxForwardedEntries]. A chain with
-// fewer than n entries, or a garbage entry among the last n, is a key error.
-//
-// Without [TrustedProxies] every peer is assumed to be the first of those
-// proxies: use it only when the server cannot be reached except through
-// them. With TrustedProxies as well, the header is consulted only when the
-// peer is inside one of the prefixes (the prefixes are not used to walk the
-// header), which is the safer setup.
-func TrustedHops(n int) IPOption {
-	return func(c *ipConfig) error {
-		if n < 1 || n > MaxForwardedEntries {
-			return fmt.Errorf("%w: TrustedHops %d out of range 1..%d", ErrInvalidKeyConfig, n, MaxForwardedEntries)
-		}
-		c.hops = n
-		return nil
-	}
-}
-
-// FromHeader chooses the header a trusted peer supplies the client address
-// in. "X-Forwarded-For" (the default) and "Forwarded" (RFC 7239, its for=
-// parameters) are lists walked right to left; any other name is a single-IP
-// header such as "X-Real-IP", "CF-Connecting-IP" or "True-Client-IP", whose
-// last line is used (a proxy that appends its line after a forged one wins);
-// a value that is not one address is a key error, and a missing header means
-// the trusted peer itself is the client. FromHeader requires [TrustedProxies] or [TrustedHops];
-// with TrustedHops a single-IP header allows only TrustedHops(1).
-func FromHeader(name string) IPOption {
-	return func(c *ipConfig) error {
-		name = strings.TrimSpace(name)
-		if name == "" {
-			return fmt.Errorf("%w: FromHeader name is empty", ErrInvalidKeyConfig)
-		}
-		c.header = http.CanonicalHeaderKey(name)
-		switch c.header {
-		case "X-Forwarded-For":
-			c.kind = ipHeaderXFF
-		case "Forwarded":
-			c.kind = ipHeaderForwarded
-		default:
-			c.kind = ipHeaderSingle
-		}
-		return nil
-	}
-}
-
-// IPv6Prefix sets the length of the network an IPv6 client is keyed by: a
-// subscriber usually holds a /64 or more, so keying by address would let a
-// client rotate addresses and escape its quota. The default is 64; bits must
-// be between 1 and 128 (128 keys by address).
-func IPv6Prefix(bits int) IPOption {
-	return func(c *ipConfig) error {
-		if bits < 1 || bits > 128 {
-			return fmt.Errorf("%w: IPv6Prefix %d out of range 1..128", ErrInvalidKeyConfig, bits)
-		}
-		c.v6Bits = bits
-		return nil
-	}
-}
-
-// IPv4Prefix sets the length of the network an IPv4 client is keyed by. The
-// default is 32 (keyed by address); bits must be between 1 and 32.
-func IPv4Prefix(bits int) IPOption {
-	return func(c *ipConfig) error {
-		if bits < 1 || bits > 32 {
-			return fmt.Errorf("%w: IPv4Prefix %d out of range 1..32", ErrInvalidKeyConfig, bits)
-		}
-		c.v4Bits = bits
-		return nil
-	}
-}
-
-// ClientIP returns a KeyFunc that keys a request by its client's network.
-//
-// By default the client is the connecting peer, taken from r.RemoteAddr, and
-// no header is read. Forwarded headers are consulted only when the peer is a
-// trusted proxy ([TrustedProxies], [TrustedProxyCIDRs]) or in hop-count mode
-// ([TrustedHops]). The header ([FromHeader]; X-Forwarded-For by default) is
-// then read as one list, all its lines merged in order, and walked right to
-// left: entries inside a trusted prefix are skipped and the first untrusted
-// entry is the client. If every entry is trusted, the leftmost is the client;
-// with no header at all, the trusted peer itself is. (With [TrustedHops] the
-// client is instead the n-th entry from the right.) An unparseable entry met
-// before the client is found (including RFC 7239 obfuscated identifiers such
-// as "unknown" or "_hidden") fails closed with [ErrInvalidClientIP]: the key
-// function never falls back to the leftmost entry, the peer, or "". Empty
-// list elements are ignored, as RFC 9110 requires.
-//
-// Addresses may carry a port ("192.0.2.1:5678", "[2001:db8::1]:443"); zones
-// ("fe80::1%eth0") are dropped and IPv4-mapped IPv6 addresses
-// ("::ffff:192.0.2.1") are treated as the IPv4 addresses they are. The key is
-// canonical: an IPv4 client is keyed by its address ("192.0.2.1"), or by its
-// network when [IPv4Prefix] is below 32 ("192.0.2.0/24"); an IPv6 client by
-// its network, /64 by default ("2001:db8:1:2::/64", see [IPv6Prefix]), or its
-// address at /128. IPv4 clients never share an IPv6 bucket.
-//
-// The work per request is bounded: at most [MaxForwardedEntries] entries and
-// [MaxForwardedBytes] bytes of the header are examined, from the right; if the
-// client cannot be found within them the key function fails closed. A
-// successful call typically allocates only the key string.
-//
-// # Verify before going live
-//
-// Every header a client sends can be forged. Never trust X-Forwarded-For,
-// Forwarded, X-Real-IP or any other client-IP header unless the peer that
-// sent it is a proxy you control or pay for: a server reachable directly from
-// the internet must use the default (RemoteAddr only). Behind a load
-// balancer, pass its network to [TrustedProxies] (e.g. the VPC range of an AWS
-// ALB, "10.0.0.0/8"); behind a CDN, pass the CDN's published ranges as well,
-// or use its single-IP header (FromHeader("CF-Connecting-IP") for Cloudflare)
-// with the CDN's ranges as the trusted proxies, and make sure the origin
-// rejects connections that do not come from the CDN. Some CDNs pass through a
-// client-supplied True-Client-IP or Fastly-Client-IP unless configured not to.
-// Then check in staging: log the key for requests from a known address,
-// directly and through every proxy path, and see that it is your address, not
-// a proxy's (which would put all clients in one bucket) and not a value you
-// put in a forged header.
-func ClientIP(opts ...IPOption) (KeyFunc, error) {
-	c := &ipConfig{v4Bits: 32, v6Bits: 64}
-	for _, opt := range opts {
-		if opt == nil {
-			continue
-		}
-		if err := opt(c); err != nil {
-			return nil, err
-		}
-	}
-	if c.header != "" && !c.hasTrusted && c.hops == 0 {
-		return nil, fmt.Errorf("%w: FromHeader(%q) requires TrustedProxies or TrustedHops", ErrInvalidKeyConfig, c.header)
-	}
-	if c.kind == ipHeaderSingle && c.hops > 1 {
-		return nil, fmt.Errorf("%w: single-IP header %q cannot be used with TrustedHops(%d)", ErrInvalidKeyConfig, c.header, c.hops)
-	}
-	if c.header == "" {
-		c.header, c.kind = "X-Forwarded-For", ipHeaderXFF
-	}
-	if !c.hasTrusted && c.hops == 0 {
-		return c.keyPeerOnly, nil
-	}
-	return c.key, nil
-}
-
-// MustClientIP is like [ClientIP] but panics if the options are invalid. It is
-// meant for start-up code, where a bad configuration should stop the program.
-func MustClientIP(opts ...IPOption) KeyFunc {
-	fn, err := ClientIP(opts...)
-	if err != nil {
-		panic(err)
-	}
-	return fn
-}
-
-func (c *ipConfig) addTrusted(p netip.Prefix) {
-	p = p.Masked()
-	if a := p.Addr(); a.Is4In6() {
-		if p.Bits() >= 96 {
-			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-		}
-	}
-	if p.Addr().Is4() {
-		c.trusted4 = append(c.trusted4, p)
-	} else {
-		c.trusted6 = append(c.trusted6, p)
-	}
-}
-
-// isTrusted reports whether a (unmapped, zone-free) is inside a trusted prefix.
-func (c *ipConfig) isTrusted(a netip.Addr) bool {
-	list := c.trusted6
-	if a.Is4() {
-		list = c.trusted4
-	}
-	for _, p := range list {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
-
-// keyOf returns the canonical key of a client address.
-func (c *ipConfig) keyOf(a netip.Addr) string { return c.keyOfText(a, "") }
-
-// keyOfText is keyOf for an address that appeared in a request as text:
-// when the key is the whole address and text is already its canonical
-// form, the key is text itself, and nothing is allocated.
-func (c *ipConfig) keyOfText(a netip.Addr, text string) string {
-	bits := c.v6Bits
-	if a.Is4() {
-		bits = c.v4Bits
-	}
-	if bits == a.BitLen() {
-		var buf [64]byte
-		b := a.AppendTo(buf[:0])
-		if string(b) == text {
-			return text
-		}
-		return string(b)
-	}
-	// Prefix cannot fail here: a is valid and zone-free, bits in range.
-	p, _ := a.Prefix(bits)
-	var buf [64]byte // longest: "ffff:…:ffff/128" is 43 bytes
-	return string(p.AppendTo(buf[:0]))
-}
-
-func (c *ipConfig) keyPeerOnly(r *http.Request) (string, error) {
-	peer, host, ok := parseIPEntryHost(r.RemoteAddr)
-	if !ok {
-		return "", errBadRemoteAddr
-	}
-	return c.keyOfText(peer, host), nil
-}
-
-func (c *ipConfig) key(r *http.Request) (string, error) {
-	peer, host, ok := parseIPEntryHost(r.RemoteAddr)
-	if !ok {
-		return "", errBadRemoteAddr
-	}
-	if c.hasTrusted && !c.isTrusted(peer) {
-		// The peer is the client; nothing it sent is believed.
-		return c.keyOfText(peer, host), nil
-	}
-	lines := r.Header[c.header]
-	var (
-		client netip.Addr
-		err    error
-	)
-	switch {
-	case c.kind == ipHeaderSingle:
-		client, err = peer, nil
-		if n := len(lines); n > 0 && strings.TrimSpace(lines[n-1]) != "" {
-			// A single-IP header is set by the trusted proxy; if the
-			// client also sent one, the proxy's is the last line.
-			a, ok := parseIPEntry(lines[n-1])
-			if !ok {
-				return "", errGarbageEntry
-			}
-			client = a
-		}
-	case c.hops > 0:
-		client, err = c.walkHops(lines)
-	default:
-		client, err = c.walkTrusted(lines, peer)
-	}
-	if err != nil {
-		return "", err
-	}
-	return c.keyOf(client), nil
-}
-
-// walkTrusted walks the merged header list right to left, skipping trusted
-// entries. peer is trusted and stands right of every entry.
-func (c *ipConfig) walkTrusted(lines []string, peer netip.Addr) (netip.Addr, error) {
-	w := entryWalker{lines: lines, li: len(lines), forwarded: c.kind == ipHeaderForwarded}
-	leftmost := peer
-	for {
-		a, st := w.next()
-		switch st {
-		case walkDone:
-			return leftmost, nil // every entry trusted
-		case walkGarbage:
-			return netip.Addr{}, errGarbageEntry
-		case walkLimit:
-			return netip.Addr{}, errForwardedTooLong
-		}
-		if !c.isTrusted(a) {
-			return a, nil
-		}
-		leftmost = a
-	}
-}
-
-// walkHops returns the c.hops-th entry from the right.
-func (c *ipConfig) walkHops(lines []string) (netip.Addr, error) {
-	w := entryWalker{lines: lines, li: len(lines), forwarded: c.kind == ipHeaderForwarded}
-	for i := 1; ; i++ {
-		a, st := w.next()
-		switch st {
-		case walkDone:
-			return netip.Addr{}, errTooFewHops
-		case walkGarbage:
-			return netip.Addr{}, errGarbageEntry
-		case walkLimit:
-			return netip.Addr{}, errForwardedTooLong
-		}
-		if i == c.hops {
-			return a, nil
-		}
-	}
-}
-
-type walkStatus uint8
-
-const (
-	walkOK      walkStatus = iota // an address was returned
-	walkDone                      // no entries left
-	walkGarbage                   // the next entry is not an address
-	walkLimit                     // the examination limits were reached
-)
-
-// entryWalker yields the non-empty entries of a list header right to left,
-// across all of its lines, within MaxForwardedEntries and MaxForwardedBytes.
-//
-// The parsing is written here rather than taken from
-// github.com/realclientip/realclientip-go: that library splits and parses the
-// whole header on every request (unbounded work and an allocation per entry on
-// a hostile 1 MB header), reports "garbage", "all trusted" and "absent" alike
-// as "", and returns strings that would have to be parsed again. Walking
-// from the right with net/netip bounds the work, distinguishes the cases the
-// fail-closed rules need, and allocates nothing.
-//
-// Entries are split at every comma, quoted or not. For X-Forwarded-For that is
-// the grammar; for Forwarded it means a quoted-string cannot hide a comma, so a
-// client's unbalanced quote can never swallow the elements a trusted proxy
-// appended to its right (an address never contains a comma).
-type entryWalker struct {
-	lines     []string
-	li        int    // index of the line being consumed, counting down
-	cur       string // unconsumed left part of lines[li]
-	started   bool   // cur holds lines[li]
-	forwarded bool
-	entries   int // non-empty entries examined
-	bytes     int // bytes examined
-}
-
-func (w *entryWalker) next() (netip.Addr, walkStatus) {
-	for {
-		if !w.started {
-			if w.li == 0 {
-				return netip.Addr{}, walkDone
-			}
-			w.li--
-			w.cur, w.started = w.lines[w.li], true
-		}
-		// Only the part within the byte budget may be examined: search for
-		// the comma in the last budget+1 bytes only.
-		budget := MaxForwardedBytes - w.bytes
-		window := min(max(len(w.cur)-budget-1, 0), len(w.cur))
-		var elem string
-		i := strings.LastIndexByte(w.cur[window:], ',')
-		if i >= 0 {
-			i += window
-		}
-		if i < 0 {
-			if len(w.cur) > budget {
-				return netip.Addr{}, walkLimit
-			}
-			elem = w.cur
-			w.bytes += len(w.cur) + 1 // the line boundary acts as a comma
-			w.started = false
-		} else {
-			if len(w.cur)-i > budget {
-				return netip.Addr{}, walkLimit
-			}
-			elem = w.cur[i+1:]
-			w.bytes += len(w.cur) - i
-			w.cur = w.cur[:i]
-		}
-		elem = trimListOWS(elem)
-		if elem == "" {
-			continue
-		}
-		if w.entries == MaxForwardedEntries {
-			return netip.Addr{}, walkLimit
-		}
-		w.entries++
-		var (
-			a  netip.Addr
-			ok bool
-		)
-		if w.forwarded {
-			a, ok = parseForwardedElement(elem)
-		} else {
-			a, ok = parseIPEntry(elem)
-		}
-		if !ok {
-			return netip.Addr{}, walkGarbage
-		}
-		return a, walkOK
-	}
-}
-
-// parseForwardedElement returns the address in the for= parameter of one
-// RFC 7239 forwarded-element ("for=192.0.2.60;proto=http;by=203.0.113.43").
-// A missing or repeated for=, a quoted-pair, or a non-address node
-// ("unknown", "_hidden") makes the element garbage.
-func parseForwardedElement(elem string) (netip.Addr, bool) {
-	var (
-		val   string
-		found bool
-	)
-	for elem != "" {
-		pair := elem
-		if i := strings.IndexByte(elem, ';'); i >= 0 {
-			pair, elem = elem[:i], elem[i+1:]
-		} else {
-			elem = ""
-		}
-		pair = trimListOWS(pair)
-		eq := strings.IndexByte(pair, '=')
-		if eq < 0 || !strings.EqualFold(trimListOWS(pair[:eq]), "for") {
-			continue
-		}
-		if found {
-			return netip.Addr{}, false
-		}
-		val, found = trimListOWS(pair[eq+1:]), true
-	}
-	if !found {
-		return netip.Addr{}, false
-	}
-	if len(val) > 0 && val[0] == '"' {
-		if len(val) < 2 || val[len(val)-1] != '"' {
-			return netip.Addr{}, false
-		}
-		val = val[1 : len(val)-1]
-		if strings.ContainsAny(val, "\\\"") {
-			return netip.Addr{}, false
-		}
-	}
-	return parseIPEntry(val)
-}
-
-// maxIPEntryLen bounds the text parseIPEntry looks at: the longest address
-// with brackets, port and a generous zone is well under it.
-const maxIPEntryLen = 128
-
-// parseIPEntry parses one address as found in RemoteAddr or a forwarded
-// header: "192.0.2.1", "192.0.2.1:80", "2001:db8::1", "[2001:db8::1]",
-// "[2001:db8::1]:443", optionally with a zone. The result is unmapped and
-// zone-free. The unspecified addresses (0.0.0.0, ::) are rejected: no proxy
-// reports a peer at them.
-func parseIPEntry(s string) (netip.Addr, bool) {
-	a, _, ok := parseIPEntryHost(s)
-	return a, ok
-}
-
-// parseIPEntryHost is parseIPEntry that also returns the address as it
-// appeared in s (without brackets and port).
-func parseIPEntryHost(s string) (netip.Addr, string, bool) {
-	if len(s) > maxIPEntryLen {
-		return netip.Addr{}, "", false
-	}
-	s = trimListOWS(s)
-	if s == "" {
-		return netip.Addr{}, "", false
-	}
-	var host string
-	if s[0] == '[' {
-		end := strings.IndexByte(s, ']')
-		if end < 0 || !validNodePort(s[end+1:], true) {
-			return netip.Addr{}, "", false
-		}
-		host = s[1:end]
-	} else if i := strings.IndexByte(s, ':'); i >= 0 && strings.IndexByte(s[i+1:], ':') < 0 {
-		// Exactly one colon: IPv4 with a port.
-		if !validNodePort(s[i:], false) {
-			return netip.Addr{}, "", false
-		}
-		host = s[:i]
-	} else {
-		host = s // IPv4, or IPv6 without brackets (and so without a port)
-	}
-	a, err := netip.ParseAddr(host)
-	if err != nil {
-		return netip.Addr{}, "", false
-	}
-	if s[0] == '[' && a.Is4() {
-		return netip.Addr{}, "", false // brackets are for IPv6 only
-	}
-	a = a.WithZone("").Unmap()
-	if a.IsUnspecified() {
-		return netip.Addr{}, "", false
-	}
-	return a, host, true
-}
-
-// validNodePort reports whether s is "" (if empty is allowed) or ":" followed by
-// a decimal port of at most five digits or an RFC 7239 obfuscated port
-// ("_" followed by ALPHA / DIGIT / "." / "_" / "-").
-func validNodePort(s string, emptyOK bool) bool {
-	if s == "" {
-		return emptyOK
-	}
-	if s[0] != ':' || len(s) < 2 || len(s) > 33 {
-		return false
-	}
-	p := s[1:]
-	if p[0] == '_' {
-		for i := 1; i < len(p); i++ {
-			ch := p[i]
-			if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '.' || ch == '_' || ch == '-') {
-				return false
-			}
-		}
-		return len(p) > 1
-	}
-	if len(p) > 5 {
-		return false
-	}
-	for i := 0; i < len(p); i++ {
-		if p[i] < '0' || p[i] > '9' {
-			return false
-		}
-	}
-	return true
-}
-
-// parseTrustedCIDR parses "10.0.0.0/8" or a bare address (a single-host prefix).
-func parseTrustedCIDR(s string) (netip.Prefix, error) {
-	s = strings.TrimSpace(s)
-	if strings.IndexByte(s, '/') >= 0 {
-		return netip.ParsePrefix(s)
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, err
-	}
-	if a.Zone() != "" {
-		return netip.Prefix{}, errors.New("zones are not allowed")
-	}
-	return netip.PrefixFrom(a, a.BitLen()), nil
-}
-
-// trimListOWS trims HTTP optional whitespace (spaces and tabs).
-func trimListOWS(s string) string {
-	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
-}
 
 // ---------------------------------------------------------------------------
 // Header (API key)
@@ -716,7 +88,8 @@ func HashKey() HeaderOption {
 // Header returns a KeyFunc that keys a request by the value of the named
 // request header, typically an API key. When the header appears more than
 // once, its first line is used, as http.Header.Get does. A missing or empty
-// header returns [ErrNoKey], so the layer is skipped: pair it with a per-IP
+// header returns [ErrNoKey], so the layer is skipped: make the key required
+// (Layer.IfNoKey [NoKeyRefuse]), fall back with [FirstOf], or pair it with a per-IP
 // layer so anonymous traffic is still limited.
 //
 // Without [HashKey] the value is the key, and a value longer than
@@ -816,50 +189,78 @@ func User() KeyFunc {
 
 type routeContextKey struct{}
 
-// WithRoute returns a copy of ctx carrying the route pattern that matched the
-// request ("/users/{id}"), for [Route] to key by. Framework adapters call it
-// with the router's pattern (chi's RoutePattern, echo's c.Path, gin's
-// c.FullPath). An empty pattern counts as none.
+// ErrNoRoute is returned (wrapped) by [Route] for a request that carries no
+// routing information at all: the limiter runs before routing and was told
+// neither the ServeMux ([WithServeMux]) nor the pattern (a framework adapter
+// or [WithRoute]). The middleware treats it as a configuration error
+// ([ErrConfig]), never as an absent key: a route limit that cannot see the
+// route must not silently limit nothing.
+var ErrNoRoute = errors.New("ratelimit: no route pattern: the limiter runs before routing")
+
+// errRouteUnmatched is Route's error for a request the router matched no
+// route for: the route layer does not apply (the router answers it).
+var errRouteUnmatched = fmt.Errorf("%w: no route matched", ErrNoKey)
+
+// WithRoute returns a copy of ctx carrying the route the router matched, for
+// [Route] to key by. pattern is the route as the router names it: the
+// method and the pattern ("GET /users/{id}") when the route serves one
+// method, the pattern alone ("/login") when it serves every method. An
+// empty pattern records that the router matched no route (a 404 or 405):
+// route layers then do not apply. Framework adapters call it.
 func WithRoute(ctx context.Context, pattern string) context.Context {
 	return context.WithValue(ctx, routeContextKey{}, pattern)
 }
 
-// RouteFromContext returns the route pattern stored by [WithRoute]. ok is
-// false when none was stored or it is empty.
+// RouteFromContext returns the route stored by [WithRoute]. ok is false when
+// none was stored or it is empty (no route matched).
 func RouteFromContext(ctx context.Context) (pattern string, ok bool) {
 	pattern, _ = ctx.Value(routeContextKey{}).(string)
 	return pattern, pattern != ""
 }
 
-// Route returns a KeyFunc that keys a request by its method and route
-// pattern, "GET /users/{id}", so every request to one endpoint shares a
-// quota whatever its path parameters. The pattern is the one stored by
-// [WithRoute]; failing that, the http.ServeMux pattern in r.Pattern (Go
-// 1.22+), whose own method, if any, is replaced by the request's ("GET
-// /users/{id}" matched by a HEAD request gives "HEAD /users/{id}"). A request
-// with neither (not yet routed, or unmatched) returns [ErrNoKey].
+// Route returns a KeyFunc that keys a request by the route the router
+// matched, so every request to one endpoint shares a quota whatever its path
+// parameters, and the number of keys is bounded by the number of routes. The
+// key is the pattern plus the method only where the route names one:
+// "POST /login" for a route registered for POST, "/login" for one that
+// serves every method (http.ServeMux's Handle("/login", ...), chi's Handle),
+// so that changing the method never buys a fresh quota. A GET route serving
+// HEAD counts HEAD with GET, as the router serves it.
 //
-// Route patterns come from the program, so the number of keys is bounded by
-// the number of routes times the number of methods.
-func Route() KeyFunc {
-	return func(r *http.Request) (string, error) {
-		pattern, ok := RouteFromContext(r.Context())
-		if !ok {
-			pattern = stripPatternMethod(r.Pattern)
-			if pattern == "" {
-				return "", ErrNoKey
-			}
+// The route comes from [WithRoute] (framework adapters), failing that from
+// r.Pattern, set by http.ServeMux when it routes the request and by the
+// Limiter before routing with [WithServeMux]. A request the router matched
+// no route for returns an error wrapping [ErrNoKey]: a route layer does not
+// apply to it. A request with no routing information at all returns
+// [ErrNoRoute], a configuration error.
+func Route() KeyFunc { return routeKey }
+
+// routeKey is the KeyFunc Route returns.
+func routeKey(r *http.Request) (string, error) {
+	if p, routed := r.Context().Value(routeContextKey{}).(string); routed {
+		if p == "" {
+			return "", errRouteUnmatched
 		}
-		return requestMethod(r) + " " + pattern, nil
+		return p, nil
 	}
+	if r.Pattern != "" {
+		return normalizePattern(r.Pattern), nil
+	}
+	return "", ErrNoRoute
 }
 
-// stripPatternMethod removes the "METHOD " prefix of a ServeMux pattern.
-func stripPatternMethod(p string) string {
-	if i := strings.IndexAny(p, " \t"); i >= 0 && strings.IndexByte(p[:i], '/') < 0 {
-		return strings.TrimLeft(p[i:], " \t")
+// normalizePattern writes the space between a ServeMux pattern's method and
+// path as one space ("POST\t /x" is "POST /x"), allocating only when the
+// pattern was written otherwise.
+func normalizePattern(p string) string {
+	i := strings.IndexAny(p, " \t")
+	if i < 0 || strings.IndexByte(p[:i], '/') >= 0 {
+		return p
 	}
-	return p
+	if p[i] == ' ' && i+1 < len(p) && p[i+1] != ' ' && p[i+1] != '\t' {
+		return p
+	}
+	return p[:i] + " " + strings.TrimLeft(p[i:], " \t")
 }
 
 // RawPath returns a KeyFunc that keys a request by its method and URL path,
@@ -947,6 +348,46 @@ func decimalDigits(n int) int {
 		l++
 	}
 	return l
+}
+
+// FirstOf returns a KeyFunc that keys a request by the first of fns that
+// applies to it: FirstOf(User(), ClientIP()) keys signed-in users by user
+// and everyone else by client IP, so leaving the user out (or the API key)
+// never escapes the layer. A part returning an error wrapping [ErrNoKey] is
+// passed over; any other error is returned at once (a key error never falls
+// through to a weaker key). When no part applies, FirstOf returns [ErrNoKey].
+//
+// Each key is prefixed with the index of the part that produced it ("0:" +
+// user, "1:" + address), so a user named like an address never shares that
+// address's bucket.
+//
+// FirstOf panics if fns is empty or contains nil.
+func FirstOf(fns ...KeyFunc) KeyFunc {
+	if len(fns) == 0 {
+		panic("ratelimit: FirstOf needs at least one KeyFunc")
+	}
+	for i, fn := range fns {
+		if fn == nil {
+			panic(fmt.Sprintf("ratelimit: FirstOf KeyFunc %d is nil", i))
+		}
+	}
+	fns = append([]KeyFunc(nil), fns...)
+	return func(r *http.Request) (string, error) {
+		for i, fn := range fns {
+			k, err := fn(r)
+			if err != nil {
+				if errors.Is(err, ErrNoKey) {
+					continue
+				}
+				return "", err
+			}
+			if k == "" {
+				return "", ErrEmptyKey
+			}
+			return strconv.Itoa(i) + ":" + k, nil
+		}
+		return "", ErrNoKey
+	}
 }
 
 // Global returns a KeyFunc that keys every request by the constant name: one

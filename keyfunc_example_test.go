@@ -80,7 +80,7 @@ func ExampleComposite() {
 
 	r := httptest.NewRequest("POST", "/orders/42", nil)
 	ctx := ratelimit.WithUser(r.Context(), "alice")
-	ctx = ratelimit.WithRoute(ctx, "/orders/{id}")
+	ctx = ratelimit.WithRoute(ctx, "POST /orders/{id}")
 	fmt.Println(key(r.WithContext(ctx)))
 
 	_, err := key(r)

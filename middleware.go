@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -21,16 +23,56 @@ var (
 	// ErrTooManyWaiting is the Result.Err of a shaped request refused
 	// because [WithMaxWaiting] requests were already waiting.
 	ErrTooManyWaiting = errors.New("ratelimit: too many requests waiting for a shaping delay")
+
+	// ErrConfig is wrapped by the error the error handler receives when a
+	// request meets a configuration error that only shows at request time:
+	// a [Route] layer that finds no route pattern ([ErrNoRoute]), or layers
+	// whose Resolvers return equally named policies for one request
+	// (core.ErrDuplicateRequest). Such a request is answered 500 Internal
+	// Server Error unless the error handler writes a response, whatever the
+	// fail policy: it is never served unlimited. It is logged once.
+	ErrConfig = errors.New("ratelimit: configuration error")
+
+	// ErrMissingKey is wrapped by the error the error handler receives when
+	// a layer with IfNoKey set to [NoKeyRefuse] finds no key (its KeyFunc
+	// returned [ErrNoKey]). Unless the error handler writes a response, the
+	// request is answered 401 Unauthorized. Nothing is charged.
+	ErrMissingKey = errors.New("ratelimit: required key is missing")
 )
+
+// NoKey says what a layer does with a request its Key does not apply to
+// (the KeyFunc returned an error wrapping [ErrNoKey]). To fall back to
+// another key instead, give the layer a [FirstOf] key function.
+type NoKey uint8
+
+const (
+	// NoKeySkip skips the layer for that request; the other layers still
+	// decide it. It is the default, for optional layers such as a per-user
+	// layer beside a per-IP one. A layer whose key is absent on every one
+	// of the first [AbsentKeyLogAfter] requests it sees is logged once.
+	NoKeySkip NoKey = iota
+
+	// NoKeyRefuse refuses the request: the error handler receives an error
+	// wrapping [ErrMissingKey] and, unless it writes a response, the request
+	// is answered 401 Unauthorized (write 400 from the error handler if
+	// that suits the API better). Nothing is charged. Use it for a layer
+	// that must apply to every request, such as an API-key layer that is
+	// the only limit.
+	NoKeyRefuse
+)
+
+// AbsentKeyLogAfter is the number of requests after which a layer whose key
+// was absent on every one of them (see [NoKeySkip]) is logged once.
+const AbsentKeyLogAfter = 100
 
 // Layer is one limit of a [Limiter]: requests are keyed by Key and decided
 // under Rule. All layers of a Limiter are decided and charged together,
 // atomically: a request refused by any layer charges no layer.
 type Layer struct {
 	// Key derives the key the request is charged to, such as ClientIP() or
-	// User(). A Key returning an error wrapping ErrNoKey skips the layer
-	// for that request; any other error is a key error (see
-	// [WithErrorHandler]). Required.
+	// User(). A Key returning an error wrapping ErrNoKey does what
+	// IfNoKey says (skip the layer by default); any other error is a key
+	// error (see [WithErrorHandler]). Required.
 	Key KeyFunc
 
 	// Rule is the quota. Its Name (core.DefaultName when empty) names the
@@ -47,8 +89,26 @@ type Layer struct {
 	// pro, see core.Tiers); a nil policy means Rule. Resolved policies speak
 	// in the headers under their own names and are namespaced in the store
 	// by them, so give tier rules names distinct from other layers'.
-	// A Resolver error is handled like a store failure.
+	// A Resolver error is handled like a store failure. If the Resolver
+	// implements core.PolicyLister (core.Tiers' does), New refuses policy
+	// names that clash with another layer's.
 	Resolver core.Resolver
+
+	// IfNoKey says what a request Key does not apply to means: skip the
+	// layer (the default, [NoKeySkip]) or refuse the request
+	// ([NoKeyRefuse]).
+	IfNoKey NoKey
+
+	// Routes, if set, limits the layer to requests whose route (the key
+	// [Route] gives them, such as "POST /login" or "GET /users/{id}") is
+	// one of Routes; the layer does not apply to other requests (nor to
+	// requests no route matches), which is not an absent key. This lets one
+	// Limiter mounted before routing hold per-IP, per-user and per-route
+	// limits in one atomic batch. The route is found as [Route] finds it:
+	// through [WithServeMux], a framework adapter, or r.Pattern. A request
+	// for which no routing information exists at all is a configuration
+	// error (see [ErrConfig]).
+	Routes []string
 }
 
 // Result is the outcome of deciding one request: what [Limiter.Decide]
@@ -56,7 +116,9 @@ type Layer struct {
 type Result struct {
 	// Proceed reports whether the request may be served, after waiting
 	// Delay. It is true for admitted, skipped and dry-run requests and for
-	// store failures under the default fail-open policy.
+	// store failures under the default fail-open policy; it is false for a
+	// full store, a configuration error and a request that ended before it
+	// was decided, whatever the fail policy.
 	Proceed bool
 
 	// Skipped reports that the request matched [WithSkip] or an allowlist
@@ -85,12 +147,16 @@ type Result struct {
 	// core.ErrInvalidCost), a store or Resolver failure (wrapping
 	// ErrStoreFailure), a cost above a layer's capacity (wrapping
 	// core.ErrCostExceedsCapacity; that layer has Refused set),
-	// ErrTooManyWaiting, or the request context's error when it ended
-	// during a shaping delay.
+	// ErrTooManyWaiting, a full store (wrapping core.ErrStoreFull: refused
+	// with 429), a configuration error (wrapping [ErrConfig]), a missing
+	// required key (wrapping [ErrMissingKey]), or the request context's
+	// error when it ended during a shaping delay or before the store
+	// answered.
 	Err error
 
-	kind outcome
-	at   int64 // Unix ns of the decision, 0 before one was made
+	kind     outcome
+	at       int64 // Unix ns of the decision, 0 before one was made
+	reserved bool  // holds a waiting-room slot that wait releases
 }
 
 // LayerResult is the decision of one applied layer.
@@ -126,11 +192,17 @@ const (
 	outcomeBadRequest                // key error, invalid cost: 400
 	outcomeStore                     // store or resolver failure: fail policy, 503 when closed
 	outcomeCancelled                 // context ended while waiting: 503
+	outcomeStoreFull                 // a KeepActive store refused a new key: 429
+	outcomeConfig                    // configuration error met at request time: 500
+	outcomeMissingKey                // a required key is missing: 401
+	outcomeGone                      // the request ended before it was decided: nothing written
 )
 
 // RetryAfter returns how long a refused client should wait before retrying:
-// the longest RetryAfter among the refusing layers (the shaping delay for
-// ErrTooManyWaiting), never early. It is 0 when the request proceeds, when
+// the longest RetryAfter among the refusing layers (for ErrTooManyWaiting,
+// the shaping delay, or the longest MaxDelay of the shaping layers when the
+// request was refused before being decided; for a full store, the refusing
+// decision's RetryAfter and at least one second), never early. It is 0 when the request proceeds, when
 // the refusal promises no retry time (a cost above capacity), and for errors.
 func (res *Result) RetryAfter() time.Duration { return retryAfter(res, res.Layers) }
 
@@ -151,6 +223,8 @@ func retryAfter(res *Result, layers []LayerResult) time.Duration {
 		return ra
 	case outcomeQueueFull:
 		return res.Delay
+	case outcomeStoreFull:
+		return max(res.Delay, time.Second)
 	}
 	return 0
 }
@@ -195,6 +269,11 @@ type Limiter struct {
 	sleep   func(ctx context.Context, d time.Duration) error // replaced in tests
 
 	epochs [64]atomic.Pointer[epochString]
+
+	shaping  bool          // a layer may delay requests (reserve a waiting slot first)
+	routed   bool          // a layer has Routes
+	maxDelay time.Duration // the longest MaxDelay of the shaping layers
+	logs     logState
 }
 
 // layer is a validated Layer with its precomputed header strings.
@@ -203,8 +282,11 @@ type layer struct {
 	policy     *core.Policy
 	cost       func(*http.Request) int64
 	resolver   core.Resolver
-	xLimit     string // X-RateLimit-Limit value
-	policyItem string // RateLimit-Policy member, without pk
+	ifNoKey    NoKey
+	routes     []string // nil: every request
+	desc       string   // the layer in the user's words: `"login"` or `0 (unnamed)`
+	xLimit     string   // X-RateLimit-Limit value
+	policyItem string   // RateLimit-Policy member, without pk
 }
 
 // allowList is one WithSkipCIDRs or WithSkipCIDRsFrom option.
@@ -216,8 +298,10 @@ type allowList struct {
 // New returns a Limiter deciding every request under layers, configured by
 // opts. It reports every configuration problem now, never at request time:
 // no layers, more than core.MaxBatch layers, a layer without Key, an invalid
-// Rule (the error wraps core.ErrInvalidRule), two layers with the same name,
-// or an invalid option. Errors are prefixed "ratelimit: ".
+// Rule (the error wraps core.ErrInvalidRule), two layers with the same name
+// (including the policies a layer's Resolver lists, see core.PolicyLister),
+// or an invalid option. Errors start with one "ratelimit: " and name the
+// layer as it was given: by its Rule.Name, or by its index when unnamed.
 //
 // Unless [WithStore] is given, the Limiter keeps its state in a new
 // core.MemoryStore of its own.
@@ -239,24 +323,72 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		return nil, fmt.Errorf("ratelimit: %d layers, at most %d (core.MaxBatch)", len(layers), core.MaxBatch)
 	}
 	l := &Limiter{cfg: cfg, layers: make([]layer, len(layers)), sleep: waitTimer}
-	names := make(map[string]int, len(layers))
+	l.logs.keys = make([]keyStat, len(layers))
+	type owner struct {
+		layer int
+		named bool
+	}
+	names := make(map[string]owner, len(layers))
+	claim := func(i int, named bool, p *core.Policy, via string) error {
+		o, dup := names[p.Name()]
+		if !dup {
+			names[p.Name()] = owner{i, named}
+			return nil
+		}
+		if o.layer == i {
+			return nil // one layer decides one of its policies per request
+		}
+		if !o.named && !named {
+			return fmt.Errorf("ratelimit: layers %d and %d are both unnamed (both named %q by default): name them with Rule.Named", o.layer, i, p.Name())
+		}
+		return fmt.Errorf("ratelimit: layers %s and %s are both named %q%s: layer and policy names must be unique within a Limiter", layerDesc(o.layer, layers[o.layer].Rule.Name), layerDesc(i, layers[i].Rule.Name), p.Name(), via)
+	}
 	for i, ly := range layers {
+		desc := layerDesc(i, ly.Rule.Name)
 		if ly.Key == nil {
-			return nil, fmt.Errorf("ratelimit: layer %d (%q) has no Key", i, ly.Rule.Name)
+			return nil, fmt.Errorf("ratelimit: layer %s has no Key", desc)
+		}
+		if ly.IfNoKey > NoKeyRefuse {
+			return nil, fmt.Errorf("ratelimit: layer %s: unknown IfNoKey value %d", desc, ly.IfNoKey)
 		}
 		p, err := core.NewPolicy(ly.Rule)
 		if err != nil {
-			return nil, fmt.Errorf("ratelimit: layer %d: %w", i, err)
+			return nil, prefixed("layer "+desc, err)
 		}
-		if j, dup := names[p.Name()]; dup {
-			return nil, fmt.Errorf("ratelimit: layers %d and %d are both named %q: layer names must be unique", j, i, p.Name())
+		if err := claim(i, ly.Rule.Name != "", p, ""); err != nil {
+			return nil, err
 		}
-		names[p.Name()] = i
+		if pl, ok := ly.Resolver.(core.PolicyLister); ok {
+			for _, rp := range pl.Policies() {
+				if rp == nil {
+					continue
+				}
+				if err := claim(i, true, rp, " (a policy its Resolver can return)"); err != nil {
+					return nil, err
+				}
+				l.noteShaping(rp)
+			}
+		}
+		var routes []string
+		for _, rt := range ly.Routes {
+			rt = normalizePattern(strings.TrimSpace(rt))
+			if rt == "" {
+				return nil, fmt.Errorf("ratelimit: layer %s: empty route in Routes", desc)
+			}
+			routes = append(routes, rt)
+		}
+		if len(ly.Routes) > 0 {
+			l.routed = true
+		}
+		l.noteShaping(p)
 		l.layers[i] = layer{
 			key:        ly.Key,
 			policy:     p,
 			cost:       ly.Cost,
 			resolver:   ly.Resolver,
+			ifNoKey:    ly.IfNoKey,
+			routes:     routes,
+			desc:       desc,
 			xLimit:     itoa(p.Capacity()),
 			policyItem: string(appendPolicyItem(nil, p, nil)),
 		}
@@ -269,7 +401,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 	if store == nil {
 		m, err := core.NewMemoryStore(&core.MemoryConfig{Observer: cfg.observer})
 		if err != nil {
-			return nil, fmt.Errorf("ratelimit: %w", err)
+			return nil, prefixed("", err)
 		}
 		store = m
 	}
@@ -282,11 +414,68 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 	}
 	cl, err := core.NewWithPolicy(nil, coreOpts...)
 	if err != nil {
-		return nil, fmt.Errorf("ratelimit: %w", err)
+		return nil, prefixed("", err)
 	}
 	l.cl = cl
 	l.clock = cl.Clock()
 	return l, nil
+}
+
+// layerDesc names layer i in the user's words: its Rule.Name, quoted, or its
+// index when it has none.
+func layerDesc(i int, name string) string {
+	if name == "" {
+		return strconv.Itoa(i) + " (unnamed)"
+	}
+	return strconv.Quote(name)
+}
+
+// noteShaping records that p may delay requests.
+func (l *Limiter) noteShaping(p *core.Policy) {
+	if d := p.MaxDelay(); d > 0 {
+		l.shaping = true
+		l.maxDelay = max(l.maxDelay, d)
+	}
+}
+
+// prefixedError is an error whose message carries one "ratelimit: " prefix
+// however many the errors it wraps had.
+type prefixedError struct {
+	msg string
+	err error
+}
+
+func (e *prefixedError) Error() string { return e.msg }
+func (e *prefixedError) Unwrap() error { return e.err }
+
+// prefixed returns err under "ratelimit: where: ", with the "ratelimit: "
+// prefix err's own message had removed; errors.Is still sees err.
+func prefixed(where string, err error) error {
+	msg := strings.TrimPrefix(err.Error(), "ratelimit: ")
+	if where != "" {
+		msg = where + ": " + msg
+	}
+	return &prefixedError{msg: "ratelimit: " + msg, err: err}
+}
+
+// wrapError is a sentinel and a cause under one "ratelimit: " prefix:
+// errors.Is sees both.
+type wrapError struct {
+	msg  string
+	errs [2]error
+}
+
+func (e *wrapError) Error() string   { return e.msg }
+func (e *wrapError) Unwrap() []error { return e.errs[:] }
+
+// wrap returns an error wrapping sentinel and err whose message is
+// sentinel's, then where (if any), then err's, with one "ratelimit: " prefix.
+func wrap(sentinel error, where string, err error) error {
+	msg := sentinel.Error()
+	if where != "" {
+		msg += ": " + where
+	}
+	return &wrapError{msg: msg + ": " + strings.TrimPrefix(err.Error(), "ratelimit: "), errs: [2]error{sentinel, err}}
 }
 
 // Must panics if err is not nil and returns l otherwise, for limiters built
@@ -332,10 +521,13 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 //	if !l.Admit(c.Writer, c.Request) { c.Abort(); return }
 //
 // In order: a skipped request (or one no layer applies to) is admitted
-// without headers. An error goes to the error handler; unless it writes a
-// response, a request error is answered 400, a store failure is served
-// (fail-open, without headers) or answered 503 (fail-closed), and in dry-run
-// mode the request is served. Otherwise the headers are set; a refused
+// without headers. A request whose context ended before the store answered
+// gets no response at all (its client is gone). An error goes to the error
+// handler; unless it writes a response, a request error is answered 400, a
+// missing required key 401, a configuration error 500, a full store 429
+// with Retry-After, a store failure is served (fail-open, without headers,
+// logged once) or answered 503 (fail-closed), and in dry-run mode the
+// request is served. Otherwise the headers are set; a refused
 // request gets Retry-After and the denied response (429, or 413 for a cost
 // above capacity). An admitted request with a Delay waits for it (see
 // [Limiter.Wait]); a full waiting room refuses it with 429 and a request
@@ -345,29 +537,50 @@ func (l *Limiter) Admit(w http.ResponseWriter, r *http.Request) bool {
 	// analysis is field-insensitive, so a Result holding both them and an
 	// error handed to user code would move them to the heap.
 	var res Result
+	kr := l.routeRequest(r)
 	if len(l.layers) <= smallBatch {
 		var (
 			buf  [smallBatch]LayerResult
 			reqs [smallBatch]core.Request
 			out  [smallBatch]core.Decision
 		)
-		n := l.decide(r, &res, buf[:], reqs[:], out[:])
+		n := l.decide(kr, &res, buf[:], reqs[:], out[:], true)
 		return l.serve(w, r, &res, buf[:n])
 	}
-	return l.admitMany(w, r, &res)
+	return l.admitMany(w, r, kr, &res)
+}
+
+// routeRequest returns r ready for [Route] when the Limiter knows the
+// ServeMux (see [WithServeMux]) and r has not been routed yet: it sets
+// r.Pattern to the pattern the mux will match, as the mux itself does when it
+// serves r, or, when the mux matches nothing, returns a copy of r marked as
+// routed without a match.
+func (l *Limiter) routeRequest(r *http.Request) *http.Request {
+	mux := l.cfg.mux
+	if mux == nil || r.Pattern != "" {
+		return r
+	}
+	if _, routed := r.Context().Value(routeContextKey{}).(string); routed {
+		return r
+	}
+	if _, pattern := mux.Handler(r); pattern != "" {
+		r.Pattern = pattern
+		return r
+	}
+	return r.WithContext(WithRoute(r.Context(), ""))
 }
 
 // admitMany is Admit for limiters with more than smallBatch layers, apart
 // so that the common case does not zero its larger arrays.
 //
 //go:noinline
-func (l *Limiter) admitMany(w http.ResponseWriter, r *http.Request, res *Result) bool {
+func (l *Limiter) admitMany(w http.ResponseWriter, r, kr *http.Request, res *Result) bool {
 	var (
 		buf  [core.MaxBatch]LayerResult
 		reqs [core.MaxBatch]core.Request
 		out  [core.MaxBatch]core.Decision
 	)
-	n := l.decide(r, res, buf[:], reqs[:], out[:])
+	n := l.decide(kr, res, buf[:], reqs[:], out[:], true)
 	return l.serve(w, r, res, buf[:n])
 }
 
@@ -379,7 +592,10 @@ const smallBatch = 4
 // Layers field is unused). Both may live on the caller's stack: user code
 // gets only their export.
 func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, layers []LayerResult) bool {
-	if res.Err != nil && (res.kind == outcomeBadRequest || res.kind == outcomeStore) {
+	switch res.kind {
+	case outcomeGone:
+		return false // the client went away: nobody to answer
+	case outcomeBadRequest, outcomeStore, outcomeConfig, outcomeMissingKey, outcomeStoreFull:
 		if !res.Proceed {
 			l.Refuse(w, r, export(res, layers))
 			return false
@@ -388,7 +604,15 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 		if l.cfg.errHandler != nil && l.callErrorHandler(w, r, res.Err) {
 			return false
 		}
+		if res.kind == outcomeStore && !res.DryRun {
+			l.logOnce(logFailOpen, msgFailOpen, "error", res.Err.Error())
+		}
 		return true
+	case outcomeQueueFull:
+		if len(layers) == 0 { // refused before anything was charged
+			l.Refuse(w, r, export(res, layers))
+			return false
+		}
 	}
 	if res.Skipped || len(layers) == 0 {
 		return res.Proceed
@@ -418,7 +642,7 @@ func (l *Limiter) Decide(r *http.Request) Result {
 		out  [core.MaxBatch]core.Decision
 	)
 	buf := make([]LayerResult, len(l.layers))
-	if n := l.decide(r, &res, buf, reqs[:], out[:]); n > 0 {
+	if n := l.decide(l.routeRequest(r), &res, buf, reqs[:], out[:], false); n > 0 {
 		res.Layers = buf[:n]
 	}
 	return res
@@ -426,8 +650,10 @@ func (l *Limiter) Decide(r *http.Request) Result {
 
 // decide fills res, except its Layers: it returns n, the number of applied
 // layers whose results are in buf[:n] (0 after an error or a skip). buf,
-// reqs and out hold at least len(l.layers) elements.
-func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision) int {
+// reqs and out hold at least len(l.layers) elements. With reserve, a request
+// meeting a shaping layer takes a waiting-room slot before anything is
+// charged (see [WithMaxWaiting]); the slot stays with res when it must wait.
+func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve bool) int {
 	res.DryRun = l.cfg.dryRun
 	if l.skip(r) {
 		res.Skipped, res.Proceed = true, true
@@ -438,26 +664,59 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 		n        int
 		defCost  int64
 		haveCost bool
+		route    string
+		routeErr error
+		routed   bool
+		shaped   bool
 	)
 	for i := range l.layers {
 		ly := &l.layers[i]
-		key, err := ly.key(r)
-		if err != nil {
-			if errors.Is(err, ErrNoKey) {
+		if ly.routes != nil {
+			if !routed {
+				route, routeErr = routeKey(r)
+				routed = true
+			}
+			if routeErr != nil {
+				if errors.Is(routeErr, ErrNoKey) {
+					continue // no route matched: the router answers it
+				}
+				l.configError(res, ly, routeErr)
+				return 0
+			}
+			if !containsString(ly.routes, route) {
 				continue
 			}
-			l.failed(res, outcomeBadRequest, fmt.Errorf("ratelimit: layer %q: %w", ly.policy.Name(), err))
+		}
+		key, err := ly.key(r)
+		if err != nil {
+			if errors.Is(err, ErrNoRoute) {
+				l.configError(res, ly, err)
+				return 0
+			}
+			if errors.Is(err, ErrNoKey) {
+				l.noteKey(i, false)
+				if ly.ifNoKey == NoKeyRefuse {
+					l.failed(res, outcomeMissingKey, fmt.Errorf("%w: layer %s", ErrMissingKey, ly.desc))
+					return 0
+				}
+				continue
+			}
+			l.failed(res, outcomeBadRequest, prefixed("layer "+ly.desc, err))
 			return 0
 		}
 		if key == "" {
-			l.failed(res, outcomeBadRequest, fmt.Errorf("ratelimit: layer %q: %w", ly.policy.Name(), ErrEmptyKey))
+			l.failed(res, outcomeBadRequest, prefixed("layer "+ly.desc, ErrEmptyKey))
 			return 0
 		}
+		l.noteKey(i, true)
 		p := ly.policy
 		if ly.resolver != nil {
 			rp, err := ly.resolver.Resolve(ctx, key)
 			if err != nil {
-				l.failed(res, outcomeStore, fmt.Errorf("%w: layer %q: resolving the policy: %w", ErrStoreFailure, ly.policy.Name(), err))
+				if l.gone(res, ctx, err) {
+					return 0
+				}
+				l.failed(res, outcomeStore, wrap(ErrStoreFailure, "layer "+ly.desc+": resolving the policy", err))
 				return 0
 			}
 			if rp != nil {
@@ -477,8 +736,11 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 			cost = 1
 		}
 		if cost < 1 {
-			l.failed(res, outcomeBadRequest, fmt.Errorf("ratelimit: layer %q: cost %d: %w", ly.policy.Name(), cost, core.ErrInvalidCost))
+			l.failed(res, outcomeBadRequest, fmt.Errorf("ratelimit: layer %s: cost %d: %w", ly.desc, cost, errInvalidCost))
 			return 0
+		}
+		if p.MaxDelay() > 0 {
+			shaped = true
 		}
 		reqs[n] = core.Request{Policy: p, Key: key, Cost: cost}
 		buf[n] = LayerResult{Key: key, Cost: cost, index: i}
@@ -488,10 +750,39 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 		res.Proceed = true
 		return 0
 	}
+	if l.cfg.logger != nil && !l.logs.done[logForwarded].Load() {
+		l.checkForwarded(r, reqs[:n])
+	}
+	if shaped && reserve && !l.cfg.dryRun {
+		// Take a waiting-room slot before charging, so that a request
+		// refused for a full room is charged nothing.
+		if l.waiting.Add(1) > int64(l.cfg.maxWaiting) {
+			l.waiting.Add(-1)
+			res.Err, res.kind, res.Delay = ErrTooManyWaiting, outcomeQueueFull, l.maxDelay
+			return 0
+		}
+		res.reserved = true
+	}
 	res.at = l.cl.NowUnixNano()
 	ok, err := l.cl.TakeAtUnixNano(ctx, res.at, reqs[:n], out[:n])
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
-		l.failed(res, outcomeStore, fmt.Errorf("%w: %w", ErrStoreFailure, err))
+		l.release(res)
+		switch {
+		case l.gone(res, ctx, err):
+		case errors.Is(err, core.ErrDuplicateRequest):
+			l.configError(res, nil, err)
+		case errors.Is(err, core.ErrStoreFull):
+			// Fail-open would serve exactly the keys KeepActive exists
+			// to refuse: refuse them, whatever the fail policy.
+			var ra time.Duration
+			for j := 0; j < n; j++ {
+				ra = max(ra, out[j].RetryAfter)
+			}
+			l.failed(res, outcomeStoreFull, prefixed("refused", err))
+			res.Delay = ra
+		default:
+			l.failed(res, outcomeStore, wrap(ErrStoreFailure, "", err))
+		}
 		return 0
 	}
 	for j := 0; j < n; j++ {
@@ -508,7 +799,62 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 		res.Delay = 0
 	}
 	res.Proceed = ok || l.cfg.dryRun
+	if res.Delay == 0 || !res.Proceed || res.DryRun {
+		l.release(res)
+	}
 	return n
+}
+
+// errInvalidCost is core.ErrInvalidCost without its own prefix, for
+// messages that already carry one.
+var errInvalidCost = &prefixedError{msg: strings.TrimPrefix(core.ErrInvalidCost.Error(), "ratelimit: "), err: core.ErrInvalidCost}
+
+// release gives back the waiting-room slot res holds, if any.
+func (l *Limiter) release(res *Result) {
+	if res.reserved {
+		res.reserved = false
+		l.waiting.Add(-1)
+	}
+}
+
+// gone reports whether err means that the request itself ended (its client
+// went away, or its deadline passed) rather than that the store failed; if
+// so it records that in res.
+func (l *Limiter) gone(res *Result, ctx context.Context, err error) bool {
+	cerr := ctx.Err()
+	if cerr == nil && !errors.Is(err, context.Canceled) {
+		return false
+	}
+	if cerr == nil {
+		cerr = context.Canceled
+	}
+	res.Err, res.kind, res.Proceed = fmt.Errorf("ratelimit: request ended before it was decided: %w", cerr), outcomeGone, false
+	return true
+}
+
+// configError records a configuration error met at request time and logs it
+// once. ly is the layer concerned, nil for the batch.
+func (l *Limiter) configError(res *Result, ly *layer, err error) {
+	where := "the layers' policies"
+	if ly != nil {
+		where = "layer " + ly.desc
+	}
+	l.failed(res, outcomeConfig, wrap(ErrConfig, where, err))
+	if errors.Is(err, ErrNoRoute) {
+		l.logOnce(logNoRoute, msgNoRoute, "layer", ly.desc)
+		return
+	}
+	l.logOnce(logConfig, msgConfig, "error", res.Err.Error())
+}
+
+// containsString reports whether list holds s.
+func containsString(list []string, s string) bool {
+	for _, e := range list {
+		if e == s {
+			return true
+		}
+	}
+	return false
 }
 
 // failed records an error that left nothing decided.
@@ -587,7 +933,9 @@ func keyPrefix(key string) (netip.Prefix, bool) {
 // than Delay from now. Wait returns nil at once for a zero Delay or a dry-run
 // Result, nil after the delay, the context's error if ctx ends first, and
 // ErrTooManyWaiting without waiting when [WithMaxWaiting] requests are
-// already waiting. In the last two cases the charge stays, and Wait turns
+// already waiting. (Admit and Handler take the waiting slot before charging,
+// so their full-room refusals charge nothing; after Decide, Wait can only
+// count the waiters afterwards.) In the last two cases the charge stays, and Wait turns
 // res into a refusal for [Limiter.Refuse]: Proceed false, Err set, and for
 // ErrTooManyWaiting the delaying layers marked Refused (Refuse then answers
 // 429 with Retry-After set to the delay; 503 for an ended context).
@@ -601,10 +949,17 @@ func (l *Limiter) Wait(ctx context.Context, res *Result) error {
 func (l *Limiter) wait(ctx context.Context, res *Result, layers []LayerResult) error {
 	d := res.Delay
 	if d <= 0 || res.DryRun || !res.Proceed {
+		l.release(res)
 		return nil
 	}
 	err := ctx.Err()
-	if err == nil {
+	switch {
+	case res.reserved: // Admit took the slot before charging
+		if err == nil {
+			err = l.sleep(ctx, d)
+		}
+		l.release(res)
+	case err == nil:
 		if l.waiting.Add(1) > int64(l.cfg.maxWaiting) {
 			err = ErrTooManyWaiting
 		} else {
@@ -656,13 +1011,25 @@ func waitTimer(ctx context.Context, d time.Duration) error {
 // request whose context ended during its shaping delay is answered 503.
 func (l *Limiter) Refuse(w http.ResponseWriter, r *http.Request, res *Result) {
 	switch res.kind {
-	case outcomeBadRequest, outcomeStore:
+	case outcomeGone:
+		return
+	case outcomeBadRequest, outcomeStore, outcomeConfig, outcomeMissingKey, outcomeStoreFull:
+		if res.kind == outcomeStoreFull {
+			w.Header()[canonRetry] = []string{itoa(ceilSeconds(res.RetryAfter()))}
+		}
 		if l.cfg.errHandler != nil && res.Err != nil && l.callErrorHandler(w, r, res.Err) {
 			return
 		}
-		if res.kind == outcomeStore {
+		switch res.kind {
+		case outcomeStore:
 			writeText(w, http.StatusServiceUnavailable, "Service Unavailable: rate limiter unavailable\n")
-		} else {
+		case outcomeConfig:
+			writeText(w, http.StatusInternalServerError, "Internal Server Error: rate limiter misconfigured\n")
+		case outcomeMissingKey:
+			writeText(w, http.StatusUnauthorized, "Unauthorized\n")
+		case outcomeStoreFull:
+			writeText(w, http.StatusTooManyRequests, "Too Many Requests\n")
+		default:
 			writeText(w, http.StatusBadRequest, "Bad Request\n")
 		}
 		return

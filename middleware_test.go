@@ -44,7 +44,8 @@ func mwLimiter(t testing.TB, layers []ratelimit.Layer, opts ...ratelimit.Option)
 func mwNew(t testing.TB, layers []ratelimit.Layer, opts ...ratelimit.Option) *mwEnv {
 	t.Helper()
 	e := &mwEnv{clk: core.NewFakeClock(mwT0)}
-	l, err := ratelimit.New(layers, append([]ratelimit.Option{ratelimit.WithClock(e.clk)}, opts...)...)
+	// The one-time warnings are silenced unless a test sets a logger.
+	l, err := ratelimit.New(layers, append([]ratelimit.Option{ratelimit.WithClock(e.clk), ratelimit.WithLogger(nil)}, opts...)...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -792,21 +793,27 @@ func TestShapingMaxWaiting(t *testing.T) {
 		if ratelimit.Waiting(env.l) != 2 {
 			t.Errorf("waiting %d, want 2", ratelimit.Waiting(env.l))
 		}
-		rec := env.do(t, mwReq("192.0.2.1:1")) // delay 3s: the room is full
-		if rec.Code != 429 || rec.Header().Get(ratelimit.HeaderRetryAfter) != "3" {
-			t.Errorf("full: %d Retry-After %q", rec.Code, rec.Header().Get(ratelimit.HeaderRetryAfter))
+		// The room is full: refused before anything is charged, five times,
+		// with Retry-After the layer's MaxDelay (by then every request
+		// waiting now has been served).
+		for range 5 {
+			rec := env.do(t, mwReq("192.0.2.1:1"))
+			if rec.Code != 429 || rec.Header().Get(ratelimit.HeaderRetryAfter) != "60" {
+				t.Errorf("full: %d Retry-After %q", rec.Code, rec.Header().Get(ratelimit.HeaderRetryAfter))
+			}
 		}
 		close(release)
 		wg.Wait()
 		if env.served.Load() != 3 || ratelimit.Waiting(env.l) != 0 {
 			t.Errorf("served %d waiting %d", env.served.Load(), ratelimit.Waiting(env.l))
 		}
-		// The refused request's charge stays: the next one waits 4s.
-		if res := env.l.Decide(mwReq("192.0.2.1:1")); res.Delay != 4*time.Second {
-			t.Errorf("next delay %v, want 4s", res.Delay)
+		// The refused requests were charged nothing: the next one waits
+		// 3s, as it would have without them.
+		if res := env.l.Decide(mwReq("192.0.2.1:1")); res.Delay != 3*time.Second {
+			t.Errorf("next delay %v, want 3s", res.Delay)
 		}
 	}
-	if denied == nil || !errors.Is(denied.Err, ratelimit.ErrTooManyWaiting) || !denied.Layers[0].Refused || denied.RetryAfter() != 3*time.Second {
+	if denied == nil || !errors.Is(denied.Err, ratelimit.ErrTooManyWaiting) || len(denied.Layers) != 0 || denied.RetryAfter() != time.Minute {
 		t.Errorf("denied handler got %+v", denied)
 	}
 }

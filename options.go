@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -35,6 +36,8 @@ type config struct {
 	resetDelta   bool
 	partitionKey bool
 	maxWaiting   int
+	logger       *slog.Logger // nil: silent
+	mux          *http.ServeMux
 	errs         []error
 }
 
@@ -43,7 +46,25 @@ func (c *config) fail(format string, args ...any) {
 }
 
 func defaultConfig() config {
-	return config{headers: XRateLimitHeaders, maxWaiting: DefaultMaxWaiting}
+	return config{headers: XRateLimitHeaders, maxWaiting: DefaultMaxWaiting, logger: slog.Default()}
+}
+
+// WithServeMux tells the Limiter the *http.ServeMux its handler wraps, so
+// that a Limiter mounted around the whole mux, before routing, can key
+// [Route] layers and apply [Layer.Routes]: for each request not yet routed
+// it asks mux.Handler(r) for the pattern the mux will match and sets
+// r.Pattern to it, as the mux itself does when it serves r. A request the
+// mux matches no pattern for (a 404, a 405, a redirect) is not keyed by
+// route: route layers do not apply to it (the mux answers it). Without this
+// option, or a framework adapter, a Route layer mounted before routing is a
+// configuration error (see [ErrConfig]), never a skip.
+func WithServeMux(mux *http.ServeMux) Option {
+	return func(c *config) {
+		if mux == nil {
+			c.fail("WithServeMux: nil mux")
+		}
+		c.mux = mux
+	}
 }
 
 // WithStore sets the Store that holds the per-key state, such as a Redis
@@ -92,26 +113,34 @@ func WithObserver(o core.Observer) Option {
 // Use it to try limits on production traffic before enforcing them.
 func WithDryRun() Option { return func(c *config) { c.dryRun = true } }
 
-// WithFailClosed refuses requests when the store fails (a Redis outage, a
-// full [core.MemoryConfig.KeepActive] store): after the error handler, the
-// middleware answers 503 Service Unavailable with a short text body.
+// WithFailClosed refuses requests when the store fails (a Redis outage):
+// after the error handler, the middleware answers 503 Service Unavailable
+// with a short text body. A full [core.MemoryConfig.KeepActive] store is not
+// a failure: its refusals are answered 429 whatever the fail policy, and so
+// are configuration errors answered 500.
 //
 // The default is fail-open: a request the store could not decide is served,
 // without rate-limit headers, after the error handler has seen the error.
 // Fail-open keeps the service up when the limiter's backend is down, at the
-// price of not limiting during the outage; choose fail-closed when the
-// limiter protects something that must never be overrun.
+// price of not limiting during the outage (logged once, see [WithLogger]);
+// choose fail-closed when the limiter protects something that must never be
+// overrun. A store error caused by the request's own context ending (the
+// client went away) is neither: the request is dropped without a response.
 func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
 
 // WithErrorHandler sets a function called for every error the middleware
 // meets: a key error (a KeyFunc error other than ErrNoKey, such as
-// ErrInvalidClientIP), a cost below 1, a Resolver error, or a store error
-// (wrapping [ErrStoreFailure]). It runs before the default action. If it
-// writes a response (calls WriteHeader or Write), the request stops there;
-// otherwise the default action follows: 400 Bad Request with a short text
-// body for a request error, the fail policy (see [WithFailClosed]) for a
-// store error, and in dry-run mode the request is served. The default value
-// is none.
+// ErrInvalidClientIP), a cost below 1, a missing required key (wrapping
+// [ErrMissingKey]), a configuration error met at request time (wrapping
+// [ErrConfig]), a full store (wrapping core.ErrStoreFull), a Resolver error,
+// or a store error (wrapping [ErrStoreFailure]). It runs before the default
+// action. If it writes a response (calls WriteHeader or Write), the request
+// stops there; otherwise the default action follows: 400 Bad Request with a
+// short text body for a request error, 401 for a missing required key, 500
+// for a configuration error, 429 with Retry-After for a full store, the fail
+// policy (see [WithFailClosed]) for a store error, and in dry-run mode the
+// request is served. A request whose own context ended before the store
+// answered is not an error and never reaches it. The default value is none.
 //
 // Refusals are not errors: they go to the denied handler (see
 // [WithDeniedHandler]).
@@ -243,7 +272,9 @@ func parsePrefix(s string) (netip.Prefix, error) {
 		}
 		p = netip.PrefixFrom(a, a.BitLen())
 	}
-	p = p.Masked()
+	if err := canonicalPrefix(p); err != nil {
+		return p, err
+	}
 	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
 		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 	}
@@ -295,10 +326,15 @@ func WithPartitionKey() Option { return func(c *config) { c.partitionKey = true 
 
 // WithMaxWaiting bounds the number of requests that may wait at once for a
 // shaping delay (a LeakyBucket layer with Rule.MaxDelay; see [Limiter.Wait]).
-// A delayed request that finds n requests already waiting is refused with
-// 429 (Result.Err is [ErrTooManyWaiting]) and Retry-After set to its delay;
-// it was charged when it was admitted and the charge stays, as the store
-// cannot take back a charge. n must be at least 1; the default value is
+// A request to a shaping layer that finds n requests already waiting (or
+// being decided for a shaping layer) is refused with 429 (Result.Err is
+// [ErrTooManyWaiting]). Admit and Handler take the waiting slot before
+// charging the request, so such a refusal charges nothing, and its
+// Retry-After is the longest MaxDelay of the shaping layers, by when every
+// request waiting now has been served. After [Limiter.Decide],
+// [Limiter.Wait] can only count the waiters after the charge: its refusal
+// keeps the charge (the store cannot take one back) and its Retry-After is
+// the request's delay. n must be at least 1; the default value is
 // [DefaultMaxWaiting].
 func WithMaxWaiting(n int) Option {
 	return func(c *config) {

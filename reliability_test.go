@@ -1,10 +1,12 @@
 package ratelimit_test
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -161,35 +163,62 @@ func TestHostileForwardingHeaders(t *testing.T) {
 
 // TestFloodDoesNotReleaseLimitedClient floods the middleware's memory store
 // with new client IPs while one client is over its limit: with KeepActive the
-// client stays limited, and the flood meets the fail policy instead.
+// client stays limited, and the new keys that find no room are refused with
+// 429 and a Retry-After, under the default fail-open policy as under
+// fail-closed: never served unlimited.
 func TestFloodDoesNotReleaseLimitedClient(t *testing.T) {
-	store := core.MustMemoryStore(&core.MemoryConfig{Capacity: 256, KeepActive: true})
-	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(2).Named("ip")}},
-		ratelimit.WithStore(store), ratelimit.WithFailClosed())
-	victim := "203.0.113.7:1"
-	for i := 0; i < 3; i++ {
-		e.do(t, mwReq(victim))
+	for _, policy := range []struct {
+		name string
+		opts []ratelimit.Option
+	}{{"fail-open", nil}, {"fail-closed", []ratelimit.Option{ratelimit.WithFailClosed()}}} {
+		t.Run(policy.name, func(t *testing.T) {
+			store := core.MustMemoryStore(&core.MemoryConfig{Capacity: 256, KeepActive: true})
+			var handled []error
+			opts := append([]ratelimit.Option{ratelimit.WithStore(store), ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+				handled = append(handled, err)
+			})}, policy.opts...)
+			e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(2).Named("ip")}}, opts...)
+			victim := "203.0.113.7:1"
+			for i := 0; i < 3; i++ {
+				e.do(t, mwReq(victim))
+			}
+			if rec := e.do(t, mwReq(victim)); rec.Code != http.StatusTooManyRequests {
+				t.Fatalf("victim not limited: %d", rec.Code)
+			}
+			refused, admitted := 0, 0
+			for i := 0; i < 5000; i++ {
+				rec := e.do(t, mwReq(fmt.Sprintf("198.%d.%d.%d:1", i>>16&255, i>>8&255, i&255)))
+				switch rec.Code {
+				case http.StatusTooManyRequests:
+					refused++
+					if ra, err := strconv.Atoi(rec.Header().Get(ratelimit.HeaderRetryAfter)); err != nil || ra < 1 {
+						t.Fatalf("store full: Retry-After %q, want at least 1", rec.Header().Get(ratelimit.HeaderRetryAfter))
+					}
+				case http.StatusOK:
+					admitted++
+				default:
+					t.Fatalf("store full: status %d, want 429", rec.Code)
+				}
+			}
+			if store.Evictions() != 0 {
+				t.Fatalf("KeepActive store evicted %d keys", store.Evictions())
+			}
+			if refused == 0 || admitted+refused != 5000 || admitted > store.Capacity() {
+				t.Fatalf("a full KeepActive store: %d admitted, %d refused", admitted, refused)
+			}
+			if len(handled) != refused || !errors.Is(handled[0], core.ErrStoreFull) || errors.Is(handled[0], ratelimit.ErrStoreFailure) {
+				t.Fatalf("error handler saw %d errors (first %v), want %d wrapping core.ErrStoreFull", len(handled), handled, refused)
+			}
+			if rec := e.do(t, mwReq(victim)); rec.Code != http.StatusTooManyRequests {
+				t.Fatalf("flood of %d new keys released the limited client: %d", 5000, rec.Code)
+			}
+		})
 	}
-	if rec := e.do(t, mwReq(victim)); rec.Code != http.StatusTooManyRequests {
-		t.Fatalf("victim not limited: %d", rec.Code)
-	}
-	refused := 0
-	for i := 0; i < 5000; i++ {
-		rec := e.do(t, mwReq(fmt.Sprintf("198.%d.%d.%d:1", i>>16&255, i>>8&255, i&255)))
-		if rec.Code == http.StatusServiceUnavailable {
-			refused++
-		}
-	}
-	if store.Evictions() != 0 {
-		t.Fatalf("KeepActive store evicted %d keys", store.Evictions())
-	}
-	if refused == 0 {
-		t.Fatal("a full KeepActive store admitted every new key")
-	}
-	if rec := e.do(t, mwReq(victim)); rec.Code != http.StatusTooManyRequests {
-		t.Fatalf("flood of %d new keys released the limited client: %d", 5000, rec.Code)
-	}
-	// With the default policy the same flood evicts, and says so.
+}
+
+// TestFloodEvictsByDefault checks that without KeepActive the same flood
+// evicts, and says so.
+func TestFloodEvictsByDefault(t *testing.T) {
 	store2 := core.MustMemoryStore(&core.MemoryConfig{Capacity: 256})
 	e2 := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(2).Named("ip")}}, ratelimit.WithStore(store2))
 	for i := 0; i < 5000; i++ {

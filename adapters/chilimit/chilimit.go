@@ -1,29 +1,33 @@
 // Package chilimit adapts a [ratelimit.Limiter] to the chi router
 // (github.com/go-chi/chi/v5): middleware for r.Use, r.With and r.Group that
-// also hands chi's route pattern to the limiter, so that [ratelimit.Route]
-// keys a request by the pattern it matched ("GET /users/{id}") rather than by
-// its path.
+// finds the route chi will match, before chi has routed the request, so that
+// [ratelimit.Route] keys and [ratelimit.Layer] Routes work wherever the
+// middleware is mounted, top-level r.Use included.
 //
-// # Where to mount route-keyed limits
+// # One Limiter at the top level
 //
-// chi knows a request's full route pattern only once it has routed it.
-// Middleware added with a top-level r.Use runs before routing: there the
-// pattern is empty, so a layer keyed by [ratelimit.Route] (alone or inside
-// [ratelimit.Composite]) does not apply and is skipped, as the root package
-// skips every layer whose key is missing. Inside a sub-router made by
-// r.Route or r.Mount, the sub-router's r.Use runs before the sub-router has
-// routed: the pattern is only the mount point ("/api/*"), which every
-// endpoint below it shares. Mount route-keyed limits where routing is done:
+// The middleware asks the router (chi's Mux.Find, from the routing context
+// chi's ServeHTTP sets up) for the pattern the request will match. The route
+// key is the full pattern, with the method only where the route names one:
+// r.Post("/login", ...) gives "POST /login", r.Handle("/login", ...) gives
+// "/login" for every method, so that changing the method never buys a fresh
+// quota. A request chi matches no route for (a 404, or a 405 for a method
+// the route does not serve) is not keyed by route: route layers do not apply
+// to it, and chi answers it. So one Limiter mounted with a top-level r.Use
+// holds per-IP, per-user and per-route layers, decided and charged in one
+// atomic batch:
 //
-//	r.With(chilimit.Middleware(perRoute)).Post("/login", login)
+//	ip := ratelimit.MustClientIP()
+//	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+//		{Key: ip, Rule: core.PerMinute(100).Named("per-ip")},
+//		{Key: ratelimit.Composite(ratelimit.Route(), ip), Rule: core.PerMinute(2).Named("login"),
+//			Routes: []string{"POST /login"}},
+//	}))
+//	r := chi.NewRouter()
+//	r.Use(chilimit.Middleware(l))
+//	r.Post("/login", login)
 //
-//	r.Group(func(r chi.Router) {
-//		r.Use(chilimit.Middleware(perRoute)) // a Group's Use runs per endpoint
-//		r.Get("/users/{id}", getUser)
-//	})
-//
-// Layers keyed by client IP, header or user work wherever the middleware is
-// mounted, top-level r.Use included.
+// A login refused by the "login" layer uses up none of the per-IP quota.
 //
 // The client IP comes from [ratelimit.ClientIP], which reads r.RemoteAddr
 // and trusts forwarded headers only from configured proxies. Do not put
@@ -41,12 +45,14 @@ import (
 
 // Middleware returns chi middleware that decides every request with l (see
 // [ratelimit.Limiter.Admit]) and calls the next handler only for the
-// requests l admits. Before deciding, it stores chi's route pattern, when
-// there is one, with [ratelimit.WithRoute] for [ratelimit.Route] to key by.
-// The next handler receives the request unchanged.
+// requests l admits. Before deciding, it finds the route chi will match for
+// the request and stores it with [ratelimit.WithRoute] for
+// [ratelimit.Route] and [ratelimit.Layer] Routes (see the package
+// documentation); outside a chi router there is no route, and a route layer
+// is a configuration error ([ratelimit.ErrConfig]). The next handler
+// receives the request unchanged.
 //
-// Use it with r.Use, r.With or r.Group; see the package documentation for
-// where route-keyed limits must be mounted. Middleware panics if l is nil.
+// Use it with r.Use, r.With or r.Group. Middleware panics if l is nil.
 func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 	if l == nil {
 		panic("chilimit: Middleware called with a nil *ratelimit.Limiter")
@@ -57,14 +63,53 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 		}
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			dr := r
-			if p := chi.RouteContext(r.Context()).RoutePattern(); p != "" {
-				dr = r.WithContext(ratelimit.WithRoute(r.Context(), p))
+			if route, ok := RouteOf(r); ok {
+				dr = r.WithContext(ratelimit.WithRoute(r.Context(), route))
 			}
 			if l.Admit(w, dr) {
 				next.ServeHTTP(w, r)
 			}
 		})
 	}
+}
+
+// RouteOf returns the route chi matches for r, as [ratelimit.Route] keys
+// it: "POST /login" for a route registered for its method, "/login" for
+// one registered for every method (r.Handle, r.HandleFunc), "" for a request
+// no route matches. ok is false outside a chi router (no routing context).
+// It may be called before chi has routed r, in a top-level r.Use.
+func RouteOf(r *http.Request) (route string, ok bool) {
+	rctx := chi.RouteContext(r.Context())
+	if rctx == nil || rctx.Routes == nil {
+		return "", false
+	}
+	path := r.URL.RawPath
+	if path == "" {
+		path = r.URL.Path
+	}
+	if path == "" {
+		path = "/"
+	}
+	method := rctx.RouteMethod // set by middleware such as GetHead
+	if method == "" {
+		method = r.Method
+	}
+	fc := chi.NewRouteContext()
+	pattern := rctx.Routes.Find(fc, method, path)
+	if pattern == "" {
+		return "", true
+	}
+	// A route registered for every method matches any other method too:
+	// then the method is not part of the route.
+	probe := http.MethodTrace
+	if method == probe {
+		probe = http.MethodConnect
+	}
+	fc.Reset()
+	if rctx.Routes.Find(fc, probe, path) == pattern {
+		return pattern, true
+	}
+	return method + " " + pattern, true
 }
 
 // New builds a Limiter from layers and opts with [ratelimit.New] and returns

@@ -1,6 +1,7 @@
 package chilimit_test
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -167,63 +168,112 @@ func TestRouteKeyGroup(t *testing.T) {
 	}
 }
 
-// At a top-level r.Use chi has not routed the request yet: the pattern is
-// empty, so a route-keyed layer is skipped (no decision, no headers, never
-// refused) while the other layers still apply.
-func TestRouteKeyTopLevelUseIsSkipped(t *testing.T) {
+// At a top-level r.Use chi has not routed the request yet: the middleware
+// finds the route itself, so one Limiter holds per-IP and per-route layers
+// in one atomic batch, and a login refused by the route layer charges the
+// per-IP layer nothing.
+func TestTopLevelOneBatch(t *testing.T) {
 	obs := &keys{}
+	ip := ratelimit.MustClientIP()
 	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
-		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 100, Window: time.Minute}},
-		{Key: ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()), Rule: core.Rule{Name: "login", Limit: 1, Window: time.Minute}},
-	}, ratelimit.WithHeaders(ratelimit.IETFHeaders))
-	var seen []string
-	r := chi.NewRouter()
-	r.Use(func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-			seen = append(seen, chi.RouteContext(req.Context()).RoutePattern())
-			next.ServeHTTP(w, req)
-		})
+		{Key: ip, Rule: core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute}},
+		{Key: ratelimit.Composite(ratelimit.Route(), ip), Rule: core.Rule{Name: "login", Limit: 2, Window: time.Minute}, Routes: []string{"POST /login"}},
 	})
+	r := chi.NewRouter()
 	r.Use(chilimit.Middleware(l))
 	r.Post("/login", ok)
+	r.Get("/hello", ok)
 
-	for i := range 3 {
-		w := do(r, "POST", "/login", peer)
-		if w.Code != http.StatusOK {
-			t.Fatalf("request %d: status %d, want 200 (the login layer should be skipped)", i+1, w.Code)
-		}
-		if got, want := w.Header().Get(ratelimit.HeaderRateLimitPolicy), `"per-ip";q=100;w=60`; got != want {
-			t.Errorf("request %d: RateLimit-Policy %q, want %q (per-ip only)", i+1, got, want)
+	for i, want := range []int{200, 200, 429, 429, 429} {
+		if w := do(r, "POST", "/login", peer); w.Code != want {
+			t.Fatalf("login %d: status %d, want %d", i+1, w.Code, want)
 		}
 	}
-	if want := []string{"", "", ""}; !slices.Equal(seen, want) {
-		t.Errorf("patterns at top-level Use %q, want %q", seen, want)
+	// Two logins charged per-ip; the refused ones did not: 3 left.
+	for i, want := range []int{200, 200, 200, 429} {
+		if w := do(r, "GET", "/hello", peer); w.Code != want {
+			t.Fatalf("hello %d: status %d, want %d", i+1, w.Code, want)
+		}
 	}
-	want := []string{"per-ip=192.0.2.1", "per-ip=192.0.2.1", "per-ip=192.0.2.1"}
-	if got := obs.list(); !slices.Equal(got, want) {
-		t.Errorf("keys %q, want %q", got, want)
+	if got := obs.list(); len(got) < 2 || got[1] != "login=11:POST /login9:192.0.2.1" {
+		t.Errorf("keys %q", got)
 	}
 }
 
-// In a sub-router's r.Use the pattern is only the mount point: every
-// endpoint below it shares one route key. This is the pitfall the package
-// documentation warns about; r.With inside the sub-router is right.
-func TestRouteKeySubrouterUseSeesMountPoint(t *testing.T) {
+// TestRouteMethodCannotDodge checks that a route registered for every
+// method (r.Handle) gives all methods one quota, that a method the route
+// does not serve is not a route key (chi answers 405), and that unknown
+// paths are not keyed by route.
+func TestRouteMethodCannotDodge(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
+		{Key: ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()), Rule: core.Rule{Name: "route", Limit: 2, Window: time.Minute}},
+	})
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.HandleFunc("/login", ok)
+	r.Get("/x", ok)
+	var codes []int
+	for _, m := range []string{"POST", "PUT", "DELETE", "PATCH", "GET"} {
+		codes = append(codes, do(r, m, "/login", peer).Code)
+	}
+	if want := []int{200, 200, 429, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("/login by method: %v, want %v", codes, want)
+	}
+	codes = codes[:0]
+	for _, m := range []string{"GET", "X1", "post", "HEAD", "GET", "GET"} {
+		codes = append(codes, do(r, m, "/x", peer).Code)
+	}
+	if want := []int{200, 405, 405, 405, 200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("/x: %v, want %v", codes, want)
+	}
+	if w := do(r, "GET", "/nope", peer); w.Code != 404 {
+		t.Errorf("unknown path: %d, want 404", w.Code)
+	}
+	seen := map[string]bool{}
+	for _, k := range obs.list() {
+		seen[k] = true
+	}
+	if len(seen) != 2 || !seen["route=6:/login9:192.0.2.1"] || !seen["route=6:GET /x9:192.0.2.1"] {
+		t.Errorf("route keys %v", seen)
+	}
+}
+
+// TestRouteLayerOutsideChiIsLoud checks that the middleware used outside a
+// chi router, where no route can be found, answers a route layer's request
+// 500 (a configuration error), never skipping the layer.
+func TestRouteLayerOutsideChiIsLoud(t *testing.T) {
+	var got error
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{
+		{Key: ratelimit.Route(), Rule: core.Rule{Name: "route", Limit: 2, Window: time.Minute}},
+	}, ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) { got = err }), ratelimit.WithLogger(nil))
+	h := chilimit.Middleware(l)(http.HandlerFunc(ok))
+	if w := do(h, "POST", "/login", peer); w.Code != http.StatusInternalServerError || !errors.Is(got, ratelimit.ErrNoRoute) || !errors.Is(got, ratelimit.ErrConfig) {
+		t.Fatalf("status %d, error %v; want 500 and ErrConfig wrapping ErrNoRoute", w.Code, got)
+	}
+}
+
+// In a sub-router's r.Use the middleware still finds the endpoint's full
+// pattern, not only the mount point.
+func TestRouteKeySubrouterUse(t *testing.T) {
 	obs := &keys{}
 	mw := chilimit.Middleware(routeLimiter(t, obs, 1))
 	r := chi.NewRouter()
 	r.Route("/api", func(r chi.Router) {
 		r.Use(mw)
 		r.Get("/a", ok)
-		r.Get("/b", ok)
+		r.Get("/b/{id}", ok)
 	})
 	if w := do(r, "GET", "/api/a", peer); w.Code != 200 {
 		t.Fatalf("GET /api/a: %d", w.Code)
 	}
-	if w := do(r, "GET", "/api/b", peer); w.Code != 429 {
-		t.Errorf("GET /api/b: %d, want 429 (shares the mount point's key)", w.Code)
+	if w := do(r, "GET", "/api/b/1", peer); w.Code != 200 {
+		t.Errorf("GET /api/b/1: %d, want 200 (its own route)", w.Code)
 	}
-	want := []string{"per-route=GET /api/*", "per-route=GET /api/*"}
+	if w := do(r, "GET", "/api/b/2", peer); w.Code != 429 {
+		t.Errorf("GET /api/b/2: %d, want 429 (same route)", w.Code)
+	}
+	want := []string{"per-route=GET /api/a", "per-route=GET /api/b/{id}", "per-route=GET /api/b/{id}"}
 	if got := obs.list(); !slices.Equal(got, want) {
 		t.Errorf("keys %q, want %q", got, want)
 	}

@@ -29,8 +29,7 @@ func send(h http.Handler, method, path, remoteAddr string) {
 		w.Header().Get(ratelimit.HeaderRateLimitRemaining), w.Header().Get(ratelimit.HeaderRetryAfter))
 }
 
-// A per-client-IP limit for the whole router, added with r.Use. Keys by
-// client IP work at the top level; route keys do not (see Middleware).
+// A per-client-IP limit for the whole router, added with r.Use.
 func ExampleNew() {
 	perIP, err := chilimit.New([]ratelimit.Layer{{
 		Key:  ratelimit.MustClientIP(), // r.RemoteAddr: no proxy trusted
@@ -84,4 +83,51 @@ func ExampleMiddleware() {
 	// GET /users/2  200 remaining="0" retry-after=""
 	// GET /users/3  429 remaining="0" retry-after="30"
 	// GET /posts/1  200 remaining="1" retry-after=""
+}
+
+// One Limiter at the top level holds a per-IP limit for every route and a
+// login limit for POST /login only, decided in one atomic batch: the
+// refused login uses up none of the per-IP quota.
+func ExampleMiddleware_topLevel() {
+	ip := ratelimit.MustClientIP()
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ip, Rule: core.Rule{Name: "per-ip", Limit: 4, Window: time.Minute}},
+		{Key: ratelimit.Composite(ratelimit.Route(), ip), Rule: core.Rule{Name: "login", Limit: 1, Window: time.Minute},
+			Routes: []string{"POST /login"}},
+	}, ratelimit.WithClock(exampleClock())))
+
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Post("/login", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "welcome") })
+	r.Get("/hello", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello") })
+
+	send(r, "POST", "/login", "192.0.2.1:1234")
+	send(r, "POST", "/login", "192.0.2.1:1234")
+	send(r, "GET", "/hello", "192.0.2.1:1234")
+	// Output:
+	// POST /login    200 remaining="0" retry-after=""
+	// POST /login    429 remaining="0" retry-after="60"
+	// GET /hello    200 remaining="2" retry-after=""
+}
+
+// RouteOf reports the route chi will match, as ratelimit.Route keys it,
+// even in a top-level r.Use before chi has routed the request.
+func ExampleRouteOf() {
+	r := chi.NewRouter()
+	r.Use(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			route, _ := chilimit.RouteOf(req)
+			fmt.Printf("%s %s -> %q\n", req.Method, req.URL.Path, route)
+			next.ServeHTTP(w, req)
+		})
+	})
+	r.Post("/login", func(http.ResponseWriter, *http.Request) {})
+	r.HandleFunc("/any", func(http.ResponseWriter, *http.Request) {})
+	for _, m := range [][2]string{{"POST", "/login"}, {"PUT", "/any"}, {"GET", "/nope"}} {
+		r.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(m[0], m[1], nil))
+	}
+	// Output:
+	// POST /login -> "POST /login"
+	// PUT /any -> "/any"
+	// GET /nope -> ""
 }

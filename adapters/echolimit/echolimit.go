@@ -1,12 +1,17 @@
 // Package echolimit adapts a [ratelimit.Limiter] to the echo web framework
 // (github.com/labstack/echo/v4) as an [echo.MiddlewareFunc].
 //
-// Before deciding, the middleware stores echo's route path, c.Path()
-// ("/users/:id"), with [ratelimit.WithRoute], so that [ratelimit.Route]
-// keys a request by the route it matched rather than by its URL. Echo runs
-// middleware added with e.Use, g.Use or per route after routing, so c.Path()
-// is complete there; in e.Pre middleware it is empty and a route-keyed layer
-// is skipped.
+// Before deciding, the middleware stores the route echo matched, with
+// [ratelimit.WithRoute], so that [ratelimit.Route] keys a request by its
+// route rather than its URL and [ratelimit.Layer] Routes can limit a layer to
+// some routes: "GET /users/:id" for a route registered for one method,
+// "/login" for one registered with e.Any (every method), so that changing
+// the method never buys a fresh quota. A request echo matches no route for
+// (404, or 405 for a method the route does not serve) is not keyed by route:
+// route layers do not apply to it. Middleware added with e.Use, g.Use or per
+// route runs after routing; in e.Pre middleware the route is looked up in
+// echo's router, so one Limiter in e.Pre or e.Use can hold per-IP, per-user
+// and per-route layers in one atomic batch.
 //
 // # Responses
 //
@@ -31,6 +36,7 @@ package echolimit
 
 import (
 	"net/http"
+	"reflect"
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
@@ -79,9 +85,7 @@ func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc 
 				return next(c)
 			}
 			r := c.Request()
-			if p := c.Path(); p != "" {
-				r = r.WithContext(ratelimit.WithRoute(r.Context(), p))
-			}
+			r = r.WithContext(ratelimit.WithRoute(r.Context(), RouteOf(c)))
 			if !cfg.HTTPError {
 				if !l.Admit(c.Response(), r) {
 					return nil
@@ -95,6 +99,9 @@ func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc 
 				h.Del(echo.HeaderContentLength)
 				code := rw.code
 				if code == 0 {
+					if r.Context().Err() != nil {
+						return nil // the client went away: nobody to answer
+					}
 					code = http.StatusTooManyRequests
 				}
 				return echo.NewHTTPError(code)
@@ -103,6 +110,57 @@ func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc 
 		}
 	}
 }
+
+// RouteOf returns the route echo matches for c's request, as
+// [ratelimit.Route] keys it: "GET /users/:id" for a route registered for
+// its method, "/login" for one registered for every method (e.Any), "" for
+// a request no route matches (404, 405). Before routing (in e.Pre
+// middleware) it looks the route up in echo's router.
+func RouteOf(c echo.Context) string {
+	e := c.Echo()
+	r := c.Request()
+	path, h, allow := c.Path(), c.Handler(), c.Get(echo.ContextKeyHeaderAllow)
+	if path == "" {
+		fc := e.AcquireContext()
+		defer e.ReleaseContext(fc)
+		fc.Reset(r, nil)
+		e.Router().Find(r.Method, echo.GetPath(r), fc)
+		path, h, allow = fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)
+	}
+	if !matched(path, h, allow) {
+		return ""
+	}
+	// A route registered for every method (e.Any, or a RouteNotFound
+	// handler) matches another method too: then the method is not part of
+	// the route.
+	probe := echo.REPORT
+	if r.Method == probe {
+		probe = echo.PROPFIND
+	}
+	fc := e.AcquireContext()
+	defer e.ReleaseContext(fc)
+	fc.Reset(r, nil)
+	e.Router().Find(probe, echo.GetPath(r), fc)
+	if fc.Path() == path && matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) {
+		return path
+	}
+	return r.Method + " " + path
+}
+
+// matched reports whether the router found a route: a path, a handler other
+// than echo's 404 and 405 handlers, and no Allow list (set for a 405).
+func matched(path string, h echo.HandlerFunc, allow any) bool {
+	if path == "" || h == nil || allow != nil {
+		return false
+	}
+	p := reflect.ValueOf(h).Pointer()
+	return p != notFound && p != methodNotAllowed
+}
+
+var (
+	notFound         = reflect.ValueOf(echo.NotFoundHandler).Pointer()
+	methodNotAllowed = reflect.ValueOf(echo.MethodNotAllowedHandler).Pointer()
+)
 
 // New builds a Limiter from layers and opts with [ratelimit.New] and returns
 // its [Middleware]. It returns ratelimit.New's error for an invalid

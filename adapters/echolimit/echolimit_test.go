@@ -1,6 +1,7 @@
 package echolimit_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -190,6 +191,36 @@ func TestHTTPErrorModeRequestError(t *testing.T) {
 	}
 }
 
+// ctxStore fails with the context's error once the context ends, as a
+// network store does when the client goes away.
+type ctxStore struct{}
+
+func (ctxStore) Take(ctx context.Context, _ time.Time, _ []core.Request, _ []core.Decision) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestHTTPErrorModeClientGone checks that a request whose client went away
+// before the store answered reaches neither echo's error handler nor a
+// response, in HTTPError mode too.
+func TestHTTPErrorModeClientGone(t *testing.T) {
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, perIP(1), ratelimit.WithStore(ctxStore{}), ratelimit.WithFailClosed())
+	e := echo.New()
+	var handled []error
+	e.HTTPErrorHandler = func(err error, c echo.Context) { handled = append(handled, err) }
+	e.Use(echolimit.MiddlewareWithConfig(l, echolimit.Config{HTTPError: true}))
+	e.GET("/hello", ok)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequest("GET", "/hello", nil).WithContext(ctx)
+	r.RemoteAddr = peer
+	w := httptest.NewRecorder()
+	e.ServeHTTP(w, r)
+	if len(handled) != 0 || w.Body.Len() != 0 {
+		t.Fatalf("handled %v, body %q: want nothing", handled, w.Body)
+	}
+}
+
 func TestRouteKey(t *testing.T) {
 	obs := &keys{}
 	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
@@ -225,9 +256,9 @@ func TestRouteKey(t *testing.T) {
 	}
 }
 
-// e.Pre middleware runs before routing: c.Path() is empty and a route-keyed
-// layer is skipped.
-func TestRouteKeyPreIsSkipped(t *testing.T) {
+// e.Pre middleware runs before routing: the middleware looks the route up
+// in echo's router itself.
+func TestRouteKeyPre(t *testing.T) {
 	obs := &keys{}
 	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
 		Key:  ratelimit.Route(),
@@ -236,13 +267,83 @@ func TestRouteKeyPreIsSkipped(t *testing.T) {
 	e := echo.New()
 	e.Pre(echolimit.Middleware(l))
 	e.GET("/users/:id", ok)
-	for i := range 3 {
-		if w := do(e, "GET", "/users/1", peer); w.Code != 200 {
-			t.Errorf("request %d: status %d, want 200", i+1, w.Code)
+	for i, want := range []int{200, 429, 429} {
+		if w := do(e, "GET", "/users/"+strconv.Itoa(i), peer); w.Code != want {
+			t.Errorf("request %d: status %d, want %d", i+1, w.Code, want)
 		}
 	}
-	if got := obs.list(); len(got) != 0 {
-		t.Errorf("decisions %q, want none", got)
+	if got := obs.list(); len(got) != 3 || got[0] != "per-route=GET /users/:id" {
+		t.Errorf("decisions %q", got)
+	}
+}
+
+// TestTopLevelOneBatch checks that one Limiter in e.Use holds a per-IP layer
+// and a login-only route layer, and that a login refused by the route layer
+// charges the per-IP layer nothing; in e.Pre too.
+func TestTopLevelOneBatch(t *testing.T) {
+	for _, pre := range []bool{false, true} {
+		ip := ratelimit.MustClientIP()
+		l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{
+			{Key: ip, Rule: core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute}},
+			{Key: ratelimit.Composite(ratelimit.Route(), ip), Rule: core.Rule{Name: "login", Limit: 2, Window: time.Minute}, Routes: []string{"POST /login"}},
+		})
+		e := echo.New()
+		if pre {
+			e.Pre(echolimit.Middleware(l))
+		} else {
+			e.Use(echolimit.Middleware(l))
+		}
+		e.POST("/login", ok)
+		e.GET("/hello", ok)
+		for i, want := range []int{200, 200, 429, 429, 429} {
+			if w := do(e, "POST", "/login", peer); w.Code != want {
+				t.Fatalf("pre %v login %d: status %d, want %d", pre, i+1, w.Code, want)
+			}
+		}
+		for i, want := range []int{200, 200, 200, 429} {
+			if w := do(e, "GET", "/hello", peer); w.Code != want {
+				t.Fatalf("pre %v hello %d: status %d, want %d", pre, i+1, w.Code, want)
+			}
+		}
+	}
+}
+
+// TestRouteMethodCannotDodge checks that a route registered with e.Any gives
+// every method one quota, that a method no route serves is not a route key
+// (echo answers 405), and that HEAD is not counted with GET (echo does not
+// serve it with GET's handler).
+func TestRouteMethodCannotDodge(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
+		{Key: ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()), Rule: core.Rule{Name: "route", Limit: 2, Window: time.Minute}},
+	})
+	e := echo.New()
+	e.Use(echolimit.Middleware(l))
+	e.Any("/login", ok)
+	e.GET("/x", ok)
+	var codes []int
+	for _, m := range []string{"POST", "PUT", "DELETE", "PATCH", "GET"} {
+		codes = append(codes, do(e, m, "/login", peer).Code)
+	}
+	if want := []int{200, 200, 429, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("/login by method: %v, want %v", codes, want)
+	}
+	codes = codes[:0]
+	for _, m := range []string{"GET", "X1", "post", "GET", "GET"} {
+		codes = append(codes, do(e, m, "/x", peer).Code)
+	}
+	if want := []int{200, 405, 405, 200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("/x: %v, want %v", codes, want)
+	}
+	if w := do(e, "GET", "/nope", peer); w.Code != 404 {
+		t.Errorf("unknown path: %d", w.Code)
+	}
+	seen := map[string]bool{}
+	for _, k := range obs.list() {
+		seen[k] = true
+	}
+	if len(seen) != 2 || !seen["route=6:/login9:192.0.2.1"] || !seen["route=6:GET /x9:192.0.2.1"] {
+		t.Errorf("route keys %v", seen)
 	}
 }
 

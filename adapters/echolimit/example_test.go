@@ -109,3 +109,24 @@ func ExampleMiddlewareWithConfig() {
 	// GET /hello    429 remaining="0" retry-after="60" "{\"error\":\"slow down\"}\n"
 	// GET /healthz  200 remaining="" retry-after="" "ok"
 }
+
+// RouteOf reports the route echo matches, as ratelimit.Route keys it, even in
+// e.Pre middleware before echo has routed the request.
+func ExampleRouteOf() {
+	e := echo.New()
+	e.Pre(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			fmt.Printf("%s %s -> %q\n", c.Request().Method, c.Request().URL.Path, echolimit.RouteOf(c))
+			return next(c)
+		}
+	})
+	e.POST("/login", func(echo.Context) error { return nil })
+	e.Any("/any", func(echo.Context) error { return nil })
+	for _, m := range [][2]string{{"POST", "/login"}, {"PUT", "/any"}, {"GET", "/login"}} {
+		e.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(m[0], m[1], nil))
+	}
+	// Output:
+	// POST /login -> "POST /login"
+	// PUT /any -> "/any"
+	// GET /login -> ""
+}

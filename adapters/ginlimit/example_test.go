@@ -77,3 +77,25 @@ func ExampleMiddleware() {
 	// GET /api/users/3 429 remaining="0" retry-after="30" "Too Many Requests\n"
 	// GET /api/posts/1 200 remaining="1" retry-after="" "hello 1"
 }
+
+// One Limiter for the whole router: a per-IP limit everywhere and a login
+// limit for the login route, registered with Any. MiddlewareFor knows the
+// engine's routes, so the login limit is one quota whatever the method.
+func ExampleMiddlewareFor() {
+	gin.SetMode(gin.ReleaseMode)
+	ip := ratelimit.MustClientIP()
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ip, Rule: core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute}},
+		{Key: ratelimit.Composite(ratelimit.Route(), ip), Rule: core.Rule{Name: "login", Limit: 1, Window: time.Minute},
+			Routes: []string{"/login"}},
+	}, ratelimit.WithClock(exampleClock())))
+	r := gin.New()
+	r.Use(ginlimit.MiddlewareFor(r, l))
+	r.Any("/login", hello)
+
+	send(r, "POST", "/login", "192.0.2.1:1234")
+	send(r, "PUT", "/login", "192.0.2.1:1234")
+	// Output:
+	// POST /login    200 remaining="0" retry-after="" "hello "
+	// PUT /login    429 remaining="0" retry-after="60" "Too Many Requests\n"
+}

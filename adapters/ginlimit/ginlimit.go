@@ -8,13 +8,21 @@
 // middleware then calls c.Abort, so no later handler runs. An admitted
 // request continues with c.Next.
 //
-// Before deciding, the middleware stores gin's route pattern, c.FullPath()
-// ("/users/:id"), with [ratelimit.WithRoute], so that [ratelimit.Route] keys
-// a request by the route it matched rather than by its URL. Gin routes a
-// request before running any of its handlers, so the pattern is complete in
-// router.Use, group and per-route middleware alike; for a request no route
-// matches (the NoRoute handlers) it is empty and a route-keyed layer is
-// skipped.
+// Before deciding, the middleware stores the route gin matched with
+// [ratelimit.WithRoute], so that [ratelimit.Route] keys a request by its
+// route ("GET /users/:id") rather than its URL, and [ratelimit.Layer] Routes
+// can limit a layer to some routes. Gin routes a request before running any
+// of its handlers, so the route is known in router.Use, group and per-route
+// middleware alike, and one Limiter in router.Use can hold per-IP, per-user
+// and per-route layers in one atomic batch. A request no route matches (the
+// NoRoute handlers, 404 or 405) is not keyed by route: route layers do not
+// apply to it, and gin only matches a method a route was registered for, so
+// the number of route keys is bounded by the routes.
+//
+// A route registered with router.Any serves nine methods; with [Middleware]
+// each is keyed apart ("GET /login", "POST /login", ...). [MiddlewareFor]
+// knows the engine's routes and keys such a route by its path alone
+// ("/login"), so that changing the method never buys a fresh quota.
 //
 // # Client IP
 //
@@ -28,6 +36,9 @@
 package ginlimit
 
 import (
+	"net/http"
+	"sync"
+
 	"github.com/gin-gonic/gin"
 
 	"github.com/limitry/ratelimit"
@@ -37,21 +48,69 @@ import (
 // [ratelimit.Limiter.Admit]): it calls c.Next for the requests l admits and
 // c.Abort, after l has written the response, for the others. Use it with
 // router.Use, group.Use or in a route's handler list. It panics if l is nil.
-func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
+func Middleware(l *ratelimit.Limiter) gin.HandlerFunc { return middleware(nil, l) }
+
+// MiddlewareFor is [Middleware] for the routes of engine: a route
+// registered for every method gin's Any registers is keyed by its path
+// alone, so a client cannot multiply a route's quota by changing the method.
+// Register the routes before serving (as gin requires). It panics if engine
+// or l is nil.
+func MiddlewareFor(engine *gin.Engine, l *ratelimit.Limiter) gin.HandlerFunc {
+	if engine == nil {
+		panic("ginlimit: nil *gin.Engine")
+	}
+	return middleware(&anyRoutes{engine: engine}, l)
+}
+
+func middleware(ar *anyRoutes, l *ratelimit.Limiter) gin.HandlerFunc {
 	if l == nil {
 		panic("ginlimit: nil *ratelimit.Limiter")
 	}
 	return func(c *gin.Context) {
 		r := c.Request
-		if p := c.FullPath(); p != "" {
-			r = r.WithContext(ratelimit.WithRoute(r.Context(), p))
+		route := c.FullPath()
+		if route != "" && (ar == nil || !ar.isAny(route)) {
+			route = r.Method + " " + route
 		}
+		r = r.WithContext(ratelimit.WithRoute(r.Context(), route))
 		if !l.Admit(c.Writer, r) {
 			c.Abort()
 			return
 		}
 		c.Next()
 	}
+}
+
+// anyMethods are the methods gin's Any registers.
+var anyMethods = []string{
+	http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodHead, http.MethodOptions, http.MethodDelete, http.MethodConnect,
+	http.MethodTrace,
+}
+
+// anyRoutes remembers which route paths of an engine are registered for
+// every method of anyMethods. It holds one entry per route path.
+type anyRoutes struct {
+	engine *gin.Engine
+	known  sync.Map // path -> bool
+}
+
+func (a *anyRoutes) isAny(path string) bool {
+	if v, ok := a.known.Load(path); ok {
+		return v.(bool)
+	}
+	methods := map[string]bool{}
+	for _, ri := range a.engine.Routes() {
+		if ri.Path == path {
+			methods[ri.Method] = true
+		}
+	}
+	all := true
+	for _, m := range anyMethods {
+		all = all && methods[m]
+	}
+	a.known.Store(path, all)
+	return all
 }
 
 // New builds a Limiter from layers and opts with [ratelimit.New] and returns

@@ -158,7 +158,7 @@ func TestRouteKey(t *testing.T) {
 		{"/users/2", 200},
 		{"/users/3", 429}, // same route, other id: same quota
 		{"/api/items/1", 200},
-		{"/nowhere", 404}, // no route: the route layer is skipped
+		{"/nowhere", 404}, // no route: the route layer does not apply
 	}
 	for _, s := range steps {
 		if w := do(r, "GET", s.path, peer); w.Code != s.want {
@@ -171,6 +171,79 @@ func TestRouteKey(t *testing.T) {
 	}
 	if got := obs.list(); !slices.Equal(got, want) {
 		t.Errorf("keys %q, want %q", got, want)
+	}
+}
+
+// TestTopLevelOneBatch checks that one Limiter in router.Use holds a per-IP
+// layer and a login-only route layer, and that a login refused by the route
+// layer charges the per-IP layer nothing.
+func TestTopLevelOneBatch(t *testing.T) {
+	ip := ratelimit.MustClientIP()
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{
+		{Key: ip, Rule: core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute}},
+		{Key: ratelimit.Composite(ratelimit.Route(), ip), Rule: core.Rule{Name: "login", Limit: 2, Window: time.Minute}, Routes: []string{"POST /login"}},
+	})
+	r := gin.New()
+	r.Use(ginlimit.Middleware(l))
+	r.POST("/login", ok)
+	r.GET("/hello", ok)
+	for i, want := range []int{200, 200, 429, 429, 429} {
+		if w := do(r, "POST", "/login", peer); w.Code != want {
+			t.Fatalf("login %d: status %d, want %d", i+1, w.Code, want)
+		}
+	}
+	for i, want := range []int{200, 200, 200, 429} {
+		if w := do(r, "GET", "/hello", peer); w.Code != want {
+			t.Fatalf("hello %d: status %d, want %d", i+1, w.Code, want)
+		}
+	}
+}
+
+// TestRouteMethodCannotDodge checks that with MiddlewareFor a route
+// registered with Any gives every method one quota, that with Middleware the
+// keys stay bounded (one per registered method), and that methods and paths
+// no route serves are not route keys.
+func TestRouteMethodCannotDodge(t *testing.T) {
+	for _, withEngine := range []bool{true, false} {
+		obs := &keys{}
+		l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
+			{Key: ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()), Rule: core.Rule{Name: "route", Limit: 2, Window: time.Minute}},
+		})
+		r := gin.New()
+		if withEngine {
+			r.Use(ginlimit.MiddlewareFor(r, l))
+		} else {
+			r.Use(ginlimit.Middleware(l))
+		}
+		r.Any("/login", ok)
+		r.GET("/x", ok)
+		var codes []int
+		for _, m := range []string{"POST", "PUT", "DELETE", "PATCH", "GET"} {
+			codes = append(codes, do(r, m, "/login", peer).Code)
+		}
+		want := []int{200, 200, 429, 429, 429}
+		if !withEngine {
+			want = []int{200, 200, 200, 200, 200} // one key per method
+		}
+		if !slices.Equal(codes, want) {
+			t.Errorf("engine %v: /login by method: %v, want %v", withEngine, codes, want)
+		}
+		for _, m := range []string{"X1", "post", "HEAD"} {
+			do(r, m, "/login", peer)
+			do(r, m, "/x", peer)
+		}
+		do(r, "GET", "/nope", peer)
+		seen := map[string]bool{}
+		for _, k := range obs.list() {
+			seen[k] = true
+		}
+		wantKeys := 1
+		if !withEngine {
+			wantKeys = 6 // POST PUT DELETE PATCH GET HEAD
+		}
+		if len(seen) != wantKeys {
+			t.Errorf("engine %v: route keys %v, want %d", withEngine, seen, wantKeys)
+		}
 	}
 }
 

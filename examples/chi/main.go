@@ -42,8 +42,8 @@ func main() {
 	addr := flag.String("addr", ":8080", "address to listen on")
 	flag.Parse()
 
-	// Metrics, served by promhttp.Handler, and one memory store for both
-	// limiters (their keys are namespaced by rule name).
+	// Metrics, served by promhttp.Handler, and the memory store the
+	// Limiter keeps its state in (its keys are namespaced by rule name).
 	metrics := promlimit.Must(promlimit.New(prometheus.DefaultRegisterer))
 	store := core.MustMemoryStore(&core.MemoryConfig{Observer: metrics})
 	metrics.SetMemoryStore(store)
@@ -54,22 +54,30 @@ func main() {
 	}
 	clientIP := ratelimit.MustClientIP() // r.RemoteAddr: no proxy trusted
 
-	hello := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
-		Key:  clientIP,
-		Rule: core.Rule{Name: "hello", Algorithm: core.TokenBucket, Limit: 5, Window: 10 * time.Second},
-	}}, common...))
-	login := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
-		Key:  ratelimit.Composite(ratelimit.Route(), clientIP),
-		Rule: core.Rule{Name: "login", Algorithm: core.TokenBucket, Limit: 2, Window: time.Minute},
-	}}, common...))
+	// One Limiter for the whole router, its layers decided and charged in one
+	// atomic batch: each layer applies only to its route, so /hello and
+	// /login have quotas of their own and /metrics none.
+	limits := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{
+			Key:    clientIP,
+			Rule:   core.Rule{Name: "hello", Algorithm: core.TokenBucket, Limit: 5, Window: 10 * time.Second},
+			Routes: []string{"GET /hello"},
+		},
+		{
+			Key:    ratelimit.Composite(ratelimit.Route(), clientIP),
+			Rule:   core.Rule{Name: "login", Algorithm: core.TokenBucket, Limit: 2, Window: time.Minute},
+			Routes: []string{"POST /login"},
+		},
+	}, common...))
 
 	r := chi.NewRouter()
-	// r.With runs the limiter after chi has routed the request, so the
-	// login limit's route key is the full pattern "POST /login".
-	r.With(chilimit.Middleware(hello)).Get("/hello", func(w http.ResponseWriter, r *http.Request) {
+	// At the top level, before chi routes the request: the middleware finds
+	// the route itself ("POST /login"), so every limit is one Limiter.
+	r.Use(chilimit.Middleware(limits))
+	r.Get("/hello", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "hello")
 	})
-	r.With(chilimit.Middleware(login)).Post("/login", func(w http.ResponseWriter, r *http.Request) {
+	r.Post("/login", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "logged in (not really)")
 	})
 	r.Method(http.MethodGet, "/metrics", promhttp.Handler())

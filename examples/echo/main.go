@@ -4,8 +4,11 @@
 //   - GET /hello: 5 requests per 10 seconds per client IP (token bucket),
 //     with every rate-limit header set.
 //   - POST /login: 2 requests per minute per route and client IP, a quota of
-//     its own, independent of /hello. Its refusals go through echo's
-//     HTTPErrorHandler (echolimit.Config.HTTPError), as a JSON error.
+//     its own, independent of /hello.
+//
+// Both limits are layers of one Limiter mounted with e.Use. Its refusals go
+// through echo's HTTPErrorHandler (echolimit.Config.HTTPError), as JSON
+// errors.
 //   - GET /metrics: Prometheus metrics, the limiter's among them
 //     (ratelimit_decisions_total and others).
 //
@@ -42,8 +45,8 @@ func main() {
 	addr := flag.String("addr", ":8080", "address to listen on")
 	flag.Parse()
 
-	// Metrics, served by promhttp.Handler, and one memory store for both
-	// limiters (their keys are namespaced by rule name).
+	// Metrics, served by promhttp.Handler, and the memory store the
+	// Limiter keeps its state in (its keys are namespaced by rule name).
 	metrics := promlimit.Must(promlimit.New(prometheus.DefaultRegisterer))
 	store := core.MustMemoryStore(&core.MemoryConfig{Observer: metrics})
 	metrics.SetMemoryStore(store)
@@ -54,23 +57,32 @@ func main() {
 	}
 	clientIP := ratelimit.MustClientIP() // r.RemoteAddr: no proxy trusted
 
-	hello := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
-		Key:  clientIP,
-		Rule: core.Rule{Name: "hello", Algorithm: core.TokenBucket, Limit: 5, Window: 10 * time.Second},
-	}}, common...))
-	login := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
-		Key:  ratelimit.Composite(ratelimit.Route(), clientIP),
-		Rule: core.Rule{Name: "login", Algorithm: core.TokenBucket, Limit: 2, Window: time.Minute},
-	}}, common...))
+	// One Limiter for the whole router, its layers decided and charged in one
+	// atomic batch: each layer applies only to its route, so /hello and
+	// /login have quotas of their own and /metrics none.
+	limits := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{
+			Key:    clientIP,
+			Rule:   core.Rule{Name: "hello", Algorithm: core.TokenBucket, Limit: 5, Window: 10 * time.Second},
+			Routes: []string{"GET /hello"},
+		},
+		{
+			Key:    ratelimit.Composite(ratelimit.Route(), clientIP),
+			Rule:   core.Rule{Name: "login", Algorithm: core.TokenBucket, Limit: 2, Window: time.Minute},
+			Routes: []string{"POST /login"},
+		},
+	}, common...))
 
 	e := echo.New()
 	e.HideBanner = true
+	// Refusals go through echo's HTTPErrorHandler, as JSON errors.
+	e.Use(echolimit.MiddlewareWithConfig(limits, echolimit.Config{HTTPError: true}))
 	e.GET("/hello", func(c echo.Context) error {
 		return c.String(http.StatusOK, "hello\n")
-	}, echolimit.Middleware(hello))
+	})
 	e.POST("/login", func(c echo.Context) error {
 		return c.String(http.StatusOK, "logged in (not really)\n")
-	}, echolimit.MiddlewareWithConfig(login, echolimit.Config{HTTPError: true}))
+	})
 	e.GET("/metrics", echo.WrapHandler(promhttp.Handler()))
 
 	srv := &http.Server{Addr: *addr, Handler: e, ReadHeaderTimeout: 5 * time.Second}

@@ -41,8 +41,8 @@ func main() {
 	addr := flag.String("addr", ":8080", "address to listen on")
 	flag.Parse()
 
-	// Metrics, served by promhttp.Handler, and one memory store for both
-	// limiters (their keys are namespaced by rule name).
+	// Metrics, served by promhttp.Handler, and the memory store the
+	// Limiter keeps its state in (its keys are namespaced by rule name).
 	metrics := promlimit.Must(promlimit.New(prometheus.DefaultRegisterer))
 	store := core.MustMemoryStore(&core.MemoryConfig{Observer: metrics})
 	metrics.SetMemoryStore(store)
@@ -53,26 +53,34 @@ func main() {
 	}
 	clientIP := ratelimit.MustClientIP() // r.RemoteAddr: no proxy trusted
 
-	hello := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
-		Key:  clientIP,
-		Rule: core.Rule{Name: "hello", Algorithm: core.TokenBucket, Limit: 5, Window: 10 * time.Second},
-	}}, common...))
-	login := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
-		Key:  ratelimit.Composite(ratelimit.Route(), clientIP),
-		Rule: core.Rule{Name: "login", Algorithm: core.TokenBucket, Limit: 2, Window: time.Minute},
-	}}, common...))
+	// One Limiter for the whole router, its layers decided and charged in one
+	// atomic batch: each layer applies only to its route, so /hello and
+	// /login have quotas of their own and /metrics none.
+	limits := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{
+			Key:    clientIP,
+			Rule:   core.Rule{Name: "hello", Algorithm: core.TokenBucket, Limit: 5, Window: 10 * time.Second},
+			Routes: []string{"GET /hello"},
+		},
+		{
+			Key:    ratelimit.Composite(ratelimit.Route(), clientIP),
+			Rule:   core.Rule{Name: "login", Algorithm: core.TokenBucket, Limit: 2, Window: time.Minute},
+			Routes: []string{"POST /login"},
+		},
+	}, common...))
 
 	r := gin.New()
 	r.Use(gin.Logger(), gin.Recovery())
+	r.Use(ginlimit.MiddlewareFor(r, limits)) // gin has routed the request already
 	// The limiter never reads c.ClientIP(); trusting no proxy makes it safe
 	// for any handler that does.
 	if err := r.SetTrustedProxies(nil); err != nil {
 		log.Fatal(err)
 	}
-	r.GET("/hello", ginlimit.Middleware(hello), func(c *gin.Context) {
+	r.GET("/hello", func(c *gin.Context) {
 		c.String(http.StatusOK, "hello\n")
 	})
-	r.POST("/login", ginlimit.Middleware(login), func(c *gin.Context) {
+	r.POST("/login", func(c *gin.Context) {
 		c.String(http.StatusOK, "logged in (not really)\n")
 	})
 	r.GET("/metrics", gin.WrapH(promhttp.Handler()))

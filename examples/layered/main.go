@@ -1,12 +1,15 @@
-// Command layered serves GET / behind two layers decided together: 10
-// requests per minute per client IP and 3 per minute per user. A toy
-// authentication middleware maps "Authorization: Bearer <name>" to the user
-// <name>; anonymous requests meet only the per-IP layer. A request refused by
-// one layer charges neither.
+// Command layered serves GET / and POST /login behind one Limiter whose
+// layers are decided together: 10 requests per minute per client IP, 3 per
+// minute per user, and for POST /login only, 2 per minute per client IP. A
+// toy authentication middleware maps "Authorization: Bearer <name>" to the
+// user <name>; anonymous requests meet no per-user layer. A request refused
+// by one layer charges none: a login refused by the login limit uses up none
+// of the per-IP quota.
 //
 //	go run ./examples/layered -addr 127.0.0.1:8080
 //	for i in 1 2 3 4; do curl -si -H 'Authorization: Bearer alice' http://127.0.0.1:8080/ | grep -i -e ^HTTP -e ^ratelimit -e ^retry; done
 //	curl -si http://127.0.0.1:8080/ | grep -i -e ^HTTP -e ^ratelimit
+//	for i in 1 2 3; do curl -si -X POST http://127.0.0.1:8080/login | grep -i -e ^HTTP -e ^ratelimit; done
 package main
 
 import (
@@ -26,18 +29,25 @@ func main() {
 	addr := flag.String("addr", ":8080", "address to listen on")
 	flag.Parse()
 
-	limiter := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
-		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10).Named("per-ip")},
-		{Key: ratelimit.User(), Rule: core.PerMinute(3).Named("per-user")},
-	}, ratelimit.WithHeaders(ratelimit.AllHeaders), ratelimit.WithProblemDetails()))
-
 	mux := http.NewServeMux()
+	ip := ratelimit.MustClientIP()
+	limiter := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ip, Rule: core.PerMinute(10).Named("per-ip")},
+		{Key: ratelimit.User(), Rule: core.PerMinute(3).Named("per-user")},
+		// Only for POST /login: the Limiter wraps the whole mux, and
+		// WithServeMux lets it ask the mux for the route before routing.
+		{Key: ratelimit.Composite(ratelimit.Route(), ip), Rule: core.PerMinute(2).Named("login"), Routes: []string{"POST /login"}},
+	}, ratelimit.WithServeMux(mux), ratelimit.WithHeaders(ratelimit.AllHeaders), ratelimit.WithProblemDetails()))
+
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		if user, ok := ratelimit.UserFromContext(r.Context()); ok {
 			fmt.Fprintf(w, "hello, %s\n", user)
 			return
 		}
 		fmt.Fprintln(w, "hello, stranger")
+	})
+	mux.HandleFunc("POST /login", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "logged in (not really)")
 	})
 
 	// The authentication middleware runs before the limiter, so the
@@ -47,7 +57,7 @@ func main() {
 		Handler:           toyAuth(limiter.Handler(mux)),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
-	log.Printf("layered: 10/min per IP, 3/min per user; try: curl -si -H 'Authorization: Bearer alice' %s", url(*addr))
+	log.Printf("layered: 10/min per IP, 3/min per user, POST /login 2/min per IP; try: curl -si -H 'Authorization: Bearer alice' %s", url(*addr))
 	log.Fatal(srv.ListenAndServe())
 }
 

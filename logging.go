@@ -1,0 +1,126 @@
+package ratelimit
+
+import (
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+// The one-time log lines. Each is logged at most once per Limiter, at level
+// Warn, to the logger set by [WithLogger] (slog.Default() unless set). They
+// never carry a key or an address in full: only what is needed to fix the
+// setup.
+const (
+	msgForwarded = "ratelimit: forwarded headers arrive from a loopback or private peer but no proxy is trusted: every client behind that proxy shares its bucket; pass the proxy's network to ratelimit.TrustedProxies"
+	msgNoRoute   = "ratelimit: a Route layer found no route pattern: the limiter runs before routing; use ratelimit.WithServeMux or the chilimit, echolimit or ginlimit adapter"
+	msgAbsentKey = "ratelimit: a layer's key was absent on every one of its first requests: the layer limits nothing; check its KeyFunc, or set IfNoKey to NoKeyRefuse or use FirstOf"
+	msgFailOpen  = "ratelimit: store errors are being served fail-open: requests are not limited while the store fails"
+	msgConfig    = "ratelimit: configuration error at request time: requests are answered 500"
+)
+
+// logKind is one once-per-Limiter log line.
+type logKind uint8
+
+const (
+	logForwarded logKind = iota
+	logNoRoute
+	logFailOpen
+	logConfig
+	numLogKinds
+)
+
+// logState remembers which lines a Limiter has logged.
+type logState struct {
+	done [numLogKinds]atomic.Bool
+	keys []keyStat // per layer
+}
+
+// keyStat counts the requests a layer found no key for, until it finds one
+// or logs that it never did.
+type keyStat struct {
+	absent atomic.Int64
+	done   atomic.Bool
+}
+
+// logOnce logs msg with args at level Warn, once per Limiter.
+func (l *Limiter) logOnce(k logKind, msg string, args ...any) {
+	lg := l.cfg.logger
+	if lg == nil || l.logs.done[k].Load() || l.logs.done[k].Swap(true) {
+		return
+	}
+	lg.Warn(msg, args...)
+}
+
+// noteKey records whether layer i found a key for a request.
+func (l *Limiter) noteKey(i int, present bool) {
+	ks := &l.logs.keys[i]
+	if ks.done.Load() {
+		return
+	}
+	if present {
+		ks.done.Store(true)
+		return
+	}
+	if ks.absent.Add(1) == AbsentKeyLogAfter && !ks.done.Swap(true) && l.cfg.logger != nil {
+		l.cfg.logger.Warn(msgAbsentKey, "layer", l.layers[i].desc, "requests", AbsentKeyLogAfter)
+	}
+}
+
+// forwardedHeaders are the client-IP headers proxies commonly set.
+var forwardedHeaders = [...]string{"X-Forwarded-For", "Forwarded", "X-Real-Ip"}
+
+// checkForwarded logs once when r carries a forwarded header from a loopback
+// or private peer and one of the keys it is charged to is that peer's
+// address: a proxy stands in front of the server and nothing trusts it, so
+// every client behind it shares its bucket.
+func (l *Limiter) checkForwarded(r *http.Request, reqs []core.Request) {
+	var name string
+	for _, h := range forwardedHeaders {
+		if len(r.Header[h]) > 0 {
+			name = h
+			break
+		}
+	}
+	if name == "" {
+		return
+	}
+	peer, host, ok := parseIPEntryHost(r.RemoteAddr)
+	if !ok {
+		return
+	}
+	var kind string
+	switch {
+	case peer.IsLoopback():
+		kind = "loopback"
+	case peer.IsPrivate():
+		kind = "private"
+	default:
+		return
+	}
+	net64 := ""
+	if peer.Is6() {
+		p, _ := peer.Prefix(64)
+		net64 = p.String()
+	}
+	for i := range reqs {
+		k := reqs[i].Key
+		if k == host || strings.HasSuffix(k, ":"+host) || net64 != "" && (k == net64 || strings.HasSuffix(k, ":"+net64)) {
+			l.logOnce(logForwarded, msgForwarded, "header", name, "peer", kind)
+			return
+		}
+	}
+}
+
+// WithLogger sets the logger the one-time warnings go to: forwarded headers
+// from a loopback or private peer while no proxy is trusted, a [Route] layer
+// that finds no route pattern, a layer whose key is absent on every one of
+// its first [AbsentKeyLogAfter] requests, store errors served fail-open, and
+// configuration errors met at request time. Each is logged at most once per
+// Limiter, at level Warn, and never carries a key or an address in full.
+// The default value is slog.Default(); WithLogger(nil) silences them.
+func WithLogger(logger *slog.Logger) Option {
+	return func(c *config) { c.logger = logger }
+}

@@ -1,0 +1,489 @@
+package ratelimit_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+// logBuf is a slog logger writing to a buffer, safe for concurrent use.
+type logBuf struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuf) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuf) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// count returns the number of log lines containing s.
+func (b *logBuf) count(s string) int { return strings.Count(b.String(), s) }
+
+func newLogBuf() (*logBuf, ratelimit.Option) {
+	b := &logBuf{}
+	return b, ratelimit.WithLogger(slog.New(slog.NewTextHandler(b, nil)))
+}
+
+// errRecorder records the errors the error handler sees.
+type errRecorder struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (e *errRecorder) option() ratelimit.Option {
+	return ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+		e.mu.Lock()
+		e.errs = append(e.errs, err)
+		e.mu.Unlock()
+	})
+}
+
+func (e *errRecorder) all() []error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]error(nil), e.errs...)
+}
+
+// muxReq is a request with method and target from remoteAddr.
+func muxReq(method, target, remoteAddr string) *http.Request {
+	r := httptest.NewRequest(method, target, nil)
+	r.RemoteAddr = remoteAddr
+	return r
+}
+
+// TestRouteMethodCannotDodge checks that a route registered without a method
+// gives every method one quota, so changing the method (PUT, X1, post, ...)
+// buys nothing, and that HEAD is counted with the GET route serving it:
+// through a Limiter around the mux (WithServeMux) and one inside it.
+func TestRouteMethodCannotDodge(t *testing.T) {
+	layer := ratelimit.Layer{Key: ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()), Rule: core.PerMinute(2).Named("route")}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	for _, mode := range []string{"around", "inside"} {
+		t.Run(mode, func(t *testing.T) {
+			clk := core.NewFakeClock(mwT0)
+			l, err := ratelimit.New([]ratelimit.Layer{layer}, ratelimit.WithClock(clk))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mux := http.NewServeMux()
+			var h http.Handler = mux
+			if mode == "inside" {
+				mux.Handle("/login", l.Handler(ok))
+				mux.Handle("GET /x", l.Handler(ok))
+			} else {
+				if l, err = ratelimit.New([]ratelimit.Layer{layer}, ratelimit.WithClock(clk), ratelimit.WithServeMux(mux)); err != nil {
+					t.Fatal(err)
+				}
+				mux.Handle("/login", ok)
+				mux.Handle("GET /x", ok)
+				h = l.Handler(mux)
+			}
+			codes := []int{}
+			for _, m := range []string{"POST", "PUT", "X1", "post", "DELETE"} {
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, muxReq(m, "/login", "192.0.2.1:1"))
+				codes = append(codes, rec.Code)
+			}
+			if want := []int{200, 200, 429, 429, 429}; !equalInts(codes, want) {
+				t.Errorf("/login by method: %v, want %v", codes, want)
+			}
+			codes = codes[:0]
+			for _, m := range []string{"GET", "HEAD", "HEAD"} {
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, muxReq(m, "/x", "192.0.2.1:1"))
+				codes = append(codes, rec.Code)
+			}
+			if want := []int{200, 200, 429}; !equalInts(codes, want) {
+				t.Errorf("GET /x then HEAD: %v, want %v", codes, want)
+			}
+		})
+	}
+}
+
+// TestRouteKeysBounded checks that 1,000 distinct method tokens on two
+// routes produce two route keys.
+func TestRouteKeysBounded(t *testing.T) {
+	mux := http.NewServeMux()
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	mux.Handle("/login", ok)
+	mux.Handle("/a/{id}", ok)
+	l := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.Route(), Rule: core.PerMinute(1 << 30).Named("route")}}, ratelimit.WithServeMux(mux))
+	keys := map[string]bool{}
+	for i := range 1000 {
+		m := "M" + strings.Repeat("X", i%40) + string(rune('A'+i%26))
+		for _, target := range []string{"/login", "/a/" + m} {
+			res := l.Decide(muxReq(m, target, "192.0.2.1:1"))
+			for _, ly := range res.Layers {
+				keys[ly.Key] = true
+			}
+		}
+	}
+	if len(keys) != 2 || !keys["/login"] || !keys["/a/{id}"] {
+		t.Fatalf("route keys %v, want /login and /a/{id}", keys)
+	}
+}
+
+// TestTopLevelRouteLayerOneBatch checks that one Limiter around a whole
+// ServeMux holds a per-IP layer and a login-only route layer, and that a
+// login refused by the route layer charges the per-IP layer nothing.
+func TestTopLevelRouteLayerOneBatch(t *testing.T) {
+	mux := http.NewServeMux()
+	served := 0
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served++ })
+	mux.Handle("POST /login", ok)
+	mux.Handle("GET /hello", ok)
+	ip := ratelimit.MustClientIP()
+	l := mwLimiter(t, []ratelimit.Layer{
+		{Key: ip, Rule: core.PerMinute(10).Named("per-ip")},
+		{Key: ratelimit.Composite(ratelimit.Route(), ip), Rule: core.PerMinute(2).Named("login"), Routes: []string{"POST /login"}},
+	}, ratelimit.WithServeMux(mux))
+	h := l.Handler(mux)
+	do := func(method, target string) int {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, muxReq(method, target, "192.0.2.1:1"))
+		return rec.Code
+	}
+	for i, want := range []int{200, 200, 429, 429, 429} {
+		if got := do("POST", "/login"); got != want {
+			t.Fatalf("login %d: %d, want %d", i, got, want)
+		}
+	}
+	// Two logins charged per-ip; the three refused ones did not: 8 left.
+	for i := range 8 {
+		if got := do("GET", "/hello"); got != 200 {
+			t.Fatalf("hello %d: %d, want 200", i, got)
+		}
+	}
+	if got := do("GET", "/hello"); got != 429 {
+		t.Fatalf("hello over per-ip: %d, want 429", got)
+	}
+	if served != 10 {
+		t.Fatalf("served %d, want 10", served)
+	}
+	// A path the mux does not match is not keyed by route: the per-IP
+	// layer (exhausted here) still decides it.
+	if got := do("GET", "/nope"); got != 429 {
+		t.Fatalf("unmatched path: %d, want 429 from per-ip", got)
+	}
+}
+
+// TestUnmatchedRouteLayerDoesNotApply checks that a route layer does not
+// apply to a request the mux matches no route for, which the mux answers.
+func TestUnmatchedRouteLayerDoesNotApply(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.Handle("GET /hello", mwOK)
+	l := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.Route(), Rule: core.PerMinute(1).Named("route")}}, ratelimit.WithServeMux(mux))
+	h := l.Handler(mux)
+	for range 3 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, muxReq("GET", "/nope", "192.0.2.1:1"))
+		if rec.Code != http.StatusNotFound {
+			t.Fatalf("unmatched: %d, want 404 from the mux", rec.Code)
+		}
+	}
+}
+
+// TestRouteLayerWithoutPatternIsLoud checks that a Route layer mounted
+// before routing without WithServeMux is a configuration error: 500, the
+// error handler sees ErrConfig wrapping ErrNoRoute, one log line; never a
+// silent skip.
+func TestRouteLayerWithoutPatternIsLoud(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.Handle("POST /login", mwOK)
+	logs, logOpt := newLogBuf()
+	var er errRecorder
+	for _, routes := range [][]string{nil, {"POST /login"}} {
+		l := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()), Rule: core.PerMinute(2).Named("login"), Routes: routes}}, logOpt, er.option())
+		h := l.Handler(mux)
+		for range 3 {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, muxReq("POST", "/login", "192.0.2.1:1"))
+			if rec.Code != http.StatusInternalServerError {
+				t.Fatalf("routes %v: %d, want 500", routes, rec.Code)
+			}
+		}
+	}
+	errs := er.all()
+	if len(errs) != 6 || !errors.Is(errs[0], ratelimit.ErrConfig) || !errors.Is(errs[0], ratelimit.ErrNoRoute) || errors.Is(errs[0], ratelimit.ErrStoreFailure) ||
+		errs[0].Error() != `ratelimit: configuration error: layer "login": no route pattern: the limiter runs before routing` {
+		t.Fatalf("error handler saw %v", errs)
+	}
+	if n := logs.count("a Route layer found no route pattern"); n != 2 {
+		t.Fatalf("logged %d times (once per Limiter wanted):\n%s", n, logs)
+	}
+	if !strings.Contains(logs.String(), `layer="\"login\""`) {
+		t.Errorf("log line does not name the layer:\n%s", logs)
+	}
+}
+
+// TestMissingKeyRefuse checks that a layer with IfNoKey NoKeyRefuse refuses a
+// request without its key (401 by default, error handler first) and charges
+// nothing.
+func TestMissingKeyRefuse(t *testing.T) {
+	var er errRecorder
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.Header("X-API-Key"), Rule: core.PerMinute(1).Named("api-key"), IfNoKey: ratelimit.NoKeyRefuse}}, er.option())
+	for range 3 {
+		if rec := e.do(t, mwReq("192.0.2.1:1")); rec.Code != http.StatusUnauthorized {
+			t.Fatalf("no key: %d, want 401", rec.Code)
+		}
+	}
+	if e.served.Load() != 0 {
+		t.Fatalf("served %d requests without a key", e.served.Load())
+	}
+	if errs := er.all(); len(errs) != 3 || !errors.Is(errs[0], ratelimit.ErrMissingKey) {
+		t.Fatalf("error handler saw %v", errs)
+	}
+	if rec := e.do(t, mwReq("192.0.2.1:1", "X-API-Key", "k1")); rec.Code != 200 {
+		t.Fatalf("with key: %d", rec.Code)
+	}
+	if rec := e.do(t, mwReq("192.0.2.1:1", "X-API-Key", "k1")); rec.Code != 429 {
+		t.Fatalf("with key, second: %d", rec.Code)
+	}
+	// The error handler may answer 400 instead.
+	e2 := mwNew(t, []ratelimit.Layer{{Key: ratelimit.Header("X-API-Key"), Rule: core.PerMinute(1).Named("api-key"), IfNoKey: ratelimit.NoKeyRefuse}},
+		ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, ratelimit.ErrMissingKey) {
+				http.Error(w, "X-API-Key required", http.StatusBadRequest)
+			}
+		}))
+	if rec := e2.do(t, mwReq("192.0.2.1:1")); rec.Code != http.StatusBadRequest {
+		t.Fatalf("custom answer: %d, want 400", rec.Code)
+	}
+}
+
+// TestFirstOfFallbackLimits checks that leaving the API key out does not
+// escape a single-layer limiter keyed by FirstOf(Header, ClientIP).
+func TestFirstOfFallbackLimits(t *testing.T) {
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.FirstOf(ratelimit.Header("X-API-Key", ratelimit.HashKey()), ratelimit.MustClientIP()), Rule: core.PerMinute(2).Named("api")}})
+	var codes []int
+	for range 3 {
+		codes = append(codes, e.do(t, mwReq("192.0.2.1:1")).Code)
+	}
+	codes = append(codes, e.do(t, mwReq("192.0.2.1:1", "X-API-Key", "k")).Code)
+	if want := []int{200, 200, 429, 200}; !equalInts(codes, want) {
+		t.Fatalf("codes %v, want %v", codes, want)
+	}
+}
+
+// TestDuplicatePoliciesAtRequestTime checks that two layers whose Resolvers
+// return equally named policies for one key are a configuration error,
+// answered 500 under fail-open, never served unlimited, and logged once.
+func TestDuplicatePoliciesAtRequestTime(t *testing.T) {
+	pro := core.MustPolicy(core.PerMinute(100).Named("pro"))
+	res := core.ResolverFunc(func(ctx context.Context, key string) (*core.Policy, error) { return pro, nil })
+	ip := ratelimit.MustClientIP()
+	logs, logOpt := newLogBuf()
+	var er errRecorder
+	e := mwNew(t, []ratelimit.Layer{
+		{Key: ip, Rule: core.PerMinute(10).Named("a"), Resolver: res},
+		{Key: ip, Rule: core.PerMinute(10).Named("b"), Resolver: res},
+	}, logOpt, er.option())
+	for range 3 {
+		if rec := e.do(t, mwReq("192.0.2.1:1")); rec.Code != http.StatusInternalServerError {
+			t.Fatalf("status %d, want 500", rec.Code)
+		}
+	}
+	if e.served.Load() != 0 {
+		t.Fatalf("served %d", e.served.Load())
+	}
+	errs := er.all()
+	if len(errs) != 3 || !errors.Is(errs[0], ratelimit.ErrConfig) || !errors.Is(errs[0], core.ErrDuplicateRequest) || errors.Is(errs[0], ratelimit.ErrStoreFailure) ||
+		strings.Count(errs[0].Error(), "ratelimit:") != 1 {
+		t.Fatalf("error handler saw %v", errs)
+	}
+	if logs.count("configuration error at request time") != 1 || logs.count("fail-open") != 0 {
+		t.Fatalf("logs:\n%s", logs)
+	}
+}
+
+// TestDuplicateNamesAtConstruction checks that New refuses names that clash
+// across layers, including the policies a layer's Tiers resolver lists, and
+// says so with one prefix and the user's own words.
+func TestDuplicateNamesAtConstruction(t *testing.T) {
+	ip := ratelimit.MustClientIP()
+	tiers, err := core.Tiers(func(context.Context, string) string { return "pro" }, map[string]core.Rule{
+		"pro": core.PerMinute(100).Named("per-user"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		layers []ratelimit.Layer
+		want   string
+	}{
+		{"tier clashes with a layer", []ratelimit.Layer{
+			{Key: ip, Rule: core.PerMinute(10).Named("per-user")},
+			{Key: ratelimit.User(), Rule: core.PerMinute(10).Named("users"), Resolver: tiers},
+		}, `ratelimit: layers "per-user" and "users" are both named "per-user" (a policy its Resolver can return)`},
+		{"two unnamed layers", []ratelimit.Layer{
+			{Key: ip, Rule: core.PerMinute(10)},
+			{Key: ratelimit.User(), Rule: core.PerMinute(10)},
+		}, "ratelimit: layers 0 and 1 are both unnamed (both named \"default\" by default): name them with Rule.Named"},
+		{"invalid rule", []ratelimit.Layer{
+			{Key: ip, Rule: core.Rule{Name: "login", Limit: -1, Window: time.Minute}},
+		}, `ratelimit: layer "login": invalid rule`},
+		{"invalid unnamed rule", []ratelimit.Layer{
+			{Key: ip, Rule: core.Rule{Limit: 1}},
+		}, `ratelimit: layer 0 (unnamed): invalid rule`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ratelimit.New(tc.layers)
+			if err == nil || !strings.HasPrefix(err.Error(), tc.want) || strings.Count(err.Error(), "ratelimit:") != 1 {
+				t.Fatalf("err = %v, want prefix %q and one \"ratelimit:\"", err, tc.want)
+			}
+		})
+	}
+	// A tier sharing its own layer's name is fine: one layer decides one
+	// policy per request.
+	if _, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.User(), Rule: core.PerMinute(10).Named("per-user"), Resolver: tiers}}); err != nil {
+		t.Fatalf("tier named like its own layer: %v", err)
+	}
+}
+
+// ctxStore is a Store that fails with the context's error once the context
+// ends, as a network store does when the client goes away.
+type ctxStore struct{}
+
+func (ctxStore) Take(ctx context.Context, _ time.Time, _ []core.Request, _ []core.Decision) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestClientGoneIsNotStoreFailure checks that a store error caused by the
+// request's own context ending is not a store failure: no error handler,
+// no 503 under fail-closed, no fail-open log line; nothing is written.
+func TestClientGoneIsNotStoreFailure(t *testing.T) {
+	for _, opts := range [][]ratelimit.Option{nil, {ratelimit.WithFailClosed()}} {
+		logs, logOpt := newLogBuf()
+		var er errRecorder
+		e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10).Named("ip")}},
+			append([]ratelimit.Option{ratelimit.WithStore(ctxStore{}), logOpt, er.option()}, opts...)...)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		rec := e.do(t, mwReq("192.0.2.1:1").WithContext(ctx))
+		if rec.Body.Len() != 0 || len(rec.Header()) != 0 || e.served.Load() != 0 {
+			t.Fatalf("wrote %d %q %v, served %d", rec.Code, rec.Body, rec.Header(), e.served.Load())
+		}
+		if errs := er.all(); len(errs) != 0 {
+			t.Fatalf("error handler saw %v", errs)
+		}
+		if logs.String() != "" {
+			t.Fatalf("logged:\n%s", logs)
+		}
+		res := e.l.Decide(mwReq("192.0.2.1:1").WithContext(ctx))
+		if res.Proceed || !errors.Is(res.Err, context.Canceled) || errors.Is(res.Err, ratelimit.ErrStoreFailure) {
+			t.Fatalf("Decide: %+v", res)
+		}
+	}
+}
+
+// TestFailOpenLoggedOnce checks the one-time fail-open log line.
+func TestFailOpenLoggedOnce(t *testing.T) {
+	logs, logOpt := newLogBuf()
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10).Named("ip")}}, ratelimit.WithStore(&mwFailStore{}), logOpt)
+	for range 3 {
+		if rec := e.do(t, mwReq("192.0.2.1:1")); rec.Code != 200 {
+			t.Fatalf("fail-open: %d", rec.Code)
+		}
+	}
+	if n := logs.count("store errors are being served fail-open"); n != 1 {
+		t.Fatalf("logged %d times:\n%s", n, logs)
+	}
+	// Fail-closed serves nothing and so logs nothing of the kind.
+	logs2, logOpt2 := newLogBuf()
+	e2 := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10).Named("ip")}}, ratelimit.WithStore(&mwFailStore{}), logOpt2, ratelimit.WithFailClosed())
+	e2.do(t, mwReq("192.0.2.1:1"))
+	if logs2.count("fail-open") != 0 {
+		t.Fatalf("fail-closed logged:\n%s", logs2)
+	}
+}
+
+// TestForwardedFromPrivatePeerLogged checks the one-time warning for
+// forwarded headers from a loopback or private peer nothing trusts, and that
+// it never carries the address.
+func TestForwardedFromPrivatePeerLogged(t *testing.T) {
+	cases := []struct {
+		name   string
+		key    ratelimit.KeyFunc
+		remote string
+		want   int
+	}{
+		{"private peer, no proxy trusted", ratelimit.MustClientIP(), "10.1.2.3:5", 1},
+		{"loopback v6 peer in a composite", ratelimit.Composite(ratelimit.Global("g"), ratelimit.MustClientIP()), "[::1]:5", 1},
+		{"public peer", ratelimit.MustClientIP(), "203.0.113.9:5", 0},
+		{"proxy trusted", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.0.0.0/8")), "10.1.2.3:5", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			logs, logOpt := newLogBuf()
+			e := mwNew(t, []ratelimit.Layer{{Key: tc.key, Rule: core.PerMinute(100).Named("ip")}}, logOpt)
+			for range 3 {
+				e.do(t, mwReq(tc.remote, "X-Forwarded-For", "198.51.100.77"))
+			}
+			if n := logs.count("forwarded headers arrive from a loopback or private peer"); n != tc.want {
+				t.Fatalf("logged %d times, want %d:\n%s", n, tc.want, logs)
+			}
+			if s := logs.String(); strings.Contains(s, "10.1.2.3") || strings.Contains(s, "198.51.100.77") || strings.Contains(s, "::1") {
+				t.Fatalf("log carries an address:\n%s", s)
+			}
+		})
+	}
+}
+
+// TestAbsentKeyLogged checks the one-time warning for a layer whose key was
+// absent on every one of its first AbsentKeyLogAfter requests, and that
+// WithLogger(nil) silences it.
+func TestAbsentKeyLogged(t *testing.T) {
+	logs, logOpt := newLogBuf()
+	e := mwNew(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1 << 20).Named("ip")},
+		{Key: ratelimit.User(), Rule: core.PerMinute(10).Named("per-user")},
+	}, logOpt)
+	for range ratelimit.AbsentKeyLogAfter - 1 {
+		e.do(t, mwReq("192.0.2.1:1"))
+	}
+	if logs.count("key was absent") != 0 {
+		t.Fatalf("logged early:\n%s", logs)
+	}
+	for range 5 {
+		e.do(t, mwReq("192.0.2.1:1"))
+	}
+	if logs.count("key was absent") != 1 || !strings.Contains(logs.String(), `layer="\"per-user\""`) {
+		t.Fatalf("want one line naming the layer:\n%s", logs)
+	}
+	// A layer that met its key once is never reported.
+	logs2, logOpt2 := newLogBuf()
+	e2 := mwNew(t, []ratelimit.Layer{{Key: ratelimit.User(), Rule: core.PerMinute(10).Named("per-user")}}, logOpt2)
+	e2.do(t, mwUserReq("192.0.2.1:1", "alice"))
+	for range 2 * ratelimit.AbsentKeyLogAfter {
+		e2.do(t, mwReq("192.0.2.1:1"))
+	}
+	if logs2.String() != "" {
+		t.Fatalf("logged:\n%s", logs2)
+	}
+	// WithLogger(nil) is silent (and does not panic).
+	e3 := mwNew(t, []ratelimit.Layer{{Key: ratelimit.User(), Rule: core.PerMinute(10).Named("per-user")}}, ratelimit.WithLogger(nil), ratelimit.WithStore(&mwFailStore{}))
+	for range 2 * ratelimit.AbsentKeyLogAfter {
+		e3.do(t, mwReq("10.0.0.1:1", "X-Forwarded-For", "1.2.3.4"))
+	}
+}
