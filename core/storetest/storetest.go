@@ -616,8 +616,38 @@ func testBackwardsBounded(t *testing.T, newStore func(*testing.T) core.Store) {
 					t.Fatalf("stepped back to %v: refused the whole quota one recovery time (%v) later: %+v", to, rec, d)
 				}
 			}
+			// The same in batches that another layer refuses: the first
+			// refused batch after the step starts the recovery time.
+			gate := mustPolicy(t, core.Rule{Name: "gate-" + r.Algorithm.Name(), Limit: 1, Window: gateWindow})
+			for _, to := range []time.Time{T0.Add(-time.Hour), time.Unix(0, 0)} {
+				key, gk := uniqueKey(t, "bounded-batch"), uniqueKey(t, "gate")
+				var out [2]core.Decision
+				if err := s.Take(context.Background(), T0, []core.Request{{Policy: p, Key: key, Cost: 4}, {Policy: gate, Key: gk, Cost: 1}}, out[:]); err != nil || !out[0].Allowed || !out[1].Allowed {
+					t.Fatalf("at T0: %+v %v", out, err)
+				}
+				// The gate is exhausted: this batch is refused by it.
+				if err := s.Take(context.Background(), to, []core.Request{{Policy: p, Key: key, Cost: 1}, {Policy: gate, Key: gk, Cost: 1}}, out[:]); err != nil || out[1].Allowed {
+					t.Fatalf("stepped back to %v, gated batch: %+v %v", to, out, err)
+				}
+				if d := take2(t, s, p, key, to.Add(rec), 4); !d.Allowed {
+					t.Fatalf("stepped back to %v: refused the whole quota one recovery time (%v) later: %+v", to, rec, d)
+				}
+			}
 		})
 	}
+}
+
+// gateWindow is the window of the suite's gate policies, which refuse
+// every batch after their first.
+const gateWindow = 24 * time.Hour
+
+func take2(t *testing.T, s core.Store, p *core.Policy, key string, at time.Time, cost int64) core.Decision {
+	t.Helper()
+	var out [1]core.Decision
+	if err := s.Take(context.Background(), at, []core.Request{{Policy: p, Key: key, Cost: cost}}, out[:]); err != nil {
+		t.Fatalf("at %v: %v", at, err)
+	}
+	return out[0]
 }
 
 // testAnyInstant decides a never-seen key at instants before 1970, at the
@@ -689,6 +719,29 @@ func testIdentity(t *testing.T, newStore func(*testing.T) core.Store) {
 			})
 		}
 	}
+	t.Run("Batch", func(t *testing.T) {
+		// In a batch, too: the changed layer carries its units over, and a
+		// batch refused by another layer charges nothing.
+		s := newStore(t)
+		h := Harness{t, s}
+		small, big := mustPolicy(t, rule(core.TokenBucket, 5)), mustPolicy(t, rule(core.FixedWindow, 10))
+		gate := mustPolicy(t, core.Rule{Name: "gate", Limit: 1, Window: time.Hour})
+		key := uniqueKey(t, "batch")
+		if d, err := h.Take(small, key, 3, 0); err != nil || !d.Allowed {
+			t.Fatalf("3 of 5: %+v %v", d, err)
+		}
+		var out [2]core.Decision
+		batch := []core.Request{{Policy: big, Key: key, Cost: 1}, {Policy: gate, Key: key, Cost: 1}}
+		if err := s.Take(context.Background(), T0.Add(ms), batch, out[:]); err != nil || !out[0].Allowed || out[0].Remaining != 6 || !out[1].Allowed {
+			t.Fatalf("batch after the change: %+v %v, want admitted with Remaining 6", out, err)
+		}
+		if err := s.Take(context.Background(), T0.Add(ms), batch, out[:]); err != nil || !out[0].Allowed || out[0].Remaining != 6 || out[1].Allowed {
+			t.Fatalf("batch refused by the gate: %+v %v, want big uncharged, reporting Remaining 6", out, err)
+		}
+		if d, err := h.Take(big, key, 1, ms); err != nil || !d.Allowed || d.Remaining != 5 {
+			t.Fatalf("after a refused batch: %+v %v, want Remaining 5", d, err)
+		}
+	})
 	t.Run("SameIdentity", func(t *testing.T) {
 		// Two policies built from one rule are one policy to the store:
 		// recovery in progress is kept, not restarted.
