@@ -1,6 +1,9 @@
 package core
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Algorithm decides requests against a per-key State. Implementations are
 // pure: the outcome depends only on the policy, the state, the cost and now
@@ -25,17 +28,28 @@ type Algorithm interface {
 
 	// Decide writes to d whether cost units are admitted at now for the
 	// state s, overwriting every field of d. If commit is true and the
-	// request is admitted, Decide updates s to charge it; otherwise it
-	// leaves s unchanged. A cost of 0 reports the state without charging.
-	// Decide is called only with 0 <= cost <= p.Capacity(). A zero State is
-	// a key never seen before, whose quota is whole. (The decision is
-	// written through a pointer rather than returned: returning the struct
-	// costs a store-forwarding stall on every call.)
+	// request is admitted, Decide updates s to charge it. A cost of 0
+	// reports the state without charging. If commit is false, Decide leaves
+	// s unchanged.
+	//
+	// A state written at a later time than now (the clock stepped back)
+	// never credits quota and never refuses the key for longer than the
+	// policy's full-recovery time from now; with commit true, Decide may
+	// rewrite such a state to its equivalent at now, admitted or not, so
+	// that the bound holds from the first decision after the step.
+	//
+	// Decide is called only with 0 <= cost <= p.Capacity() and with now in
+	// [MinTime, MaxTime]. A zero State is a key never seen before, whose
+	// quota is whole at every such now, before 1970 included. (The decision
+	// is written through a pointer rather than returned: returning the
+	// struct costs a store-forwarding stall on every call.)
 	Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision)
 
 	// Expiry returns the Unix nanosecond time from which s decides exactly
-	// like a zero State, so that a store may forget it (0 when s already
-	// does). Stores use it to drop recovered keys and to set key expiries.
+	// like a zero State, so that a store may forget it: math.MinInt64 for a
+	// zero State (whole at every instant). Stores use it to drop recovered
+	// keys and to set key expiries. An Expiry of 0 for a state that is
+	// already whole is also accepted, and right for every now >= 0.
 	Expiry(p *Policy, s *State) int64
 }
 
@@ -47,6 +61,30 @@ type State struct {
 	A, B int64
 	log  *timeLog
 }
+
+// The instants a Store decides at, as Unix nanoseconds: about 146 years
+// either side of 1970 (1823 to 2116). The built-in stores clamp a time
+// outside them (such as the zero time.Time, year 1) to the nearest bound,
+// so every time.Time decides, and a never-seen key is whole at all of them.
+const (
+	MinTime = -1 << 62
+	MaxTime = 1<<62 - 1
+)
+
+// ClampTime returns t as Unix nanoseconds clamped to [MinTime, MaxTime].
+// Unlike t.UnixNano, it is defined for every t.
+func ClampTime(t time.Time) int64 {
+	switch sec := t.Unix(); {
+	case sec < MinTime/1_000_000_000:
+		return MinTime
+	case sec > MaxTime/1_000_000_000:
+		return MaxTime
+	}
+	return clampNanos(t.UnixNano())
+}
+
+// clampNanos clamps Unix nanoseconds to [MinTime, MaxTime].
+func clampNanos(ns int64) int64 { return min(max(ns, MinTime), MaxTime) }
 
 // Built-in algorithms.
 var (

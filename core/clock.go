@@ -32,7 +32,8 @@ func (c *systemClock) Now() time.Time { return c.base.Add(time.Since(c.base)) }
 func (c *systemClock) unixNano() int64 { return c.baseNs + int64(time.Since(c.base)) }
 
 // FakeClock is a Clock that moves only when told to, for tests. It is safe
-// for concurrent use. Its zero value reads as the zero time.Time; use
+// for concurrent use. Its zero value reads as the zero time.Time, at which
+// a Limiter decides like at any other instant (a new key is whole); use
 // NewFakeClock to start at a chosen instant.
 type FakeClock struct {
 	mu sync.Mutex

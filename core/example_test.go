@@ -141,3 +141,26 @@ func ExampleParseAlgorithm() {
 	fmt.Println(err)
 	// Output: ratelimit: invalid rule "search": Limit must be positive, got 0
 }
+
+// Two rules that share a Name share a store's records; Identity says
+// whether they read them alike. A change of algorithm or parameters
+// carries the units in use over to the new rule.
+func ExamplePolicy_Identity() {
+	store := core.MustMemoryStore(nil)
+	old := core.MustPolicy(core.Rule{Name: "api", Limit: 5, Window: 10 * time.Minute})
+	bigger := core.MustPolicy(core.Rule{Name: "api", Limit: 10, Window: 10 * time.Minute, Algorithm: core.FixedWindow})
+	fmt.Println(old.Identity())
+	fmt.Println(bigger.Identity())
+
+	now := time.Unix(1_800_000_000, 0)
+	out := make([]core.Decision, 1)
+	_ = store.Take(context.Background(), now, []core.Request{{Policy: old, Key: "alice", Cost: 3}}, out)
+	fmt.Println("under the old rule:", out[0].Remaining, "of", out[0].Limit)
+	_ = store.Take(context.Background(), now, []core.Request{{Policy: bigger, Key: "alice", Cost: 1}}, out)
+	fmt.Println("under the new rule:", out[0].Remaining, "of", out[0].Limit)
+	// Output:
+	// token_bucket;l=5;w=600000000000;c=5
+	// fixed_window;l=10;w=600000000000;c=10
+	// under the old rule: 2 of 5
+	// under the new rule: 6 of 10
+}

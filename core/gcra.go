@@ -2,15 +2,22 @@ package core
 
 import (
 	"errors"
+	"math"
 	"math/bits"
 	"time"
 )
 
 // The token and leaky buckets share one exact GCRA implementation. The
-// state is the theoretical arrival time TAT = A + B/Limit nanoseconds
-// (0 <= B < Limit): the time at which the bucket would be whole again. A
-// unit costs Window/Limit ns of TAT; the bucket admits while
-// TAT' - now <= tau, tau being capacity x Window/Limit.
+// state is the theoretical arrival time TAT = A + (B-1)/Limit nanoseconds
+// (1 <= B <= Limit): the time at which the bucket would be whole again. B
+// is 0 only in the zero State, a key never seen, which is whole at every
+// instant (before 1970 too). A unit costs Window/Limit ns of TAT; the bucket
+// admits while TAT' - now <= tau, tau being capacity x Window/Limit.
+//
+// A clock that stepped back finds TAT further ahead than any admission can
+// put it (now + tau + MaxDelay): that arrival time is read as exactly
+// now + tau + MaxDelay, an empty bucket, so the key is refused for at most
+// its own refill time (plus MaxDelay) and is never credited.
 
 type tokenBucket struct{}
 
@@ -56,15 +63,23 @@ func (leakyBucket) Decide(p *Policy, s *State, cost, now int64, commit bool, d *
 func (leakyBucket) Expiry(p *Policy, s *State) int64 { return gcraExpiry(s) }
 
 func gcraExpiry(s *State) int64 {
-	return s.A + b2i(s.B > 0)
+	if s.B == 0 {
+		return math.MinInt64
+	}
+	return s.A + b2i(s.B > 1)
 }
 
 func gcraDecide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
 	*d = Decision{Limit: p.capacity, Policy: p}
-	// base = max(TAT, now): a clock behind TAT sees fewer tokens, never more.
+	// base = max(TAT, now): a clock behind TAT sees fewer tokens, never
+	// more, and at most an empty bucket (clamped: see above).
 	bq, br := now, uint64(0)
-	if s.A > now || (s.A == now && s.B > 0) {
-		bq, br = s.A, uint64(s.B)
+	clamped := false
+	if s.B != 0 && (s.A > now || (s.A == now && s.B > 1)) {
+		bq, br = s.A, uint64(s.B-1)
+		if lq := now + p.tauQ + p.maxDelay; !lessEq(bq, br, lq, p.tauR) {
+			bq, br, clamped = lq, p.tauR, true
+		}
 	}
 	// TAT' = base + cost x Window/Limit.
 	var nq int64
@@ -88,10 +103,13 @@ func gcraDecide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) 
 		}
 		d.Remaining = gcraRemaining(p, dq, nr)
 		d.ResetAfter = time.Duration(ceilDiff(dq, nr, 0, 0))
-		if commit && cost > 0 {
-			s.A, s.B = nq, int64(nr)
+		if commit && (cost > 0 || clamped) {
+			s.A, s.B = nq, int64(nr)+1
 		}
 		return
+	}
+	if commit && clamped {
+		s.A, s.B = bq, int64(br)+1
 	}
 	// Refused: admitted once TAT' - now' <= tau + MaxDelay.
 	d.RetryAfter = time.Duration(ceilDiff(dq, nr, p.tauQ+p.maxDelay, p.tauR))

@@ -229,7 +229,7 @@ func (l *Limiter) NowUnixNano() int64 {
 	if l.sys != nil {
 		return l.sys.unixNano()
 	}
-	return l.clock.Now().UnixNano()
+	return ClampTime(l.clock.Now())
 }
 
 // TakeAtUnixNano is TakeAt with the time as Unix nanoseconds, as returned by
@@ -247,7 +247,7 @@ func (l *Limiter) TakeAtUnixNano(ctx context.Context, now int64, reqs []Request,
 func (l *Limiter) TakeAt(ctx context.Context, now time.Time, reqs []Request, out []Decision) (bool, error) {
 	var err error
 	if l.mem != nil {
-		err = l.mem.take(reqs, out, now.UnixNano())
+		err = l.mem.take(reqs, out, ClampTime(now))
 	} else {
 		err = l.takeStore(ctx, now, reqs, out)
 	}

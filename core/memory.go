@@ -22,31 +22,49 @@ const DefaultCapacity = 100_000
 // at least DefaultShards x minShardCapacity.
 const DefaultShards = 64
 
-// minShardCapacity keeps every shard larger than a batch, so that charging
-// a batch never evicts a key of the same batch.
+// minShardCapacity is the fewest keys per shard that the default number
+// of shards keeps, halving the shards of a small store.
 const minShardCapacity = 4 * MaxBatch
+
+// EvictionScan is the most keys a full shard examines, from its least
+// recently used end, to find room for one new key.
+const EvictionScan = 8
 
 // MemoryConfig configures a MemoryStore. A nil *MemoryConfig means the
 // defaults.
 type MemoryConfig struct {
 	// Capacity is the most keys the store holds. The default value is
-	// DefaultCapacity. It is spread evenly over the shards, so the bound is
-	// per shard: a shard full of recently used keys evicts its least
-	// recently used key even if another shard has room.
+	// DefaultCapacity. It is spread evenly over the shards, each holding
+	// Capacity / shards keys (rounded down, so the store never holds more
+	// than Capacity; MemoryStore.Capacity reports the exact bound), and the
+	// bound is per shard: a full shard makes room in itself even if another
+	// shard has room.
 	Capacity int
 
 	// Shards is the number of independently locked shards, rounded up to a
-	// power of two. The default value is DefaultShards, reduced for small
-	// capacities so that each shard holds at least 64 keys.
+	// power of two, then halved while it exceeds Capacity (every shard
+	// holds at least one key). The default value is DefaultShards, halved
+	// for small capacities so that each shard holds at least 64 keys (one
+	// shard below 128). A batch with more keys in one shard than the shard
+	// holds (possible only when a shard holds fewer than MaxBatch keys) is
+	// refused with ErrStoreFull and a RetryAfter of 0: it can never be
+	// stored.
 	Shards int
 
-	// KeepActive, when true, never evicts a key that still holds state:
-	// a new key meeting a full shard whose least recently used key has not
-	// recovered is refused with ErrStoreFull (the caller's fail policy
-	// decides the request), so a client over its limit cannot be released
-	// by a flood of other keys. The default value, false, evicts the least
-	// recently used key, counts the eviction and reports it to the Observer.
-	// Keys that have fully recovered are dropped first in both modes.
+	// KeepActive, when true, never evicts a key that still holds state: a
+	// new key meeting a full shard whose least recently used key has not
+	// fully recovered is refused with ErrStoreFull, and the refusing
+	// Decision's RetryAfter is the time until that key recovers (exact,
+	// never early, if nothing else arrives), so a client over its limit
+	// cannot be released by a flood of other keys. Only the least recently
+	// used key is examined, and only recovered keys are ever dropped.
+	//
+	// The default value, false, examines up to EvictionScan keys from the
+	// least recently used end of a full shard: the first of them that has
+	// fully recovered is dropped, silently (forgetting it changes no
+	// decision); the examined keys that still hold state are moved to the
+	// front, a second chance; when none of them has recovered, the least
+	// recently used one is evicted, counted and reported to the Observer.
 	KeepActive bool
 
 	// Observer receives evictions of keys that still held state. The
@@ -60,10 +78,21 @@ type MemoryConfig struct {
 // one atomic read-check-update under its shard's lock. A batch locks its
 // shards in index order.
 //
+// Keys are namespaced by the policy's Name: the same key under two Names is
+// two quotas, and under one Name it is one record, shared. Each record is
+// tagged with the Policy that last wrote it. A request whose policy has
+// another Identity (same Name, another algorithm or parameters) never reads
+// the record as its own: the units in use under the old policy carry over
+// in absolute numbers, as a fresh state of the new policy charged
+// min(used, new capacity) at that instant, and the request is then decided
+// as usual. A change of rule therefore never credits quota, and recovery
+// of the carried units restarts at the change.
+//
 // Deciding an existing key allocates nothing. A new key costs one
-// allocation for its state and one for its name. Keys whose quota has fully
-// recovered are forgotten first when a shard is full: forgetting them
-// changes no decision.
+// allocation for its state and one for its name. A full shard drops a
+// recovered key before evicting one that holds state (see
+// MemoryConfig.KeepActive for how far it looks). Times outside
+// [MinTime, MaxTime] are clamped to them.
 //
 // It is safe for concurrent use and needs no Close.
 type MemoryStore struct {
@@ -79,27 +108,35 @@ var _ Store = (*MemoryStore)(nil)
 
 type memEntry struct {
 	st State
-	// exp is the Unix second from which st equals a fresh state (rounded
-	// up, so never early); touched is the Unix second at which the entry
-	// was last moved to the front of its LRU.
-	exp, touched uint32
-}
-
-// unixSec converts Unix ns to a Unix second in uint32, rounding up and
-// clamping (a state that never expires stays at the maximum).
-func unixSec(ns int64) uint32 {
-	if ns <= 0 {
-		return 0
-	}
-	s := (ns + 999_999_999) / 1e9
-	if s > 1<<32-1 {
-		return 1<<32 - 1
-	}
-	return uint32(s)
+	// pol is the policy that last wrote st.
+	pol *Policy
+	// exp is the Unix nanosecond from which st equals a fresh state.
+	exp int64
+	// touched is the Unix second at which the entry was last moved to the
+	// front of its LRU.
+	touched uint32
 }
 
 // setExp records the expiry of the entry's state under p.
-func (e *memEntry) setExp(p *Policy) { e.exp = unixSec(p.alg.Expiry(p, &e.st)) }
+func (e *memEntry) setExp(p *Policy) { e.exp = p.alg.Expiry(p, &e.st) }
+
+// adopt makes e a state of p at now. A record written under a policy with
+// another Identity is replaced by a fresh state of p charged the units in
+// use under the old policy, at most p's capacity. Requires s.mu.
+func (s *memShard) adopt(e *memEntry, p *Policy, now int64) {
+	old := e.pol
+	e.pol = p
+	if old == nil || old.identity == p.identity {
+		return
+	}
+	old.alg.Decide(old, &e.st, 0, now, false, &s.dec)
+	used := old.capacity - s.dec.Remaining
+	e.st = State{}
+	if used > 0 {
+		p.alg.Decide(p, &e.st, min(used, p.capacity), now, true, &s.dec)
+	}
+	e.setExp(p)
+}
 
 type memShard struct {
 	mu      sync.Mutex
@@ -139,7 +176,10 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 	for shards < n {
 		shards *= 2
 	}
-	per := max((c.Capacity+shards-1)/shards, minShardCapacity)
+	for shards > c.Capacity {
+		shards /= 2
+	}
+	per := c.Capacity / shards
 	m := &MemoryStore{
 		shards:     make([]memShard, shards),
 		mask:       uint64(shards - 1),
@@ -179,8 +219,8 @@ func (m *MemoryStore) Len() int {
 	return n
 }
 
-// Capacity returns the most keys the store can hold (the per-shard bound
-// times the number of shards).
+// Capacity returns the most keys the store can hold: the per-shard bound
+// times the number of shards, never more than MemoryConfig.Capacity.
 func (m *MemoryStore) Capacity() int { return len(m.shards) * m.shards[0].cap }
 
 // Evictions returns the number of keys evicted while they still held state
@@ -234,33 +274,81 @@ type evictedInfo struct {
 	stale time.Duration
 }
 
-// makeRoom frees space for need new keys in s: it drops least recently
-// used keys, counting and recording those that still held state, or, with
-// KeepActive, returns ErrStoreFull rather than drop one. Requires s.mu.
-func (m *MemoryStore) makeRoom(s *memShard, need int, now int64, ev []evictedInfo, nev *int) error {
-	for s.lru.Len()+need > s.cap {
-		k, old, ok := s.lru.GetOldest()
-		if !ok {
-			return nil
+// held reports whether e is one of the entries of the batch being decided.
+func held(e *memEntry, batch []*memEntry) bool {
+	for _, b := range batch {
+		if b == e {
+			return true
 		}
-		if exp := int64(old.exp) * 1e9; exp > now {
-			if m.keepActive {
-				return ErrStoreFull
-			}
-			if *nev < len(ev) {
-				ev[*nev] = evictedInfo{key: k, stale: time.Duration(exp - now)}
-				*nev++
-			}
-			m.evictions.Add(1)
-		}
-		s.lru.RemoveOldest()
-		// Nothing else refers to an evicted entry (a batch's own entries
-		// are at the front): keep it for the next new key, so that a
-		// full store allocates no state for the keys it admits.
-		*old = memEntry{}
-		s.free = old
 	}
-	return nil
+	return false
+}
+
+// recycle removes the entry e under k and keeps it for the next new key,
+// so that a full store allocates no state for the keys it admits. Nothing
+// else refers to it: the entries of a batch are never removed. Requires
+// s.mu.
+func (s *memShard) recycle(k string, e *memEntry) {
+	s.lru.Remove(k)
+	*e = memEntry{}
+	s.free = e
+}
+
+// makeRoom frees space for need new keys in s, whose batch already holds
+// own entries there (batch lists them; they are never removed). It drops
+// recovered keys, or evicts held ones (counted and recorded in ev), or,
+// with KeepActive, returns ErrStoreFull and the time until the least
+// recently used key recovers. A batch that cannot fit in the shard at all
+// gets ErrStoreFull and 0. Requires s.mu.
+func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []*memEntry, now int64, ev []evictedInfo, nev *int) (int64, error) {
+	if need+own > s.cap {
+		return 0, fmt.Errorf("%w: a batch needs %d keys in a shard of %d", ErrStoreFull, need+own, s.cap)
+	}
+	for s.lru.Len()+need > s.cap {
+		if m.keepActive {
+			k, e, _ := s.lru.GetOldest()
+			if e.exp > now {
+				return e.exp - now, ErrStoreFull
+			}
+			s.recycle(k, e)
+			continue
+		}
+		var (
+			firstKey string
+			first    *memEntry
+			dropped  bool
+		)
+		for seen := 0; seen < EvictionScan; {
+			k, e, _ := s.lru.GetOldest()
+			if e == first {
+				break // every key of the shard has been examined
+			}
+			if held(e, batch) {
+				s.lru.Get(k)
+				continue
+			}
+			seen++
+			if e.exp <= now {
+				s.recycle(k, e)
+				dropped = true
+				break
+			}
+			if first == nil {
+				firstKey, first = k, e
+			}
+			s.lru.Get(k) // a second chance for a key holding state
+		}
+		if dropped {
+			continue
+		}
+		if *nev < len(ev) {
+			ev[*nev] = evictedInfo{key: firstKey, stale: time.Duration(first.exp - now)}
+			*nev++
+		}
+		m.evictions.Add(1)
+		s.recycle(firstKey, first)
+	}
+	return 0, nil
 }
 
 // insert stores st as the state of r at now; makeRoom has made space.
@@ -272,7 +360,7 @@ func (m *MemoryStore) insert(s *memShard, r *Request, st State, now int64) {
 	} else {
 		e = new(memEntry)
 	}
-	*e = memEntry{st: st, touched: uint32(now / 1e9)}
+	*e = memEntry{st: st, pol: r.Policy, touched: uint32(now / 1e9)}
 	e.setExp(r.Policy)
 	s.lru.Add(storedKey(r), e)
 }
@@ -295,11 +383,12 @@ func (m *MemoryStore) report(ev []evictedInfo, n int) {
 
 // Take implements Store.
 func (m *MemoryStore) Take(_ context.Context, now time.Time, reqs []Request, out []Decision) error {
-	return m.take(reqs, out, now.UnixNano())
+	return m.take(reqs, out, ClampTime(now))
 }
 
 // take is Take at Unix nanosecond now.
 func (m *MemoryStore) take(reqs []Request, out []Decision, now int64) error {
+	now = clampNanos(now)
 	if len(reqs) == 1 && len(out) >= 1 {
 		// The single-request fast path of CheckBatch.
 		r := &reqs[0]
@@ -325,11 +414,12 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	if e == nil {
 		return m.takeNew(s, r, now, out)
 	}
+	if e.pol != p {
+		s.adopt(e, p, now)
+	}
 	p.alg.Decide(p, &e.st, r.Cost, now, true, &s.dec)
 	*out = s.dec
-	if out.Allowed {
-		e.setExp(p)
-	}
+	e.setExp(p)
 	s.mu.Unlock()
 	return nil
 }
@@ -347,12 +437,15 @@ func (m *MemoryStore) takeNew(s *memShard, r *Request, now int64, out *Decision)
 	p.alg.Decide(p, &s.scratch, r.Cost, now, true, &s.dec)
 	*out = s.dec
 	if out.Allowed {
-		if err = m.makeRoom(s, 1, now, ev[:], &nev); err == nil {
+		var retry int64
+		if retry, err = m.makeRoom(s, 1, 0, nil, now, ev[:], &nev); err == nil {
 			m.insert(s, r, s.scratch, now)
 		} else {
+			s.scratch = State{}
 			p.alg.Decide(p, &s.scratch, 0, now, false, &s.dec)
 			*out = s.dec
 			out.Allowed = false
+			out.RetryAfter = time.Duration(retry)
 		}
 	}
 	s.scratch = State{}
@@ -397,6 +490,9 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		entries[i] = e
 		st := &s.scratch
 		if e != nil {
+			if e.pol != r.Policy {
+				s.adopt(e, r.Policy, now)
+			}
 			st = &e.st
 		} else {
 			s.scratch = State{}
@@ -414,27 +510,38 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		all = all && out[i].Allowed
 	}
 	var err error
+	var retry int64
 	if all {
 		// Make room for the new keys first, so that a store refusing one
-		// (KeepActive) leaves the whole batch uncharged.
+		// leaves the whole batch uncharged. Every shard is examined, so
+		// that RetryAfter covers them all.
+		never := false
 		for _, si := range order[:nord] {
-			need := 0
+			need, own := 0, 0
 			for i := 0; i < n; i++ {
-				if shardIdx[i] == si && entries[i] == nil {
-					need++
+				if shardIdx[i] == si {
+					if entries[i] == nil {
+						need++
+					} else {
+						own++
+					}
 				}
 			}
-			if need > 0 {
-				if err = m.makeRoom(&m.shards[si], need, now, ev[:], &nev); err != nil {
-					break
-				}
+			if need == 0 {
+				continue
 			}
+			r, e := m.makeRoom(&m.shards[si], need, own, entries[:n], now, ev[:], &nev)
+			if e != nil {
+				err = e
+				never = never || r == 0
+				retry = max(retry, r)
+			}
+		}
+		if never {
+			retry = 0
 		}
 		if err != nil {
 			all = false
-			for i := 0; i < n; i++ {
-				out[i].Allowed = false
-			}
 		}
 	}
 	if all {
@@ -455,22 +562,29 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			s.scratch = State{}
 		}
 	} else {
-		// Report the uncharged state of the requests that would have passed.
+		// Report the uncharged state of the requests that would have
+		// passed. Held states are decided with commit, at cost 0: that
+		// charges nothing, and rewrites a state left ahead of a clock that
+		// stepped back (see Algorithm.Decide).
 		for i := 0; i < n; i++ {
-			if !out[i].Allowed && err == nil {
-				continue
-			}
 			r := &reqs[i]
 			s := &m.shards[shardIdx[i]]
-			st := &s.scratch
+			refused := !out[i].Allowed // by its policy; with err nil
 			if e := entries[i]; e != nil {
-				st = &e.st
-			} else {
+				r.Policy.alg.Decide(r.Policy, &e.st, 0, now, true, &s.dec)
+				e.setExp(r.Policy)
+			} else if !refused {
 				s.scratch = State{}
+				r.Policy.alg.Decide(r.Policy, &s.scratch, 0, now, false, &s.dec)
 			}
-			r.Policy.alg.Decide(r.Policy, st, 0, now, false, &s.dec)
+			if refused {
+				continue // keep the refusal as decided, with its RetryAfter
+			}
 			out[i] = s.dec
-			out[i].Allowed = err == nil
+			if err != nil {
+				out[i].Allowed = false
+				out[i].RetryAfter = time.Duration(retry)
+			}
 		}
 	}
 	for k := nord - 1; k >= 0; k-- {

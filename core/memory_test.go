@@ -53,12 +53,37 @@ func TestMemoryConfig(t *testing.T) {
 		}
 	}
 	m := core.MustMemoryStore(nil)
-	if m.Capacity() < core.DefaultCapacity || m.Capacity() > core.DefaultCapacity+core.DefaultShards*64 {
-		t.Errorf("default capacity = %d, want about %d", m.Capacity(), core.DefaultCapacity)
+	if m.Capacity() > core.DefaultCapacity || m.Capacity() < core.DefaultCapacity-core.DefaultShards {
+		t.Errorf("default capacity = %d, want at most %d and within one per shard of it", m.Capacity(), core.DefaultCapacity)
 	}
-	small := core.MustMemoryStore(&core.MemoryConfig{Capacity: 100})
-	if small.Capacity() < 100 || small.Capacity() > 128 {
-		t.Errorf("capacity 100 gives %d keys", small.Capacity())
+}
+
+// TestMemoryCapacityHonoured fills stores of every size with twice their
+// configured capacity: Capacity never exceeds the configuration, and Len
+// never exceeds Capacity.
+func TestMemoryCapacityHonoured(t *testing.T) {
+	p := core.MustPolicy(core.Rule{Name: "cap", Limit: 1, Window: time.Hour})
+	for _, cfg := range []core.MemoryConfig{
+		{Capacity: 1}, {Capacity: 3}, {Capacity: 10}, {Capacity: 100}, {Capacity: 1000}, {Capacity: 5000},
+		{Capacity: 10, Shards: 64}, {Capacity: 100, Shards: 3}, {Capacity: 1000, Shards: 1},
+	} {
+		m := core.MustMemoryStore(&cfg)
+		if c := m.Capacity(); c > cfg.Capacity || c < 1 {
+			t.Errorf("%+v: Capacity() = %d, want in [1, %d]", cfg, c, cfg.Capacity)
+		}
+		for i := 0; i < 2*cfg.Capacity; i++ {
+			take(t, m, t0, p, fmt.Sprint("k", i))
+			if m.Len() > m.Capacity() {
+				t.Fatalf("%+v: holds %d keys after %d, Capacity() %d", cfg, m.Len(), i+1, m.Capacity())
+			}
+		}
+		// Below 128 keys, or with Shards 1, the store is one shard holding
+		// exactly Capacity keys.
+		if cfg.Shards == 1 || cfg.Shards == 0 && cfg.Capacity < 128 {
+			if m.Capacity() != cfg.Capacity || m.Len() != cfg.Capacity {
+				t.Errorf("%+v: Capacity() = %d, Len() = %d, want both %d", cfg, m.Capacity(), m.Len(), cfg.Capacity)
+			}
+		}
 	}
 }
 
@@ -197,5 +222,153 @@ func TestMemoryLogGrowsAndPrunes(t *testing.T) {
 	}
 	if d := take(t, m, t0.Add(2999*time.Millisecond), p, "k"); d.Allowed || d.RetryAfter != time.Millisecond {
 		t.Fatalf("full log: %+v, want refused with RetryAfter 1ms", d)
+	}
+}
+
+// TestMemoryRecoveredDroppedFirst puts a key that still holds state at the
+// least recently used end of a full shard, with recovered keys behind it:
+// a new key drops a recovered one, silently, and the limited key stays
+// limited.
+func TestMemoryRecoveredDroppedFirst(t *testing.T) {
+	rec := &recorder{}
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 64, Shards: 1, Observer: rec})
+	long := core.MustPolicy(core.Rule{Name: "day", Limit: 1, Window: 24 * time.Hour})
+	short := core.MustPolicy(core.Rule{Name: "sec", Limit: 1, Window: time.Second})
+	take(t, m, t0, long, "limited")
+	for i := 0; i < 63; i++ {
+		take(t, m, t0, short, fmt.Sprint("s", i))
+	}
+	later := t0.Add(2 * time.Second) // every "sec" key has recovered
+	for i := 0; i < 10; i++ {
+		if d := take(t, m, later, long, fmt.Sprint("new", i)); !d.Allowed {
+			t.Fatalf("new key %d refused", i)
+		}
+	}
+	if m.Evictions() != 0 || len(rec.evictions) != 0 {
+		t.Fatalf("a key holding state was evicted while recovered keys were examined: %d %+v", m.Evictions(), rec.evictions)
+	}
+	if d := take(t, m, later, long, "limited"); d.Allowed {
+		t.Fatal("the limited key was forgotten: admitted again within its day")
+	}
+}
+
+// TestMemoryEvictionScanBound shows the documented bound: when the
+// EvictionScan least recently used keys all hold state, the least recently
+// used of them is evicted even though recovered keys sit further on.
+func TestMemoryEvictionScanBound(t *testing.T) {
+	rec := &recorder{}
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 64, Shards: 1, Observer: rec})
+	long := core.MustPolicy(core.Rule{Name: "day", Limit: 1, Window: 24 * time.Hour})
+	short := core.MustPolicy(core.Rule{Name: "sec", Limit: 1, Window: time.Second})
+	for i := 0; i < core.EvictionScan; i++ {
+		take(t, m, t0, long, fmt.Sprint("held", i))
+	}
+	for i := core.EvictionScan; i < 64; i++ {
+		take(t, m, t0, short, fmt.Sprint("s", i))
+	}
+	later := t0.Add(2 * time.Second)
+	take(t, m, later, long, "new0")
+	if m.Evictions() != 1 || len(rec.evictions) != 1 || rec.evictions[0].Key != "held0" {
+		t.Fatalf("evictions %d %+v, want held0 evicted", m.Evictions(), rec.evictions)
+	}
+	// The other examined keys were moved to the front: the next new key
+	// finds a recovered key at the tail and evicts nothing.
+	take(t, m, later, long, "new1")
+	if m.Evictions() != 1 {
+		t.Fatalf("evictions %d after a second new key, want 1", m.Evictions())
+	}
+	for i := 1; i < core.EvictionScan; i++ {
+		if d := take(t, m, later, long, fmt.Sprint("held", i)); d.Allowed {
+			t.Fatalf("held%d was forgotten", i)
+		}
+	}
+}
+
+// TestMemoryKeepActiveRetryAfter checks that a new key refused by a full
+// KeepActive store is told exactly when room frees up.
+func TestMemoryKeepActiveRetryAfter(t *testing.T) {
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 16, Shards: 1, KeepActive: true})
+	p := core.MustPolicy(core.Rule{Name: "ka", Limit: 2, Window: time.Minute})
+	for i := 0; i < 16; i++ {
+		take(t, m, t0.Add(time.Duration(i)*time.Second), p, fmt.Sprint("k", i))
+	}
+	// k0 used 1 of 2 tokens at t0: whole again at t0+30s.
+	at := t0.Add(20 * time.Second)
+	var out [2]core.Decision
+	err := m.Take(context.Background(), at, []core.Request{{Policy: p, Key: "new", Cost: 1}}, out[:1])
+	if !errors.Is(err, core.ErrStoreFull) || out[0].Allowed || out[0].RetryAfter != 10*time.Second {
+		t.Fatalf("full store: %+v, %v; want refused with RetryAfter 10s and ErrStoreFull", out[0], err)
+	}
+	if out[0].Remaining != 2 || out[0].Limit != 2 {
+		t.Fatalf("refusal reports Remaining %d Limit %d, want the new key's whole quota 2/2", out[0].Remaining, out[0].Limit)
+	}
+	// A batch is refused whole, with the same RetryAfter on each decision.
+	err = m.Take(context.Background(), at, []core.Request{{Policy: p, Key: "k5", Cost: 1}, {Policy: p, Key: "new", Cost: 1}}, out[:])
+	if !errors.Is(err, core.ErrStoreFull) || out[0].Allowed || out[1].Allowed || out[0].RetryAfter != 10*time.Second || out[1].RetryAfter != 10*time.Second {
+		t.Fatalf("batch in a full store: %+v, %v", out, err)
+	}
+	// One nanosecond early is still refused; exactly on time is admitted.
+	err = m.Take(context.Background(), at.Add(10*time.Second-1), []core.Request{{Policy: p, Key: "new", Cost: 1}}, out[:1])
+	if !errors.Is(err, core.ErrStoreFull) || out[0].RetryAfter != 1 {
+		t.Fatalf("1ns before RetryAfter: %+v, %v", out[0], err)
+	}
+	if d := take(t, m, at.Add(10*time.Second), p, "new"); !d.Allowed {
+		t.Fatalf("at RetryAfter: %+v", d)
+	}
+}
+
+// TestMemoryBatchLargerThanShard checks that a batch with more keys in one
+// shard than the shard holds is refused whole, with no RetryAfter promise,
+// and stores nothing.
+func TestMemoryBatchLargerThanShard(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 4, Shards: 1, KeepActive: keep})
+		var reqs []core.Request
+		for i := 0; i < 5; i++ {
+			p := core.MustPolicy(core.Rule{Name: fmt.Sprint("layer", i), Limit: 10, Window: time.Minute})
+			reqs = append(reqs, core.Request{Policy: p, Key: "k", Cost: 1})
+		}
+		out := make([]core.Decision, len(reqs))
+		err := m.Take(context.Background(), t0, reqs, out)
+		if !errors.Is(err, core.ErrStoreFull) {
+			t.Fatalf("KeepActive %v: 5 new keys in a 4-key shard: err = %v, want ErrStoreFull", keep, err)
+		}
+		for i, d := range out {
+			if d.Allowed || d.RetryAfter != 0 || d.Remaining != 10 {
+				t.Fatalf("KeepActive %v: decision %d = %+v, want refused, RetryAfter 0, Remaining 10", keep, i, d)
+			}
+		}
+		if m.Len() != 0 {
+			t.Fatalf("KeepActive %v: refused batch stored %d keys", keep, m.Len())
+		}
+		// Two held keys and three new ones do not fit either.
+		if err := m.Take(context.Background(), t0, reqs[:2], out); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Take(context.Background(), t0, reqs, out); !errors.Is(err, core.ErrStoreFull) {
+			t.Fatalf("KeepActive %v: 2 held + 3 new keys in a 4-key shard: err = %v", keep, err)
+		}
+		if d := take(t, m, t0, reqs[0].Policy, "k"); d.Remaining != 8 {
+			t.Fatalf("KeepActive %v: held key charged by a refused batch: Remaining %d, want 8", keep, d.Remaining)
+		}
+	}
+}
+
+// TestZeroFakeClock decides with a zero-value FakeClock, which reads the
+// zero time.Time: a new key is whole.
+func TestZeroFakeClock(t *testing.T) {
+	for _, a := range core.Algorithms() {
+		r := core.Rule{Algorithm: a, Limit: 3, Window: time.Minute}
+		if a == core.LeakyBucket {
+			r.Burst = 3
+		}
+		l := core.Must(core.New(r, core.WithClock(&core.FakeClock{})))
+		d, err := l.AllowN(context.Background(), "k", 3)
+		if err != nil || !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("%s on a zero FakeClock: %+v %v, want 3 admitted", a.Name(), d, err)
+		}
+		if d, _ := l.Allow(context.Background(), "k"); d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > 2*time.Minute {
+			t.Fatalf("%s on a zero FakeClock, 4th request: %+v", a.Name(), d)
+		}
 	}
 }

@@ -44,7 +44,13 @@ var (
 // returns an immutable [*Policy]; a Rule is never checked at request time.
 type Rule struct {
 	// Name identifies the rule in response headers, metrics and store keys.
-	// Two rules with the same Name share state in a shared Store. It is at
+	// Store keys are namespaced by Name, and each record is tagged with the
+	// Identity of the policy that wrote it: two rules with the same Name and
+	// the same Identity share state in a shared Store; two with the same
+	// Name and another Identity (another algorithm, Limit, Window or
+	// capacity) meet on one record, which each reads only after converting
+	// it to its own, carrying over the units in use (see Store). Give
+	// unrelated rules distinct Names. It is at
 	// most MaxNameLen bytes of printable ASCII without '"' or '\'. The
 	// default value is DefaultName.
 	Name string

@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -129,5 +130,64 @@ func TestClocks(t *testing.T) {
 	f.Set(t0.Add(-time.Hour))
 	if !f.Now().Equal(t0.Add(-time.Hour)) {
 		t.Fatal("fake clock Set backwards")
+	}
+}
+
+func TestPolicyIdentity(t *testing.T) {
+	base := core.Rule{Name: "id", Algorithm: core.TokenBucket, Limit: 10, Window: time.Minute}
+	id := core.MustPolicy(base).Identity()
+	if want := "token_bucket;l=10;w=60000000000;c=10"; id != want {
+		t.Fatalf("Identity = %q, want %q", id, want)
+	}
+	differ := map[string]core.Rule{
+		"algorithm": base.Using(core.FixedWindow),
+		"limit":     func() core.Rule { r := base; r.Limit = 11; return r }(),
+		"window":    func() core.Rule { r := base; r.Window = time.Hour; return r }(),
+		"capacity":  base.WithBurst(20),
+	}
+	for what, r := range differ {
+		if got := core.MustPolicy(r).Identity(); got == id {
+			t.Errorf("another %s, same Identity %q", what, got)
+		}
+	}
+	same := map[string]core.Rule{
+		"name":           base.Named("other"),
+		"explicit burst": base.WithBurst(10),
+		"copy":           base,
+	}
+	for what, r := range same {
+		if got := core.MustPolicy(r).Identity(); got != id {
+			t.Errorf("%s: Identity %q, want %q", what, got, id)
+		}
+	}
+	lb := core.Rule{Name: "lb", Algorithm: core.LeakyBucket, Limit: 10, Window: time.Minute, Burst: 5}
+	shaping := lb
+	shaping.MaxDelay = time.Second
+	if a, b := core.MustPolicy(lb).Identity(), core.MustPolicy(shaping).Identity(); a != b {
+		t.Errorf("MaxDelay changed the Identity: %q vs %q", a, b)
+	}
+}
+
+func TestTiersListsPolicies(t *testing.T) {
+	res, err := core.Tiers(func(_ context.Context, key string) string { return key }, map[string]core.Rule{
+		"pro":  core.PerMinute(600).Named("pro"),
+		"free": core.PerMinute(60).Named("free"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, ok := res.(core.PolicyLister)
+	if !ok {
+		t.Fatalf("the Tiers resolver %T does not implement PolicyLister", res)
+	}
+	ps := pl.Policies()
+	if len(ps) != 2 || ps[0].Name() != "free" || ps[1].Name() != "pro" || ps[0].Limit() != 60 || ps[1].Limit() != 600 {
+		t.Fatalf("Policies() = %v, want free then pro", ps)
+	}
+	// They are the very policies the resolver returns.
+	for _, want := range ps {
+		if p, _ := res.Resolve(context.Background(), want.Name()); p != want {
+			t.Fatalf("tier %q resolves to %p, Policies lists %p", want.Name(), p, want)
+		}
 	}
 }

@@ -1,6 +1,9 @@
 package core
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // slidingWindowLog keeps, in State.log, one entry per admission instant
 // (a time and the units admitted then), oldest first.
@@ -75,37 +78,61 @@ func (l *timeLog) push(t, n int64) {
 	l.total += n
 }
 
+// clampFuture moves the entries recorded after now (by a clock that has
+// since stepped back) to now, merging them into one entry.
+func (l *timeLog) clampFuture(now int64) {
+	var n int64
+	for l.len > 0 && l.at(l.len-1).t > now {
+		n += l.at(l.len - 1).n
+		l.len--
+	}
+	l.total -= n
+	if l.len == 0 {
+		l.head = 0
+	}
+	l.push(now, n)
+}
+
 func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
 	*d = Decision{Limit: p.capacity, Policy: p}
 	l := s.log
-	// Units admitted in (now-Window, now] count, and so do any recorded
-	// after now by a clock that has since stepped back. A new admission is
-	// recorded no earlier than the newest one, keeping the log ordered; a
-	// later record expires later, so a backwards clock never credits quota.
-	at := now
+	// Units admitted in (now-Window, now] count. Units recorded after now,
+	// by a clock that has since stepped back, count as admitted at now: they
+	// leave the window one Window from now, so the key recovers within a
+	// Window and nothing is credited. A commit moves them to now, keeping
+	// the log ordered.
 	var k int
-	var gone, valid int64
+	var gone, valid, newest int64
+	future := false
 	if l != nil && l.len > 0 {
-		at = max(now, l.newest())
 		k, gone = l.expired(now - p.window)
 		valid = l.total - gone
+		newest = l.newest()
+		if newest > now {
+			newest, future = now, true
+		}
 	}
 	if valid+cost <= p.capacity {
 		d.Allowed = true
 		d.Remaining = p.capacity - valid - cost
 		switch {
 		case cost > 0:
-			d.ResetAfter = time.Duration(at + p.window - now)
+			d.ResetAfter = time.Duration(p.window)
 		case valid > 0:
-			d.ResetAfter = time.Duration(l.newest() + p.window - now)
+			d.ResetAfter = time.Duration(newest + p.window - now)
 		}
-		if commit && cost > 0 {
+		if commit && (cost > 0 || future) {
 			if l == nil {
 				l = &timeLog{}
 				s.log = l
 			}
 			l.drop(k, gone)
-			l.push(at, cost)
+			if future {
+				l.clampFuture(now)
+			}
+			if cost > 0 {
+				l.push(now, cost)
+			}
 		}
 		return
 	}
@@ -115,17 +142,21 @@ func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool
 		e := l.at(i)
 		need -= e.n
 		if need <= 0 {
-			d.RetryAfter = time.Duration(e.t + p.window - now)
+			d.RetryAfter = time.Duration(min(e.t, now) + p.window - now)
 			break
 		}
 	}
 	d.Remaining = max(p.capacity-valid, 0)
-	d.ResetAfter = time.Duration(l.newest() + p.window - now)
+	d.ResetAfter = time.Duration(newest + p.window - now)
+	if commit && future {
+		l.drop(k, gone)
+		l.clampFuture(now)
+	}
 }
 
 func (slidingWindowLog) Expiry(p *Policy, s *State) int64 {
 	if s.log == nil || s.log.len == 0 {
-		return 0
+		return math.MinInt64
 	}
 	return s.log.newest() + p.window
 }

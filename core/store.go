@@ -9,7 +9,10 @@ import (
 // Request asks a Store to charge Cost units to Key under Policy.
 type Request struct {
 	// Policy is the rule to decide under. Stores namespace keys by
-	// Policy.Name, so the same Key under two policies is two quotas.
+	// Policy.Name, so the same Key under two Names is two quotas, and under
+	// two policies of one Name it is one record. The record is tagged with
+	// the Identity of the policy that last wrote it and is never read under
+	// another Identity: see Store.
 	Policy *Policy
 	// Key identifies whose quota is charged, such as a client IP or a user
 	// id. Stores treat it as opaque bytes; hash keys that hold secrets
@@ -33,9 +36,30 @@ type Request struct {
 // that request's decision refused and RetryAfter 0, and nothing charged) for
 // a cost above the policy's capacity, ErrDuplicateRequest when two requests
 // share a policy name and key, and ErrBatchTooLarge beyond MaxBatch
-// requests. Any other error is a backend failure, after which the caller
-// cannot know whether the batch was charged; it is wrapped with the store's
-// name.
+// requests; the MemoryStore also returns ErrStoreFull (every decision
+// refused, nothing charged). Any other error is a backend failure, after
+// which the caller cannot know whether the batch was charged; it is
+// wrapped with the store's name.
+//
+// Every Store implements the same semantics, which core/storetest checks:
+//
+//   - Policy identity. A record written under a policy A and met by a
+//     request under a policy B of the same Name with another Identity is
+//     never read as B's: at now, the units A has in use (A.Capacity() minus
+//     A's Remaining) carry over as a fresh state of B charged
+//     min(used, B.Capacity()) at now, tagged B, and the request is then
+//     decided under B. A change of rule never credits quota (a smaller
+//     policy may find the key empty), and recovery of the carried units
+//     restarts at the change. Two policies with one Identity share the
+//     record as one. Within a batch, the same Name and key twice is
+//     ErrDuplicateRequest, whatever the identities.
+//   - A clock that steps back never credits quota and never refuses a key
+//     for longer than its policy's full-recovery time from the first
+//     decision after the step: the refill time Burst x Window / Limit
+//     (plus MaxDelay) for the buckets, one Window for FixedWindow and
+//     SlidingWindowLog, two Windows for SlidingWindowCounter.
+//   - A never-seen key is whole at every instant, before 1970 and the zero
+//     time.Time included. The memory store clamps now to [MinTime, MaxTime].
 //
 // A Store may ignore now and use a clock of its own (the Redis store reads
 // the server's clock by default); now is Unix-epoch based.
@@ -54,8 +78,21 @@ var (
 	ErrBatchTooLarge = errors.New("ratelimit: batch holds more than MaxBatch requests")
 	// ErrShortOutput is returned when out is shorter than reqs.
 	ErrShortOutput = errors.New("ratelimit: decision slice shorter than the batch")
-	// ErrStoreFull is returned by a MemoryStore configured with KeepActive
-	// when a new key meets a full shard whose oldest key still holds state.
+	// ErrStoreFull is returned by a MemoryStore that has no room for a new
+	// key, with every decision of the batch refused and nothing charged. It
+	// is not a backend failure: the store knows nothing was charged, and
+	// the request must be refused, not served unlimited by a fail-open
+	// policy. Two cases:
+	//
+	//   - KeepActive, when a new key meets a full shard whose least recently
+	//     used key still holds state. The refusing decisions' RetryAfter is
+	//     the time until that key has fully recovered and room frees up:
+	//     never early if nothing else arrives, and over all the full shards
+	//     of a batch, the latest.
+	//   - Any configuration, when a batch holds more keys in one shard than
+	//     the shard holds (only with fewer than MaxBatch keys per shard).
+	//     It can never be stored: RetryAfter is 0, as for
+	//     ErrCostExceedsCapacity.
 	ErrStoreFull = errors.New("ratelimit: memory store is full of keys that still hold state")
 )
 

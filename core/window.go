@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"math"
 	"time"
 )
 
@@ -38,23 +39,27 @@ func (fixedWindow) Decide(p *Policy, s *State, cost, now int64, commit bool, d *
 	*d = Decision{Limit: p.capacity, Policy: p}
 	idx := windowIndex(now, p.window)
 	var count int64
+	moved := false
 	if s.B > 0 {
-		if idx < s.A {
-			idx = s.A // the clock stepped back: stay in the later window
-		}
-		if idx == s.A {
+		switch {
+		case s.A == idx:
 			count = s.B
+		case s.A > idx:
+			// The clock stepped back: the count of a window that lies in
+			// the future is this window's count, so the key recovers when
+			// this window ends, and nothing is credited.
+			count, moved = s.B, true
 		}
 	}
 	end := (idx + 1) * p.window
 	if count+cost <= p.capacity {
 		d.Allowed = true
 		count += cost
-		if commit && cost > 0 {
-			s.A, s.B = idx, count
-		}
 	} else {
 		d.RetryAfter = time.Duration(end - now)
+	}
+	if commit && (d.Allowed && cost > 0 || moved) {
+		s.A, s.B = idx, count
 	}
 	d.Remaining = p.capacity - count
 	if count > 0 {
@@ -64,7 +69,7 @@ func (fixedWindow) Decide(p *Policy, s *State, cost, now int64, commit bool, d *
 
 func (fixedWindow) Expiry(p *Policy, s *State) int64 {
 	if s.B == 0 {
-		return 0
+		return math.MinInt64
 	}
 	return (s.A + 1) * p.window
 }
@@ -85,20 +90,26 @@ func (slidingWindowCounter) Validate(r Rule) error {
 func (slidingWindowCounter) Capacity(r Rule) int64 { return r.Limit }
 
 // swcCounts returns the window index and the previous and current counts
-// as of now, clamping a clock that stepped back to the stored window.
-func swcCounts(p *Policy, s *State, now int64) (idx, prev, curr int64) {
+// as of now. A record of a window that lies in the future (the clock
+// stepped back) counts in full, capped at the capacity, as the current
+// window's count, and moved reports it: the key recovers within two
+// windows, and nothing is credited, since the weighted count of the record
+// never exceeded min(prev + curr, capacity).
+func swcCounts(p *Policy, s *State, now int64) (idx, prev, curr int64, moved bool) {
 	idx = windowIndex(now, p.window)
 	if s.B == 0 {
-		return idx, 0, 0
+		return idx, 0, 0, false
 	}
 	sp, sc := int64(uint64(s.B)>>32), s.B&(1<<32-1)
 	switch {
-	case idx <= s.A:
-		return s.A, sp, sc
+	case idx == s.A:
+		return idx, sp, sc, false
+	case idx < s.A:
+		return idx, 0, min(sp+sc, p.capacity), true
 	case idx == s.A+1:
-		return idx, sc, 0
+		return idx, sc, 0, false
 	default:
-		return idx, 0, 0
+		return idx, 0, 0, false
 	}
 }
 
@@ -135,7 +146,7 @@ func swcEarliest(prev, room, w int64) int64 {
 func (slidingWindowCounter) Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
 	*d = Decision{Limit: p.capacity, Policy: p}
 	w := p.window
-	idx, prev, curr := swcCounts(p, s, now)
+	idx, prev, curr, moved := swcCounts(p, s, now)
 	start := idx * w
 	e := now - start
 	used := swcWeighted(prev, e, w) + curr
@@ -143,10 +154,13 @@ func (slidingWindowCounter) Decide(p *Policy, s *State, cost, now int64, commit 
 		d.Allowed = true
 		curr += cost
 		used += cost
-		if commit && cost > 0 {
+		if commit && (cost > 0 || moved) {
 			s.A, s.B = idx, int64(uint64(prev)<<32|uint64(curr))
 		}
 	} else {
+		if commit && moved {
+			s.A, s.B = idx, int64(uint64(prev)<<32|uint64(curr))
+		}
 		// This window, once the previous window's weight has decayed enough.
 		var at int64
 		if e2 := swcEarliest(prev, p.capacity-curr-cost, w); e2 < w {
@@ -177,5 +191,5 @@ func (slidingWindowCounter) Expiry(p *Policy, s *State) int64 {
 	case s.B != 0:
 		return (s.A + 1) * p.window
 	}
-	return 0
+	return math.MinInt64
 }

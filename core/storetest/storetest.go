@@ -16,7 +16,11 @@
 // against expected Allowed, Remaining, RetryAfter and ResetAfter), that
 // RetryAfter is never early, that Remaining stays within [0, Limit], that
 // batches are all-or-nothing, that keys and policies are independent, that
-// a clock stepping backwards credits nothing, huge and tiny windows, cost
+// a clock stepping backwards credits nothing and refuses a key for no longer
+// than its policy's full-recovery time, that a never-seen key is whole at
+// any instant (before 1970 and the zero time.Time included), that a record
+// written under one policy is never read under another policy of the same
+// Name (the units in use carry over), huge and tiny windows, cost
 // validation, and exact admitted counts under concurrency.
 package storetest
 
@@ -47,6 +51,9 @@ func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
 	t.Run("BatchAllOrNothing", func(t *testing.T) { testBatch(t, newStore) })
 	t.Run("IndependentKeys", func(t *testing.T) { testIndependent(t, newStore) })
 	t.Run("ClockBackwards", func(t *testing.T) { testBackwards(t, newStore) })
+	t.Run("ClockBackwardsBounded", func(t *testing.T) { testBackwardsBounded(t, newStore) })
+	t.Run("NewKeyWholeAtAnyInstant", func(t *testing.T) { testAnyInstant(t, newStore) })
+	t.Run("PolicyIdentity", func(t *testing.T) { testIdentity(t, newStore) })
 	t.Run("HugeAndTinyWindows", func(t *testing.T) { testWindows(t, newStore) })
 	t.Run("CostValidation", func(t *testing.T) { testCost(t, newStore) })
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, newStore) })
@@ -544,6 +551,209 @@ func testConcurrency(t *testing.T, newStore func(*testing.T) core.Store) {
 		h := Harness{t, s}
 		if d, _ := h.Take(ip, ipKey, 1, 0); d.Allowed {
 			t.Fatalf("ip layer not exhausted after 50 admissions: %+v", d)
+		}
+	})
+}
+
+// Recovery returns the longest a key of p can be refused after the clock
+// steps back, from the first decision after the step: the refill time
+// Burst x Window / Limit (plus MaxDelay) for the buckets, one Window for
+// the fixed window and the sliding log, two Windows for the sliding window
+// counter.
+func Recovery(p *core.Policy) time.Duration {
+	switch p.Algorithm() {
+	case core.TokenBucket, core.LeakyBucket:
+		tau := time.Duration(p.Capacity()) * p.Window() / time.Duration(p.Limit())
+		if tau*time.Duration(p.Limit()) < time.Duration(p.Capacity())*p.Window() {
+			tau++
+		}
+		return tau + p.MaxDelay()
+	case core.SlidingWindowCounter:
+		return 2 * p.Window()
+	}
+	return p.Window()
+}
+
+// testBackwardsBounded steps the clock back by an hour, to the Unix epoch
+// and to before it, after a key has used part of its quota: nothing is
+// credited, and the key is whole again one recovery time (see Recovery)
+// after the first decision at the earlier time.
+func testBackwardsBounded(t *testing.T, newStore func(*testing.T) core.Store) {
+	for _, r := range suiteRules(4, 10*time.Second) {
+		t.Run(r.Algorithm.Name(), func(t *testing.T) {
+			s := newStore(t)
+			p := mustPolicy(t, r)
+			rec := Recovery(p)
+			for _, to := range []time.Time{T0.Add(-time.Hour), time.Unix(0, 0), time.Unix(-86400*365*3, 0)} {
+				key := uniqueKey(t, "bounded")
+				take := func(at time.Time, cost int64) core.Decision {
+					t.Helper()
+					var out [1]core.Decision
+					if err := s.Take(context.Background(), at, []core.Request{{Policy: p, Key: key, Cost: cost}}, out[:]); err != nil {
+						t.Fatalf("at %v: %v", at, err)
+					}
+					return out[0]
+				}
+				if d := take(T0, 3); !d.Allowed || d.Remaining != 1 {
+					t.Fatalf("3 of 4 at T0: %+v", d)
+				}
+				// One unit was left: stepping back admits at most one.
+				admitted := 0
+				for i := 0; i < 3; i++ {
+					d := take(to, 1)
+					if d.Allowed {
+						admitted++
+						continue
+					}
+					if d.RetryAfter <= 0 || d.RetryAfter > rec {
+						t.Fatalf("stepped back to %v: RetryAfter %v, want in (0, %v]", to, d.RetryAfter, rec)
+					}
+				}
+				if admitted > 1 {
+					t.Fatalf("stepped back to %v: admitted %d with 1 unit left", to, admitted)
+				}
+				if d := take(to.Add(rec), 4); !d.Allowed {
+					t.Fatalf("stepped back to %v: refused the whole quota one recovery time (%v) later: %+v", to, rec, d)
+				}
+			}
+			// The same in batches that another layer refuses: the first
+			// refused batch after the step starts the recovery time.
+			gate := mustPolicy(t, core.Rule{Name: "gate-" + r.Algorithm.Name(), Limit: 1, Window: gateWindow})
+			for _, to := range []time.Time{T0.Add(-time.Hour), time.Unix(0, 0)} {
+				key, gk := uniqueKey(t, "bounded-batch"), uniqueKey(t, "gate")
+				var out [2]core.Decision
+				if err := s.Take(context.Background(), T0, []core.Request{{Policy: p, Key: key, Cost: 4}, {Policy: gate, Key: gk, Cost: 1}}, out[:]); err != nil || !out[0].Allowed || !out[1].Allowed {
+					t.Fatalf("at T0: %+v %v", out, err)
+				}
+				// The gate is exhausted: this batch is refused by it.
+				if err := s.Take(context.Background(), to, []core.Request{{Policy: p, Key: key, Cost: 1}, {Policy: gate, Key: gk, Cost: 1}}, out[:]); err != nil || out[1].Allowed {
+					t.Fatalf("stepped back to %v, gated batch: %+v %v", to, out, err)
+				}
+				if d := take2(t, s, p, key, to.Add(rec), 4); !d.Allowed {
+					t.Fatalf("stepped back to %v: refused the whole quota one recovery time (%v) later: %+v", to, rec, d)
+				}
+			}
+		})
+	}
+}
+
+// gateWindow is the window of the suite's gate policies, which refuse
+// every batch after their first.
+const gateWindow = 24 * time.Hour
+
+func take2(t *testing.T, s core.Store, p *core.Policy, key string, at time.Time, cost int64) core.Decision {
+	t.Helper()
+	var out [1]core.Decision
+	if err := s.Take(context.Background(), at, []core.Request{{Policy: p, Key: key, Cost: cost}}, out[:]); err != nil {
+		t.Fatalf("at %v: %v", at, err)
+	}
+	return out[0]
+}
+
+// testAnyInstant decides a never-seen key at instants before 1970, at the
+// epoch and at the zero time.Time: it is whole at each.
+func testAnyInstant(t *testing.T, newStore func(*testing.T) core.Store) {
+	instants := []time.Time{
+		time.Unix(0, 0), time.Unix(0, -1), time.Unix(-1, 0), time.Unix(-86400*365*30, 0), {},
+	}
+	for _, r := range suiteRules(4, 10*time.Second) {
+		t.Run(r.Algorithm.Name(), func(t *testing.T) {
+			s := newStore(t)
+			p := mustPolicy(t, r)
+			for _, at := range instants {
+				key := uniqueKey(t, "instant")
+				var out [1]core.Decision
+				err := s.Take(context.Background(), at, []core.Request{{Policy: p, Key: key, Cost: 4}}, out[:])
+				if err != nil || !out[0].Allowed || out[0].Remaining != 0 {
+					t.Fatalf("new key at %v: %+v %v, want its whole quota of 4 admitted", at, out[0], err)
+				}
+				err = s.Take(context.Background(), at, []core.Request{{Policy: p, Key: key, Cost: 1}}, out[:])
+				if err != nil || out[0].Allowed || out[0].RetryAfter <= 0 || out[0].RetryAfter > Recovery(p) {
+					t.Fatalf("fifth unit at %v: %+v %v, want refused with RetryAfter in (0, %v]", at, out[0], err, Recovery(p))
+				}
+			}
+		})
+	}
+}
+
+// testIdentity shares one Name and one key between policies of every pair
+// of algorithms and parameters: a record is never read under a policy with
+// another Identity; the units in use carry over in absolute numbers.
+func testIdentity(t *testing.T, newStore func(*testing.T) core.Store) {
+	rule := func(a core.Algorithm, limit int64) core.Rule {
+		return withBurst(core.Rule{Name: "shared", Algorithm: a, Limit: limit, Window: 10 * time.Minute})
+	}
+	for _, a := range core.Algorithms() {
+		for _, b := range core.Algorithms() {
+			t.Run(a.Name()+"/"+b.Name(), func(t *testing.T) {
+				h := Harness{t, newStore(t)}
+				small, big := mustPolicy(t, rule(a, 5)), mustPolicy(t, rule(b, 10))
+				// 3 used of 5, then 10 per 10m: 10-3-1 = 6 left.
+				key := uniqueKey(t, "grow")
+				if d, err := h.Take(small, key, 3, 0); err != nil || !d.Allowed || d.Remaining != 2 {
+					t.Fatalf("3 of 5: %+v %v", d, err)
+				}
+				if d, err := h.Take(big, key, 1, ms); err != nil || !d.Allowed || d.Remaining != 6 {
+					t.Fatalf("after 3 of 5 used, 1 under 10/10m: %+v %v, want admitted with Remaining 6", d, err)
+				}
+				if d, err := h.Take(big, key, 7, ms); err != nil || d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > Recovery(big) {
+					t.Fatalf("7 more of 10 with 4 used: %+v %v, want refused with RetryAfter in (0, %v]", d, err, Recovery(big))
+				}
+				// Back to the small policy: 4 used, 1 left.
+				if d, err := h.Take(small, key, 1, 2*ms); err != nil || !d.Allowed || d.Remaining != 0 {
+					t.Fatalf("back to 5/10m with 4 used: %+v %v, want admitted with Remaining 0", d, err)
+				}
+				// A smaller policy never credits: 8 used of 10 leaves a
+				// 5-unit policy empty, recovering within its own time.
+				key = uniqueKey(t, "shrink")
+				if d, err := h.Take(big, key, 8, 0); err != nil || !d.Allowed {
+					t.Fatalf("8 of 10: %+v %v", d, err)
+				}
+				d, err := h.Take(small, key, 1, ms)
+				if err != nil || d.Allowed || d.Remaining != 0 || d.RetryAfter <= 0 || d.RetryAfter > Recovery(small) {
+					t.Fatalf("8 of 10 used, then 5/10m: %+v %v, want refused, Remaining 0, RetryAfter in (0, %v]", d, err, Recovery(small))
+				}
+				if d, err := h.Take(small, key, 5, ms+Recovery(small)); err != nil || !d.Allowed {
+					t.Fatalf("5/10m one recovery time after the change: %+v %v, want whole", d, err)
+				}
+			})
+		}
+	}
+	t.Run("Batch", func(t *testing.T) {
+		// In a batch, too: the changed layer carries its units over, and a
+		// batch refused by another layer charges nothing.
+		s := newStore(t)
+		h := Harness{t, s}
+		small, big := mustPolicy(t, rule(core.TokenBucket, 5)), mustPolicy(t, rule(core.FixedWindow, 10))
+		gate := mustPolicy(t, core.Rule{Name: "gate", Limit: 1, Window: time.Hour})
+		key := uniqueKey(t, "batch")
+		if d, err := h.Take(small, key, 3, 0); err != nil || !d.Allowed {
+			t.Fatalf("3 of 5: %+v %v", d, err)
+		}
+		var out [2]core.Decision
+		batch := []core.Request{{Policy: big, Key: key, Cost: 1}, {Policy: gate, Key: key, Cost: 1}}
+		if err := s.Take(context.Background(), T0.Add(ms), batch, out[:]); err != nil || !out[0].Allowed || out[0].Remaining != 6 || !out[1].Allowed {
+			t.Fatalf("batch after the change: %+v %v, want admitted with Remaining 6", out, err)
+		}
+		if err := s.Take(context.Background(), T0.Add(ms), batch, out[:]); err != nil || !out[0].Allowed || out[0].Remaining != 6 || out[1].Allowed {
+			t.Fatalf("batch refused by the gate: %+v %v, want big uncharged, reporting Remaining 6", out, err)
+		}
+		if d, err := h.Take(big, key, 1, ms); err != nil || !d.Allowed || d.Remaining != 5 {
+			t.Fatalf("after a refused batch: %+v %v, want Remaining 5", d, err)
+		}
+	})
+	t.Run("SameIdentity", func(t *testing.T) {
+		// Two policies built from one rule are one policy to the store:
+		// recovery in progress is kept, not restarted.
+		h := Harness{t, newStore(t)}
+		r := core.Rule{Name: "same", Limit: 4, Window: 4 * time.Second}
+		p1, p2 := mustPolicy(t, r), mustPolicy(t, r)
+		key := uniqueKey(t, "same")
+		if d, err := h.Take(p1, key, 4, 0); err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+		if d, err := h.Take(p2, key, 3, 2*time.Second); err != nil || d.Allowed || d.Remaining != 2 || d.RetryAfter != time.Second {
+			t.Fatalf("same rule, another *Policy, 2s later: %+v %v, want Remaining 2, RetryAfter 1s", d, err)
 		}
 	})
 }
