@@ -123,6 +123,9 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 	if res.Skipped || len(ls) == 0 {
 		return
 	}
+	if res.rs == nil { // a Result built by hand
+		res.rs = l.rules.Load()
+	}
 	retry := !res.Proceed && (res.kind == outcomeRefused || res.kind == outcomeQueueFull)
 	set := l.cfg.headers
 	n := 0
@@ -150,13 +153,13 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 	var policy, state, rem string
 	if set&IETFHeaders != 0 {
 		// RateLimit first: X-RateLimit-Remaining can share its digits.
-		policy, state, rem = l.ietfValues(ls, sp)
+		policy, state, rem = l.ietfValues(res.rs, ls, sp)
 	}
 	if set&XRateLimitHeaders != 0 {
 		s := &ls[sp]
 		d := &s.Decision
-		if l.own(s) {
-			put(canonLimit, l.layers[s.index].xLimit)
+		if own(res.rs, s) {
+			put(canonLimit, res.rs.rules[s.index].xLimit)
 		} else {
 			put(canonLimit, itoa(d.Limit))
 		}
@@ -183,17 +186,17 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 	}
 }
 
-// own reports whether lr was decided under its layer's own policy (not one a
-// Resolver picked), so that the layer's precomputed strings apply.
-func (l *Limiter) own(lr *LayerResult) bool {
-	return lr.index < len(l.layers) && lr.Decision.Policy == l.layers[lr.index].policy
+// own reports whether lr was decided under its layer's own policy in rs (not
+// one a Resolver picked), so that the layer's precomputed strings apply.
+func own(rs *ruleSet, lr *LayerResult) bool {
+	return lr.index < len(rs.rules) && lr.Decision.Policy == rs.rules[lr.index].policy
 }
 
 // ietfValues returns the RateLimit-Policy and RateLimit values for the
 // applied layers ls, and the digits of the remaining units of layer
 // ls[speaker] within the RateLimit value (they equal X-RateLimit-Remaining,
 // so that header needs no string of its own).
-func (l *Limiter) ietfValues(ls []LayerResult, speaker int) (policy, state, rem string) {
+func (l *Limiter) ietfValues(rs *ruleSet, ls []LayerResult, speaker int) (policy, state, rem string) {
 	var pks [core.MaxBatch][pkLen]byte
 	withPK := l.cfg.partitionKey
 	if withPK {
@@ -215,17 +218,17 @@ func (l *Limiter) ietfValues(ls []LayerResult, speaker int) (policy, state, rem 
 	var mask uint32
 	for j := range ls {
 		mask |= 1 << ls[j].index
-		if !l.own(&ls[j]) {
+		if !own(rs, &ls[j]) {
 			static = false
 		}
 	}
 	switch {
-	case static && int(mask) < len(l.policyBySet):
-		policy = l.policyBySet[mask]
-	case static && mask == l.allMask:
-		policy = l.policyBySet[0]
+	case static && int(mask) < len(rs.policyBySet):
+		policy = rs.policyBySet[mask]
+	case static && mask == rs.allMask:
+		policy = rs.policyBySet[0]
 	case static && len(ls) == 1:
-		policy = l.layers[ls[0].index].policyItem
+		policy = rs.rules[ls[0].index].policyItem
 	default:
 		var buf [256]byte
 		b := buf[:0]
@@ -308,7 +311,7 @@ const maskLayers = 6
 // buildPolicySets precomputes RateLimit-Policy for every subset of layers
 // (indexed by bitmask) when there are at most maskLayers; otherwise only for
 // all layers, stored at index 0.
-func buildPolicySets(ls []layer) []string {
+func buildPolicySets(ls []layerRule) []string {
 	join := func(mask uint32) string {
 		var parts []string
 		for i := range ls {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -155,8 +156,9 @@ type Result struct {
 	Err error
 
 	kind     outcome
-	at       int64 // Unix ns of the decision, 0 before one was made
-	reserved bool  // holds a waiting-room slot that wait releases
+	at       int64    // Unix ns of the decision, 0 before one was made
+	reserved bool     // holds a waiting-room slot that wait releases
+	rs       *ruleSet // the rules the request was decided under
 }
 
 // LayerResult is the decision of one applied layer.
@@ -240,6 +242,8 @@ func export(res *Result, layers []LayerResult) *Result {
 		Delay:   res.Delay,
 		Err:     res.Err,
 		kind:    res.kind,
+		at:      res.at,
+		rs:      res.rs,
 	}
 }
 
@@ -260,33 +264,65 @@ type Limiter struct {
 	layers []layer
 	cfg    config
 
-	// policyBySet[mask] is the RateLimit-Policy value when exactly the
-	// layers in mask applied (for up to maskLayers layers).
-	policyBySet []string
-	allMask     uint32
+	// rules holds the layers' rules and the header strings derived from
+	// them; SetRules replaces it whole, so a request sees one set.
+	rules atomic.Pointer[ruleSet]
+	// reloadMu serialises SetRules calls.
+	reloadMu sync.Mutex
 
 	waiting atomic.Int64
 	sleep   func(ctx context.Context, d time.Duration) error // replaced in tests
 
 	epochs [64]atomic.Pointer[epochString]
 
-	shaping  bool          // a layer may delay requests (reserve a waiting slot first)
-	routed   bool          // a layer has Routes
-	maxDelay time.Duration // the longest MaxDelay of the shaping layers
-	logs     logState
+	routed        bool          // a layer has Routes
+	resolverDelay time.Duration // the longest MaxDelay of the policies Resolvers list
+	logs          logState
 }
 
-// layer is a validated Layer with its precomputed header strings.
+// layer is a validated Layer, apart from its rule (see ruleSet).
 type layer struct {
-	key        KeyFunc
+	key      KeyFunc
+	cost     func(*http.Request) int64
+	resolver core.Resolver
+	ifNoKey  NoKey
+	routes   []string // nil: every request
+	desc     string   // the layer in the user's words: `"login"` or `0 (unnamed)`
+	name     string   // the layer's policy Name, which SetRules keeps
+}
+
+// ruleSet is the rule of every layer with its precomputed header strings:
+// what a reload changes. It is immutable once published.
+type ruleSet struct {
+	rules []layerRule // by layer index
+	// policyBySet[mask] is the RateLimit-Policy value when exactly the
+	// layers in mask applied (for up to maskLayers layers).
+	policyBySet []string
+	allMask     uint32
+	maxDelay    time.Duration // the longest MaxDelay of the shaping policies
+}
+
+// layerRule is one layer's validated rule and its header strings.
+type layerRule struct {
 	policy     *core.Policy
-	cost       func(*http.Request) int64
-	resolver   core.Resolver
-	ifNoKey    NoKey
-	routes     []string // nil: every request
-	desc       string   // the layer in the user's words: `"login"` or `0 (unnamed)`
-	xLimit     string   // X-RateLimit-Limit value
-	policyItem string   // RateLimit-Policy member, without pk
+	xLimit     string // X-RateLimit-Limit value
+	policyItem string // RateLimit-Policy member, without pk
+}
+
+// newRuleSet returns the ruleSet of policies, one per layer.
+func newRuleSet(policies []*core.Policy, resolverDelay time.Duration) *ruleSet {
+	rs := &ruleSet{rules: make([]layerRule, len(policies)), maxDelay: resolverDelay}
+	for i, p := range policies {
+		rs.rules[i] = layerRule{
+			policy:     p,
+			xLimit:     itoa(p.Capacity()),
+			policyItem: string(appendPolicyItem(nil, p, nil)),
+		}
+		rs.maxDelay = max(rs.maxDelay, p.MaxDelay())
+	}
+	rs.allMask = uint32(1)<<len(policies) - 1
+	rs.policyBySet = buildPolicySets(rs.rules)
+	return rs
 }
 
 // allowList is one WithSkipCIDRs or WithSkipCIDRsFrom option.
@@ -324,6 +360,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 	}
 	l := &Limiter{cfg: cfg, layers: make([]layer, len(layers)), sleep: waitTimer}
 	l.logs.keys = make([]keyStat, len(layers))
+	policies := make([]*core.Policy, len(layers))
 	type owner struct {
 		layer int
 		named bool
@@ -366,7 +403,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 				if err := claim(i, true, rp, " (a policy its Resolver can return)"); err != nil {
 					return nil, err
 				}
-				l.noteShaping(rp)
+				l.resolverDelay = max(l.resolverDelay, rp.MaxDelay())
 			}
 		}
 		var routes []string
@@ -380,21 +417,19 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		if len(ly.Routes) > 0 {
 			l.routed = true
 		}
-		l.noteShaping(p)
+		policies[i] = p
 		l.layers[i] = layer{
-			key:        ly.Key,
-			policy:     p,
-			cost:       ly.Cost,
-			resolver:   ly.Resolver,
-			ifNoKey:    ly.IfNoKey,
-			routes:     routes,
-			desc:       desc,
-			xLimit:     itoa(p.Capacity()),
-			policyItem: string(appendPolicyItem(nil, p, nil)),
+			key:      ly.Key,
+			cost:     ly.Cost,
+			resolver: ly.Resolver,
+			ifNoKey:  ly.IfNoKey,
+			routes:   routes,
+			desc:     desc,
+			name:     p.Name(),
 		}
 	}
-	l.allMask = uint32(1)<<len(layers) - 1
-	l.policyBySet = buildPolicySets(l.layers)
+	l.rules.Store(newRuleSet(policies, l.resolverDelay))
+	l.observeRules(policies)
 
 	coreOpts := []core.Option{core.WithDryRun(cfg.dryRun)}
 	store := cfg.store
@@ -428,14 +463,6 @@ func layerDesc(i int, name string) string {
 		return strconv.Itoa(i) + " (unnamed)"
 	}
 	return strconv.Quote(name)
-}
-
-// noteShaping records that p may delay requests.
-func (l *Limiter) noteShaping(p *core.Policy) {
-	if d := p.MaxDelay(); d > 0 {
-		l.shaping = true
-		l.maxDelay = max(l.maxDelay, d)
-	}
 }
 
 // prefixedError is an error whose message carries one "ratelimit: " prefix
@@ -655,6 +682,8 @@ func (l *Limiter) Decide(r *http.Request) Result {
 // charged (see [WithMaxWaiting]); the slot stays with res when it must wait.
 func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve bool) int {
 	res.DryRun = l.cfg.dryRun
+	rs := l.rules.Load()
+	res.rs = rs
 	if l.skip(r) {
 		res.Skipped, res.Proceed = true, true
 		return 0
@@ -709,7 +738,7 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 			return 0
 		}
 		l.noteKey(i, true)
-		p := ly.policy
+		p := rs.rules[i].policy
 		if ly.resolver != nil {
 			rp, err := ly.resolver.Resolve(ctx, key)
 			if err != nil {
@@ -758,7 +787,7 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 		// refused for a full room is charged nothing.
 		if l.waiting.Add(1) > int64(l.cfg.maxWaiting) {
 			l.waiting.Add(-1)
-			res.Err, res.kind, res.Delay = ErrTooManyWaiting, outcomeQueueFull, l.maxDelay
+			res.Err, res.kind, res.Delay = ErrTooManyWaiting, outcomeQueueFull, rs.maxDelay
 			return 0
 		}
 		res.reserved = true

@@ -110,12 +110,14 @@ const (
 // lookup of the rule's series and a few atomic updates; it does not allocate
 // after the rule's first decision.
 type Metrics struct {
-	decisions *prometheus.CounterVec
-	latency   *prometheus.HistogramVec
-	errors    *prometheus.CounterVec
-	evictions *prometheus.CounterVec
-	keysDesc  *prometheus.Desc
-	capDesc   *prometheus.Desc
+	decisions  *prometheus.CounterVec
+	latency    *prometheus.HistogramVec
+	errors     *prometheus.CounterVec
+	evictions  *prometheus.CounterVec
+	ruleLimit  *prometheus.GaugeVec
+	ruleWindow *prometheus.GaugeVec
+	keysDesc   *prometheus.Desc
+	capDesc    *prometheus.Desc
 
 	store atomic.Pointer[core.MemoryStore]
 	rules sync.Map // rule name -> *ruleSeries
@@ -186,6 +188,14 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			Namespace: ns, Name: "evictions_total",
 			Help: "Keys a memory store evicted while they still held state; growth means its capacity is too small.",
 		}, []string{"rule"}),
+		ruleLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "rule_limit",
+			Help: "Units each rule admits per window, as last set by ratelimit.New or Limiter.SetRules.",
+		}, []string{"rule", "algorithm"}),
+		ruleWindow: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "rule_window_seconds",
+			Help: "Window of each rule, as last set by ratelimit.New or Limiter.SetRules.",
+		}, []string{"rule", "algorithm"}),
 		keysDesc: prometheus.NewDesc(ns+"_memory_store_keys",
 			"Keys held by the memory store.", nil, nil),
 		capDesc: prometheus.NewDesc(ns+"_memory_store_capacity",
@@ -276,12 +286,28 @@ func (m *Metrics) ObserveEviction(ev core.EvictionEvent) {
 	m.evictions.WithLabelValues(ev.PolicyName).Inc()
 }
 
+// ObserveRules implements ratelimit.RulesObserver: it publishes each rule's
+// limit and window as the ratelimit_rule_limit and
+// ratelimit_rule_window_seconds gauges, labelled by rule name and
+// algorithm, so a reload (Limiter.SetRules) shows at once. A rule whose
+// algorithm changed loses its old series.
+func (m *Metrics) ObserveRules(policies []*core.Policy) {
+	for _, p := range policies {
+		m.ruleLimit.DeletePartialMatch(prometheus.Labels{"rule": p.Name()})
+		m.ruleWindow.DeletePartialMatch(prometheus.Labels{"rule": p.Name()})
+		m.ruleLimit.WithLabelValues(p.Name(), p.Algorithm().Name()).Set(float64(p.Limit()))
+		m.ruleWindow.WithLabelValues(p.Name(), p.Algorithm().Name()).Set(p.Window().Seconds())
+	}
+}
+
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.decisions.Describe(ch)
 	m.latency.Describe(ch)
 	m.errors.Describe(ch)
 	m.evictions.Describe(ch)
+	m.ruleLimit.Describe(ch)
+	m.ruleWindow.Describe(ch)
 	ch <- m.keysDesc
 	ch <- m.capDesc
 }
@@ -292,6 +318,8 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.latency.Collect(ch)
 	m.errors.Collect(ch)
 	m.evictions.Collect(ch)
+	m.ruleLimit.Collect(ch)
+	m.ruleWindow.Collect(ch)
 	if s := m.store.Load(); s != nil {
 		ch <- prometheus.MustNewConstMetric(m.keysDesc, prometheus.GaugeValue, float64(s.Len()))
 		ch <- prometheus.MustNewConstMetric(m.capDesc, prometheus.GaugeValue, float64(s.Capacity()))

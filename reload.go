@@ -1,0 +1,114 @@
+package ratelimit
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+// RulesObserver is implemented by Observers (see [WithObserver]) that want
+// to know the rules a Limiter decides under, such as a metrics exporter
+// publishing each rule's limit. ObserveRules is called once by [New] and
+// again after every successful [Limiter.SetRules], with the policy of every
+// layer in layer order.
+type RulesObserver interface {
+	ObserveRules(policies []*core.Policy)
+}
+
+// SetRules replaces the rules of some of the Limiter's layers while it
+// serves: rules maps a layer's name (its Rule.Name, core.DefaultName for an
+// unnamed layer) to its new Rule. Layers not named keep their rule; key
+// functions, costs and Resolvers are code and do not change.
+//
+// The change is atomic with respect to traffic: every request is decided,
+// and its headers written, under either the old rules or the new ones,
+// never a mix; the next decision after SetRules returns uses the new rules,
+// and its X-RateLimit-Limit and RateLimit-Policy say so. Nothing is reset:
+// a layer keeps its name, so its keys keep their state, which the store
+// carries over to the new rule by the policy-identity rules of core.Store:
+// the units in use when the change is first met are kept in absolute
+// numbers (3 used of "5/10m" are 3 used of "10/10m", leaving 6 after the
+// next request), so a change never credits quota; and those units then
+// recover under the new rule, from the moment of the change (a token
+// bucket refills them at the new rate, a fixed or sliding window counts
+// them in the window that holds that moment, a log records them at it).
+// This holds when the algorithm changes too.
+//
+// SetRules validates everything first and changes nothing on an error: a
+// name that is no layer's, a Rule whose Name is set and differs from its
+// layer's (renaming would orphan the layer's state), or an invalid Rule
+// (the error wraps core.ErrInvalidRule). It is safe to call concurrently
+// with requests and with itself.
+func (l *Limiter) SetRules(rules map[string]core.Rule) error {
+	l.reloadMu.Lock()
+	defer l.reloadMu.Unlock()
+	cur := l.rules.Load()
+	policies := make([]*core.Policy, len(cur.rules))
+	for i := range cur.rules {
+		policies[i] = cur.rules[i].policy
+	}
+	names := make([]string, 0, len(rules))
+	for name := range rules {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		i := l.layerIndex(name)
+		if i < 0 {
+			return fmt.Errorf("ratelimit: SetRules: no layer is named %q (layers: %s)", name, l.layerNames())
+		}
+		r := rules[name]
+		if r.Name == "" {
+			r.Name = name
+		} else if r.Name != name {
+			return fmt.Errorf("ratelimit: SetRules: the rule for layer %q is named %q: a layer keeps its name, so that its keys keep their state", name, r.Name)
+		}
+		p, err := core.NewPolicy(r)
+		if err != nil {
+			return prefixed("SetRules: layer "+l.layers[i].desc, err)
+		}
+		policies[i] = p
+	}
+	l.rules.Store(newRuleSet(policies, l.resolverDelay))
+	l.observeRules(policies)
+	return nil
+}
+
+// Rules returns the rule of every layer, by layer name, with defaults
+// filled in (see core.Policy.Rule).
+func (l *Limiter) Rules() map[string]core.Rule {
+	rs := l.rules.Load()
+	m := make(map[string]core.Rule, len(rs.rules))
+	for i := range rs.rules {
+		m[l.layers[i].name] = rs.rules[i].policy.Rule()
+	}
+	return m
+}
+
+// layerIndex returns the index of the layer named name, or -1.
+func (l *Limiter) layerIndex(name string) int {
+	for i := range l.layers {
+		if l.layers[i].name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// layerNames lists the layers' names for error messages.
+func (l *Limiter) layerNames() string {
+	names := make([]string, len(l.layers))
+	for i := range l.layers {
+		names[i] = fmt.Sprintf("%q", l.layers[i].name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// observeRules tells a RulesObserver the rules now in force.
+func (l *Limiter) observeRules(policies []*core.Policy) {
+	if o, ok := l.cfg.observer.(RulesObserver); ok {
+		o.ObserveRules(append([]*core.Policy(nil), policies...))
+	}
+}

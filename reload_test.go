@@ -1,0 +1,190 @@
+package ratelimit_test
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+// reloadSetup is one per-IP layer on a fake clock with both header sets.
+func reloadSetup(t *testing.T, rule core.Rule, opts ...ratelimit.Option) (*ratelimit.Limiter, *core.FakeClock, func(ip string) *httptest.ResponseRecorder) {
+	t.Helper()
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	opts = append([]ratelimit.Option{ratelimit.WithClock(clock), ratelimit.WithHeaders(ratelimit.AllHeaders)}, opts...)
+	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: rule}}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	do := func(ip string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = ip + ":1"
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	return l, clock, do
+}
+
+func TestSetRulesKeepsUsage(t *testing.T) {
+	for _, alg := range core.Algorithms() {
+		t.Run(alg.Name(), func(t *testing.T) {
+			l, _, do := reloadSetup(t, core.Rule{Name: "per-ip", Algorithm: alg, Limit: 5, Window: 10 * time.Minute, Burst: burstFor(alg, 5)})
+			for range 3 {
+				if c := do("192.0.2.1").Code; c != 200 {
+					t.Fatalf("status %d", c)
+				}
+			}
+			if err := l.SetRules(map[string]core.Rule{"per-ip": {Algorithm: alg, Limit: 10, Window: 10 * time.Minute, Burst: burstFor(alg, 10)}}); err != nil {
+				t.Fatal(err)
+			}
+			w := do("192.0.2.1")
+			if got := w.Header().Get("X-RateLimit-Limit"); got != "10" {
+				t.Errorf("X-RateLimit-Limit %q, want 10", got)
+			}
+			if got := w.Header().Get("X-RateLimit-Remaining"); got != "6" {
+				t.Errorf("X-RateLimit-Remaining %q, want 6: the 3 earlier requests still count", got)
+			}
+			if got := w.Header().Get("RateLimit-Policy"); !strings.Contains(got, "q=10") {
+				t.Errorf("RateLimit-Policy %q, want q=10", got)
+			}
+			// Another client starts whole under the new rule.
+			if got := do("192.0.2.2").Header().Get("X-RateLimit-Remaining"); got != "9" {
+				t.Errorf("new client: remaining %q, want 9", got)
+			}
+		})
+	}
+}
+
+// burstFor is the Burst that makes an algorithm's capacity limit.
+func burstFor(alg core.Algorithm, limit int64) int64 {
+	switch alg {
+	case core.TokenBucket, core.LeakyBucket:
+		return limit
+	}
+	return 0
+}
+
+func TestSetRulesChangesAlgorithmWithoutReset(t *testing.T) {
+	l, _, do := reloadSetup(t, core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute})
+	for range 4 {
+		do("192.0.2.1")
+	}
+	if err := l.SetRules(map[string]core.Rule{"per-ip": {Algorithm: core.FixedWindow, Limit: 5, Window: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	if w := do("192.0.2.1"); w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != "0" {
+		t.Fatalf("after the change: %d remaining %q, want 200 with 0", w.Code, w.Header().Get("X-RateLimit-Remaining"))
+	}
+	if c := do("192.0.2.1").Code; c != http.StatusTooManyRequests {
+		t.Fatalf("sixth request: %d, want 429 (no fresh quota)", c)
+	}
+}
+
+func TestSetRulesRefusesBadInputAndChangesNothing(t *testing.T) {
+	l, _, do := reloadSetup(t, core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute})
+	cases := []struct {
+		name  string
+		rules map[string]core.Rule
+		want  string
+		is    error
+	}{
+		{"unknown layer", map[string]core.Rule{"per-user": core.PerMinute(1)}, `no layer is named "per-user"`, nil},
+		{"renamed", map[string]core.Rule{"per-ip": core.PerMinute(1).Named("other")}, `is named "other"`, nil},
+		{"invalid", map[string]core.Rule{"per-ip": {Limit: 0, Window: time.Minute}}, "Limit must be positive", core.ErrInvalidRule},
+	}
+	for _, c := range cases {
+		err := l.SetRules(c.rules)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "ratelimit: ") || strings.Count(err.Error(), "ratelimit:") != 1 {
+			t.Errorf("%s: %v, want an error with one ratelimit: prefix mentioning %q", c.name, err, c.want)
+		}
+		if c.is != nil && !errors.Is(err, c.is) {
+			t.Errorf("%s: %v does not wrap %v", c.name, err, c.is)
+		}
+	}
+	if got := l.Rules()["per-ip"].Limit; got != 5 {
+		t.Fatalf("after failed reloads the limit is %d, want 5", got)
+	}
+	if got := do("192.0.2.1").Header().Get("X-RateLimit-Limit"); got != "5" {
+		t.Fatalf("X-RateLimit-Limit %q, want 5", got)
+	}
+}
+
+type rulesRecorder struct {
+	core.NopObserver
+	mu     sync.Mutex
+	limits [][]int64
+}
+
+func (o *rulesRecorder) ObserveRules(ps []*core.Policy) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var ls []int64
+	for _, p := range ps {
+		ls = append(ls, p.Limit())
+	}
+	o.limits = append(o.limits, ls)
+}
+
+func TestSetRulesTellsRulesObserver(t *testing.T) {
+	obs := &rulesRecorder{}
+	l, _, _ := reloadSetup(t, core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute}, ratelimit.WithObserver(obs))
+	if err := l.SetRules(map[string]core.Rule{"per-ip": core.PerMinute(7)}); err != nil {
+		t.Fatal(err)
+	}
+	if len(obs.limits) != 2 || obs.limits[0][0] != 5 || obs.limits[1][0] != 7 {
+		t.Fatalf("ObserveRules saw %v, want [[5] [7]]", obs.limits)
+	}
+}
+
+// TestSetRulesUnderTraffic reloads while 8 goroutines decide requests: every
+// response describes one rule set whole (its X-RateLimit-Limit matches its
+// RateLimit-Policy), and once SetRules has returned every response is under
+// the new rules.
+func TestSetRulesUnderTraffic(t *testing.T) {
+	l, _, do := reloadSetup(t, core.Rule{Name: "per-ip", Limit: 1_000_000, Window: time.Second})
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	var badMsg atomic.Value
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ip := "192.0.2." + string(rune('1'+g))
+			for !stop.Load() {
+				w := do(ip)
+				lim, pol := w.Header().Get("X-RateLimit-Limit"), w.Header().Get("RateLimit-Policy")
+				if !strings.Contains(pol, "q="+lim+";") {
+					bad.Add(1)
+					badMsg.Store(lim + " vs " + pol)
+				}
+			}
+		}()
+	}
+	for i := range 200 {
+		limit := int64(1_000_000 + i%2)
+		if err := l.SetRules(map[string]core.Rule{"per-ip": {Limit: limit, Window: time.Second}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.SetRules(map[string]core.Rule{"per-ip": {Limit: 2_000_000, Window: time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := do("192.0.2.99").Header().Get("X-RateLimit-Limit"); got != "2000000" {
+		t.Errorf("after SetRules returned: X-RateLimit-Limit %q, want 2000000", got)
+	}
+	stop.Store(true)
+	wg.Wait()
+	if n := bad.Load(); n > 0 {
+		t.Fatalf("%d responses mixed two rule sets, e.g. %v", n, badMsg.Load())
+	}
+}
