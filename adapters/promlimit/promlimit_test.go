@@ -277,7 +277,7 @@ ratelimit_decisions_total{outcome="not_charged",rule="per-ip"} 0
 	for _, mf := range mfs {
 		for _, metric := range mf.GetMetric() {
 			for _, lp := range metric.GetLabel() {
-				if name := lp.GetName(); name != "rule" && name != "outcome" && name != "le" {
+				if name := lp.GetName(); name != "rule" && name != "outcome" && name != "le" && name != "algorithm" {
 					t.Errorf("%s has label %q", mf.GetName(), name)
 				}
 				if strings.Contains(lp.GetValue(), "192.0.2.77") {
