@@ -152,9 +152,11 @@ type LeaseStats struct {
 //
 // # Time
 //
-// Leases and hotness run on the time passed to Take (the callers' clock);
-// a time earlier than a lease's grant ends the lease. The backend may
-// decide on its own clock (the Redis store's default).
+// Leases and hotness run on the time passed to Take (the callers' clock).
+// Concurrent callers read their clock before they wait for the key, so a
+// time somewhat earlier than a lease's grant is taken as the grant time; a
+// time more than MaxAge before it (a clock stepped back) ends the lease.
+// The backend may decide on its own clock (the Redis store's default).
 type LeaseStore struct {
 	backend core.Store
 	size    int64
@@ -286,7 +288,7 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 	if left := e.left.Load(); left > 0 {
 		// The CAS fails only when the LRU forgot e meanwhile (and took its
 		// units); then the lease is gone.
-		if t >= e.granted && t < e.expires && left >= r.Cost && e.left.CompareAndSwap(left, left-r.Cost) {
+		if t >= e.granted-s.maxAge && t < e.expires && left >= r.Cost && e.left.CompareAndSwap(left, left-r.Cost) {
 			left -= r.Cost
 			out[0] = core.Decision{
 				Allowed:    true,
@@ -332,7 +334,11 @@ func (s *LeaseStore) entry(k leaseKey) *leaseEntry {
 // requires e.sem held.
 func (e *leaseEntry) note(t int64, n int, p int64) bool {
 	switch {
-	case e.count == 0 || t < e.period:
+	case t < e.period: // read before another caller's later time
+		if e.count == 0 || t < e.period-p {
+			e.period, e.count, e.prev = t, 0, 0
+		}
+	case e.count == 0:
 		e.period, e.count, e.prev = t, 0, 0
 	case t-e.period >= 2*p:
 		e.period, e.count, e.prev = t, 0, 0

@@ -387,3 +387,32 @@ func (b *blockingStore) Take(ctx context.Context, now time.Time, reqs []core.Req
 	<-b.release
 	return b.Store.Take(ctx, now, reqs, out)
 }
+
+// TestLeaseCallerTimesOutOfOrder: concurrent callers read their clocks
+// before they wait for the key, so a time a little earlier than the
+// lease's grant still spends the lease and keeps the key hot; a time more
+// than MaxAge earlier (a clock stepped back) ends it.
+func TestLeaseCallerTimesOutOfOrder(t *testing.T) {
+	back := processes(t, 1)[0]
+	s := mustLease(t, back, LeaseConfig{Size: 10, MaxAge: time.Second, HotThreshold: 3, HotPeriod: time.Second})
+	p := mustPolicy(t, core.Rule{Name: "o", Limit: 1000, Window: time.Hour})
+	for i := 0; i < 3; i++ {
+		take(t, s, leaseT0, p, "k", 1) // the third leases
+	}
+	calls := back.n.Load()
+	for i := 0; i < 5; i++ {
+		if d := take(t, s, leaseT0.Add(-time.Millisecond), p, "k", 1); !d.Allowed {
+			t.Fatalf("refused: %+v", d)
+		}
+	}
+	if n := back.n.Load() - calls; n != 0 {
+		t.Fatalf("%d backend calls for earlier times, want 0 (the lease)", n)
+	}
+	if st := s.Stats(); st.ExpiredUnits != 0 || st.Local != 5 {
+		t.Fatalf("stats %+v", st)
+	}
+	take(t, s, leaseT0.Add(-2*time.Second), p, "k", 1)
+	if st := s.Stats(); st.ExpiredUnits != 4 {
+		t.Fatalf("stats %+v, want the 4 units left dropped by a clock stepped back", st)
+	}
+}
