@@ -131,12 +131,15 @@ type LeaseStats struct {
 //
 // core.Store has no refund, so leased units are never returned: the units
 // of a lease unused when it ends are lost to the quota, as though they
-// were admitted. This is the price of leases: with N processes, at most
-// N x Size units per key per MaxAge are refused early (each process holds
-// at most one lease per key, and a lease ends with unused units at most
-// once per MaxAge). A key that cools down keeps spending its lease until
-// it ends. Keep Size small against the quota and MaxAge short against its
-// window.
+// were admitted. This is the price of leases: with N processes, about
+// N x Size units per key per MaxAge can be refused early. Precisely: a
+// process holds at most one lease per key and takes a new one only when
+// the last is spent or has ended, and a lease that ends with units left
+// lived MaxAge, so over any period T at most N x Size x (T/MaxAge + 1)
+// leased units go unused; add the leases of keys the LRU forgets (MaxKeys)
+// or that change policy. Stats reports them as ExpiredUnits. A key that
+// cools down keeps spending its lease until it ends. Keep Size small
+// against the quota and MaxAge short against its window.
 //
 // # Decisions from a lease
 //
@@ -273,7 +276,7 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 		select {
 		case e.sem <- struct{}{}:
 		case <-ctx.Done():
-			return ctx.Err()
+			return fmt.Errorf("redisstore: waiting for a lease: %w", ctx.Err())
 		}
 		if !e.dead.Load() {
 			break

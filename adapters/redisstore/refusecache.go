@@ -60,7 +60,7 @@ type RefusalCacheStats struct {
 // promise nothing the backend might not hold.
 //
 // The refusal is timed on the time passed to Take (the callers' clock); a
-// time earlier than the refusal drops it. Another process may free the key
+// request timed before the refusal goes to the backend. Another process may free the key
 // sooner in a way the backend's RetryAfter did not foresee (a Cluster
 // refund, a policy change): the cache then refuses until R, which is the
 // time the backend itself gave the client.
@@ -142,8 +142,11 @@ func (c *RefusalCache) Take(ctx context.Context, now time.Time, reqs []core.Requ
 		if !ok {
 			continue
 		}
-		if t < f.at || t >= f.until {
+		if t >= f.until {
 			c.keys.Remove(k)
+			continue
+		}
+		if t < f.at { // a clock read before the refusal: ask the backend
 			continue
 		}
 		if f.policy == r.Policy && r.Cost >= f.cost {
