@@ -416,3 +416,46 @@ func TestLeaseCallerTimesOutOfOrder(t *testing.T) {
 		t.Fatalf("stats %+v, want the 4 units left dropped by a clock stepped back", st)
 	}
 }
+
+// TestLeaseExpiringUnderLoad: 64 goroutines on four processes whose
+// leases end while they run (each goroutine's clock walks 4s in steps of
+// 100ms; leases of 50 units last 50ms): nothing is admitted beyond the
+// quota, and every unit charged is accounted for as admitted, expired or
+// still held in a lease.
+func TestLeaseExpiringUnderLoad(t *testing.T) {
+	const quota = 600
+	p := mustPolicy(t, core.Rule{Name: "x", Algorithm: core.FixedWindow, Limit: quota, Window: time.Hour})
+	procs := processes(t, 4)
+	stores := make([]*LeaseStore, len(procs))
+	for i, b := range procs {
+		stores[i] = mustLease(t, b, LeaseConfig{Size: 50, MaxAge: 50 * time.Millisecond, HotThreshold: 1})
+	}
+	admitted := hammer(t, 64, 40, func(w, i int) bool {
+		var out [1]core.Decision
+		at := leaseT0.Add(time.Duration(i) * 100 * time.Millisecond)
+		if err := stores[w%len(stores)].Take(context.Background(), at, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:]); err != nil {
+			t.Error(err)
+		}
+		return out[0].Allowed
+	})
+	var expired, held int64
+	for _, s := range stores {
+		expired += int64(s.Stats().ExpiredUnits)
+		s.mu.Lock()
+		for _, e := range s.keys.Values() {
+			held += e.left.Load()
+		}
+		s.mu.Unlock()
+	}
+	if admitted > quota {
+		t.Fatalf("admitted %d, above the quota %d", admitted, quota)
+	}
+	// 2,560 requests for 600 units: the quota is charged in full.
+	if got := int64(admitted) + expired + held; got != quota {
+		t.Fatalf("admitted %d + expired %d + held %d = %d, want the quota %d", admitted, expired, held, got, quota)
+	}
+	if expired == 0 {
+		t.Fatal("no lease expired: the test did not exercise expiry")
+	}
+	t.Logf("admitted %d, expired %d, held %d", admitted, expired, held)
+}
