@@ -306,7 +306,7 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 		}
 		s.expired.Add(uint64(e.left.Swap(0)))
 	}
-	if !hot || (t < e.exactUntil && t >= e.granted) {
+	if !hot || (t < e.exactUntil && t >= e.granted-s.maxAge) {
 		<-e.sem
 		return s.exact(ctx, now, reqs, out)
 	}
