@@ -193,3 +193,42 @@ func TestRefusalCacheErrors(t *testing.T) {
 		t.Errorf("cost 2: %v", err)
 	}
 }
+
+// TestRefusalCacheOverLeases: four processes, each a RefusalCache over a
+// LeaseStore over Redis, hammered by 64 goroutines for twice the quota:
+// exactly the quota is admitted, and once it is spent the refusals are
+// answered locally.
+func TestRefusalCacheOverLeases(t *testing.T) {
+	const quota = 800
+	p := mustPolicy(t, core.Rule{Name: "fleet", Limit: quota, Window: time.Hour})
+	procs := processes(t, 4)
+	caches := make([]*RefusalCache, len(procs))
+	for i, b := range procs {
+		caches[i] = mustRefusalCache(t, mustLease(t, b, LeaseConfig{Size: 20, MaxAge: time.Minute}), nil)
+	}
+	admitted := hammer(t, 64, 25, func(w, _ int) bool {
+		var out [1]core.Decision
+		if err := caches[w%len(caches)].Take(context.Background(), leaseT0, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:]); err != nil {
+			t.Error(err)
+		}
+		return out[0].Allowed
+	})
+	if admitted != quota {
+		t.Fatalf("admitted %d, want exactly the quota %d", admitted, quota)
+	}
+	var hits uint64
+	var calls int64
+	for i, c := range caches {
+		hits += c.Stats().Hits
+		calls += procs[i].n.Load()
+	}
+	// 1,600 requests, 800 refused: a goroutine's refusal is cached before
+	// its next request, so at most one refusal per goroutine (64) misses.
+	// Redis sees about 40 leases of 20 (and a few of the last units), the
+	// first 9 decisions of each process (36) and those refusals, each up to
+	// two calls: about 210, where deciding exactly would cost 1,600.
+	t.Logf("%d cache hits, %d backend calls", hits, calls)
+	if hits < 800-64 || calls > 300 {
+		t.Fatalf("%d cache hits and %d backend calls for 800 refusals", hits, calls)
+	}
+}
