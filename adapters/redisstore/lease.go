@@ -149,9 +149,9 @@ type LeaseStats struct {
 // can promise only those), a ResetAfter counted down from the backend's
 // ResetAfter when the lease was granted (which already counted the whole
 // lease as spent), and RetryAfter 0. So the headers never promise more
-// than the backend would: a client may be admitted after Remaining reached
-// 0 (a new lease), never refused while Remaining says it would not be.
-// Refusals are the backend's own decisions.
+// than the backend would; they may promise less: a client told Remaining 0
+// may still be admitted (from a new lease). Refusals are the backend's own
+// decisions, with its RetryAfter.
 //
 // # Time
 //
