@@ -4,6 +4,7 @@
 #   cd bench && ./run.sh            # everything
 #   cd bench && ./run.sh profiles   # only the profiles, then the report
 #   cd bench && ./run.sh report     # only the tables and chart, from results/
+#   cd bench && ./run.sh lease      # only the quota-lease workloads (about 2 minutes)
 #
 # Runs every workload COUNT times (default 6), round-robin so that machine
 # noise spreads over every peer alike, with -benchmem; writes the raw output
@@ -29,6 +30,21 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 bin=$tmp/bench.test
 go test -c -o "$bin" .
+
+if [ "$MODE" = lease ]; then
+	# Quota leases and the refused-key cache (lease_test.go): their own raw
+	# file and benchstat summary; the figures in BENCHMARKS.md's "Quota
+	# leases" section are written from these by hand.
+	: >"$OUT/lease-raw.txt"
+	for i in $(seq "$COUNT"); do
+		echo "== round $i of $COUNT"
+		"$bin" -test.run '^$' -test.bench '^Benchmark(Lease|RefusedKey)' -test.benchtime "$BENCHTIME" -test.benchmem -test.count 1 |
+			tee -a "$OUT/lease-raw.txt" | grep -E '^(Benchmark|FAIL|---|panic)' || true
+	done
+	go run "$BENCHSTAT" "$OUT/lease-raw.txt" >"$OUT/lease-benchstat.txt"
+	cat "$OUT/lease-benchstat.txt"
+	exit 0
+fi
 
 if [ "$MODE" = all ]; then
 	rm -f "$OUT"/raw-*.txt

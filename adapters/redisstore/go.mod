@@ -3,6 +3,7 @@ module github.com/limitry/ratelimit/adapters/redisstore
 go 1.24
 
 require (
+	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/limitry/ratelimit v0.0.0-00010101000000-000000000000
 	github.com/redis/go-redis/v9 v9.19.0
 	github.com/sony/gobreaker/v2 v2.4.0
@@ -11,7 +12,6 @@ require (
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/hashicorp/golang-lru/v2 v2.0.7 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
 )
 

@@ -12,6 +12,13 @@
 // then a circuit breaker) and the middleware fails open: requests are
 // served unlimited until Redis is back, and the log says so.
 //
+// With -lease N (N > 0), each instance leases N units of a client's quota
+// from Redis at a time (redisstore.LeaseStore, every key treated as hot)
+// and spends them without a round trip for up to a second: the instances
+// together still never admit more than the quota, but units one instance
+// leased and did not spend within the second are lost to the quota. The
+// default, 0, leases nothing: one round trip per request.
+//
 // The client is the connecting peer (r.RemoteAddr): no proxy is trusted, so
 // X-Forwarded-For is ignored. Behind a load balancer, see ratelimit.ClientIP
 // and TrustedProxyCIDRs.
@@ -36,7 +43,11 @@ import (
 func main() {
 	addr := flag.String("addr", ":8080", "address to listen on")
 	redisAddr := flag.String("redis", "127.0.0.1:6379", "address of the Redis server")
+	lease := flag.Int64("lease", 0, "units of a client's quota leased from Redis at a time (0: none, one round trip per request)")
 	flag.Parse()
+	if *lease < 0 {
+		log.Fatalf("-lease %d: must be 0 (no leases) or a number of units", *lease)
+	}
 
 	client := redis.NewClient(&redis.Options{
 		Addr:                  *redisAddr,
@@ -54,7 +65,7 @@ func main() {
 
 	handler, err := newHandler(client, func(from, to redisstore.BreakerState) {
 		log.Printf("redis breaker: %v -> %v", from, to)
-	})
+	}, *lease)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -68,14 +79,21 @@ func main() {
 }
 
 // newHandler returns the example's handler: GET / limited per client IP, the
-// quota kept in Redis through client.
-func newHandler(client redis.UniversalClient, onBreaker func(from, to redisstore.BreakerState)) (http.Handler, error) {
-	store, err := redisstore.New(client, &redisstore.Config{
+// quota kept in Redis through client, leased lease units at a time if
+// lease > 0.
+func newHandler(client redis.UniversalClient, onBreaker func(from, to redisstore.BreakerState), lease int64) (http.Handler, error) {
+	redisStore, err := redisstore.New(client, &redisstore.Config{
 		Prefix:        "ratelimit-example:",
 		OnStateChange: onBreaker,
 	})
 	if err != nil {
 		return nil, err
+	}
+	var store core.Store = redisStore
+	if lease > 0 {
+		if store, err = redisstore.NewLeaseStore(redisStore, &redisstore.LeaseConfig{Size: lease, HotThreshold: 1}); err != nil {
+			return nil, err
+		}
 	}
 	limiter, err := ratelimit.New([]ratelimit.Layer{{
 		Key:  ratelimit.MustClientIP(),

@@ -17,7 +17,7 @@ func TestSharedQuota(t *testing.T) {
 	for i := 0; i < 2; i++ {
 		client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { client.Close() })
-		h, err := newHandler(client, nil)
+		h, err := newHandler(client, nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

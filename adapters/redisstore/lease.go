@@ -1,0 +1,398 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+// Defaults of LeaseConfig.
+const (
+	// DefaultLeaseMaxAge is the default LeaseConfig.MaxAge.
+	DefaultLeaseMaxAge = time.Second
+	// DefaultHotThreshold is the default LeaseConfig.HotThreshold.
+	DefaultHotThreshold = 10
+	// DefaultHotPeriod is the default LeaseConfig.HotPeriod.
+	DefaultHotPeriod = time.Second
+	// DefaultLeaseKeys is the default LeaseConfig.MaxKeys and
+	// RefusalCacheConfig.MaxKeys.
+	DefaultLeaseKeys = 10000
+)
+
+// ErrInvalidLeaseConfig is returned by NewLeaseStore and NewRefusalCache for
+// a configuration they cannot run; the error wrapping it names the field.
+var ErrInvalidLeaseConfig = errors.New("ratelimit: redisstore: invalid lease or cache configuration")
+
+// LeaseConfig configures a LeaseStore.
+type LeaseConfig struct {
+	// Size is the number of units a lease takes from the backend at once
+	// (capped at a policy's capacity). It must be at least 1; there is no
+	// default. A request costing more than the lease size is decided
+	// exactly.
+	Size int64
+
+	// MaxAge is how long a lease may be spent after it was granted. Units
+	// left when it ends are lost (see the LeaseStore documentation). The
+	// default value is DefaultLeaseMaxAge, one second.
+	MaxAge time.Duration
+
+	// HotThreshold is the number of decisions of one key within one
+	// HotPeriod from which the key is hot and decided from leases. 1 makes
+	// every key hot from its first decision. The default value is
+	// DefaultHotThreshold, 10.
+	HotThreshold int
+
+	// HotPeriod is the period over which decisions are counted to tell a hot
+	// key. The default value is DefaultHotPeriod, one second.
+	HotPeriod time.Duration
+
+	// MaxKeys bounds the number of keys whose hotness and lease the store
+	// keeps; the least recently used beyond it are forgotten (their leased
+	// units are lost). The default value is DefaultLeaseKeys, 10,000.
+	MaxKeys int
+}
+
+// LeaseStats counts what a LeaseStore did since it was created.
+type LeaseStats struct {
+	// Decisions is the number of Take calls.
+	Decisions uint64
+	// Local is the number of Take calls answered from a lease, with no
+	// call to the backend.
+	Local uint64
+	// BackendCalls is the number of calls to the backend's Take: one per
+	// exact decision, one per lease granted, and up to two more when a
+	// lease is refused (see LeaseStore).
+	BackendCalls uint64
+	// Leases is the number of leases granted, and LeasedUnits the units
+	// they charged to the backend.
+	Leases, LeasedUnits uint64
+	// ExpiredUnits is the number of leased units that were never spent: the
+	// leftovers of leases that ended (MaxAge), of keys forgotten by the
+	// LRU, of leases replaced under another policy, and units too few for
+	// the request that ended a lease.
+	ExpiredUnits uint64
+	// Keys is the number of keys the store tracks now (at most MaxKeys).
+	Keys int
+}
+
+// LeaseStore is a core.Store decorator that spares the backend (a Redis
+// Store) a round trip per decision on hot keys: it leases part of a key's
+// quota from the backend, charged there atomically by one Take of the
+// lease size, and spends it locally until the lease runs out or its MaxAge
+// ends. It is safe for concurrent use.
+//
+// # Hot keys
+//
+// A key (a policy name and a request key) is hot when it has been decided
+// at least HotThreshold times within the current HotPeriod, or was in the
+// previous one; periods start at the key's first decision and follow each
+// other. Only single-request batches count. A key that is not hot is
+// decided exactly by the backend, one call per decision, as without the
+// decorator.
+//
+// # What is decided from a lease
+//
+// Only batches of one request, of cost at most the lease size, under a
+// policy without MaxDelay (shaping needs the backend's Delay), are decided
+// from leases. Every other batch, layered limits included, goes to the
+// backend exactly as it is, so batches stay all-or-nothing: a batch is
+// never split between a lease and the backend. Such batches do not touch
+// the leases (units already leased stay charged, so nothing is counted
+// twice).
+//
+// For a hot key whose lease cannot pay the request, the store asks the
+// backend for a new lease of Size units (capped at the policy's capacity),
+// holding the key so that concurrent requests of this process wait for it
+// rather than lease too. If the backend refuses the lease because fewer
+// units are left, the store asks again for what the backend reported as
+// Remaining (when it covers the request), and finally for the request's
+// own cost, so the last units of a quota are admitted and a refusal
+// carries the backend's RetryAfter for the request itself. A refused lease
+// thus costs up to three calls; the key is then decided exactly (one call
+// each) until the backend's RetryAfter has passed. A RefusalCache in front
+// of the LeaseStore spares the backend those calls too.
+//
+// # Bounds
+//
+// Nothing is admitted that was not charged to the backend first: every
+// unit spent locally was part of one backend Take of the lease. So across
+// any number of processes the units admitted never exceed what the backend
+// admits. Units are admitted up to MaxAge after they were charged, so a
+// window-based quota (FixedWindow, SlidingWindowLog, SlidingWindowCounter)
+// measured over its own windows may see up to the leased units of the
+// preceding MaxAge spent in the next window.
+//
+// core.Store has no refund, so leased units are never returned: the units
+// of a lease unused when it ends are lost to the quota, as though they
+// were admitted. This is the price of leases: with N processes, about
+// N x Size units per key per MaxAge can be refused early. Precisely: a
+// process holds at most one lease per key and takes a new one only when
+// the last is spent or has ended, and a lease that ends with units left
+// lived MaxAge, so over any period T at most N x Size x (T/MaxAge + 1)
+// leased units go unused; add the leases of keys the LRU forgets (MaxKeys)
+// or that change policy. Stats reports them as ExpiredUnits. A key that
+// cools down keeps spending its lease until it ends. Keep Size small
+// against the quota and MaxAge short against its window.
+//
+// # Decisions from a lease
+//
+// A decision served from a lease is Allowed with the backend's Limit, a
+// Remaining equal to the units this process still holds in the lease (a
+// lower bound: the quota may hold more in the backend, but this process
+// can promise only those), a ResetAfter counted down from the backend's
+// ResetAfter when the lease was granted (which already counted the whole
+// lease as spent), and RetryAfter 0. So the headers never promise more
+// than the backend would; they may promise less: a client told Remaining 0
+// may still be admitted (from a new lease). Refusals are the backend's own
+// decisions, with its RetryAfter.
+//
+// # Time
+//
+// Leases and hotness run on the time passed to Take (the callers' clock).
+// Concurrent callers read their clock before they wait for the key, so a
+// time somewhat earlier than a lease's grant is taken as the grant time; a
+// time more than MaxAge before it (a clock stepped back) ends the lease.
+// The backend may decide on its own clock (the Redis store's default).
+type LeaseStore struct {
+	backend core.Store
+	size    int64
+	maxAge  int64
+	hotN    int
+	hotP    int64
+
+	mu   sync.Mutex
+	keys *simplelru.LRU[leaseKey, *leaseEntry]
+
+	decisions, local, calls, leases, leased, expired atomic.Uint64
+}
+
+var _ core.Store = (*LeaseStore)(nil)
+
+// leaseKey identifies one quota: stores namespace keys by policy name.
+type leaseKey struct{ name, key string }
+
+// leaseEntry is a key's hotness and lease. Its fields other than left and
+// dead are guarded by sem, a one-slot lock that a waiter can give up on
+// when its context ends.
+type leaseEntry struct {
+	sem  chan struct{}
+	dead atomic.Bool  // forgotten by the LRU
+	left atomic.Int64 // units of the lease not spent yet
+
+	policy      *core.Policy
+	period      int64 // start of the current hot period (Unix ns)
+	count, prev int   // decisions in the current and the previous period
+
+	granted, expires int64 // the lease's grant time and end (Unix ns)
+	exactUntil       int64 // the backend refused a lease until then (Unix ns)
+	resetAt          int64 // when the backend's quota is whole, as of the grant
+	limit            int64
+}
+
+// NewLeaseStore returns a LeaseStore deciding with backend, configured by
+// cfg, whose Size is required. It returns an error wrapping
+// ErrInvalidLeaseConfig for a nil backend, a Size below 1, or a negative
+// field.
+func NewLeaseStore(backend core.Store, cfg *LeaseConfig) (*LeaseStore, error) {
+	if backend == nil {
+		return nil, fmt.Errorf("%w: nil backend", ErrInvalidLeaseConfig)
+	}
+	if cfg == nil || cfg.Size < 1 {
+		return nil, fmt.Errorf("%w: Size must be at least 1", ErrInvalidLeaseConfig)
+	}
+	c := *cfg
+	if c.MaxAge < 0 || c.HotThreshold < 0 || c.HotPeriod < 0 || c.MaxKeys < 0 {
+		return nil, fmt.Errorf("%w: negative MaxAge, HotThreshold, HotPeriod or MaxKeys", ErrInvalidLeaseConfig)
+	}
+	if c.MaxAge == 0 {
+		c.MaxAge = DefaultLeaseMaxAge
+	}
+	if c.HotThreshold == 0 {
+		c.HotThreshold = DefaultHotThreshold
+	}
+	if c.HotPeriod == 0 {
+		c.HotPeriod = DefaultHotPeriod
+	}
+	if c.MaxKeys == 0 {
+		c.MaxKeys = DefaultLeaseKeys
+	}
+	s := &LeaseStore{
+		backend: backend,
+		size:    c.Size,
+		maxAge:  int64(c.MaxAge),
+		hotN:    c.HotThreshold,
+		hotP:    int64(c.HotPeriod),
+	}
+	keys, err := simplelru.NewLRU(c.MaxKeys, func(_ leaseKey, e *leaseEntry) {
+		e.dead.Store(true)
+		s.expired.Add(uint64(e.left.Swap(0)))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidLeaseConfig, err)
+	}
+	s.keys = keys
+	return s, nil
+}
+
+// Stats returns the store's counters.
+func (s *LeaseStore) Stats() LeaseStats {
+	s.mu.Lock()
+	n := s.keys.Len()
+	s.mu.Unlock()
+	return LeaseStats{
+		Decisions:    s.decisions.Load(),
+		Local:        s.local.Load(),
+		BackendCalls: s.calls.Load(),
+		Leases:       s.leases.Load(),
+		LeasedUnits:  s.leased.Load(),
+		ExpiredUnits: s.expired.Load(),
+		Keys:         n,
+	}
+}
+
+// Take implements core.Store: it decides a single request of a hot key from
+// a lease, and every other batch with the backend (see LeaseStore).
+func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	s.decisions.Add(1)
+	if len(reqs) != 1 || len(out) < 1 {
+		return s.exact(ctx, now, reqs, out)
+	}
+	r := &reqs[0]
+	if _, err := core.CheckBatch(reqs, out); err != nil || r.Policy.MaxDelay() > 0 || r.Cost > min(s.size, r.Policy.Capacity()) {
+		return s.exact(ctx, now, reqs, out)
+	}
+	t := now.UnixNano()
+	k := leaseKey{r.Policy.Name(), r.Key}
+	var e *leaseEntry
+	for {
+		e = s.entry(k)
+		select {
+		case e.sem <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("redisstore: waiting for a lease: %w", ctx.Err())
+		}
+		if !e.dead.Load() {
+			break
+		}
+		<-e.sem
+	}
+	hot := e.note(t, s.hotN, s.hotP)
+	if e.policy != r.Policy {
+		s.expired.Add(uint64(e.left.Swap(0)))
+		e.policy = r.Policy
+	}
+	if left := e.left.Load(); left > 0 {
+		// The CAS fails only when the LRU forgot e meanwhile (and took its
+		// units); then the lease is gone.
+		if t >= e.granted-s.maxAge && t < e.expires && left >= r.Cost && e.left.CompareAndSwap(left, left-r.Cost) {
+			left -= r.Cost
+			out[0] = core.Decision{
+				Allowed:    true,
+				Limit:      e.limit,
+				Remaining:  left,
+				ResetAfter: time.Duration(max(e.resetAt-t, 0)),
+				Policy:     r.Policy,
+			}
+			<-e.sem
+			s.local.Add(1)
+			return nil
+		}
+		s.expired.Add(uint64(e.left.Swap(0)))
+	}
+	if !hot || (t < e.exactUntil && t >= e.granted-s.maxAge) {
+		<-e.sem
+		return s.exact(ctx, now, reqs, out)
+	}
+	err := s.lease(ctx, now, t, e, r, out)
+	<-e.sem
+	return err
+}
+
+// exact decides the batch with the backend.
+func (s *LeaseStore) exact(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	s.calls.Add(1)
+	return s.backend.Take(ctx, now, reqs, out)
+}
+
+// entry returns k's entry, created if needed.
+func (s *LeaseStore) entry(k leaseKey) *leaseEntry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.keys.Get(k); ok {
+		return e
+	}
+	e := &leaseEntry{sem: make(chan struct{}, 1)}
+	s.keys.Add(k, e)
+	return e
+}
+
+// note counts a decision at t and reports whether the key is hot. It
+// requires e.sem held.
+func (e *leaseEntry) note(t int64, n int, p int64) bool {
+	switch {
+	case t < e.period: // read before another caller's later time
+		if e.count == 0 || t < e.period-p {
+			e.period, e.count, e.prev = t, 0, 0
+		}
+	case e.count == 0:
+		e.period, e.count, e.prev = t, 0, 0
+	case t-e.period >= 2*p:
+		e.period, e.count, e.prev = t, 0, 0
+	case t-e.period >= p:
+		e.period, e.prev, e.count = e.period+p, e.count, 0
+	}
+	e.count++
+	return e.count >= n || e.prev >= n
+}
+
+// lease asks the backend for a lease paying r, and decides r with it. It
+// requires e.sem held and e's lease empty.
+func (s *LeaseStore) lease(ctx context.Context, now time.Time, t int64, e *leaseEntry, r *core.Request, out []core.Decision) error {
+	want := min(s.size, r.Policy.Capacity())
+	req := [1]core.Request{{Policy: r.Policy, Key: r.Key}}
+	for {
+		req[0].Cost = want
+		s.calls.Add(1)
+		if err := s.backend.Take(ctx, now, req[:], out[:1]); err != nil {
+			return err
+		}
+		d := &out[0]
+		if !d.Allowed {
+			if want == r.Cost {
+				// The backend's own refusal of r. Until its RetryAfter
+				// ends, ask for no lease: decide exactly, one call each.
+				e.granted, e.expires = t, t
+				e.exactUntil = t + int64(d.RetryAfter)
+				return nil
+			}
+			if d.Remaining >= r.Cost && d.Remaining < want {
+				want = d.Remaining
+			} else {
+				want = r.Cost
+			}
+			continue
+		}
+		if want == r.Cost {
+			return nil // decided exactly
+		}
+		left := want - r.Cost
+		s.leases.Add(1)
+		s.leased.Add(uint64(want))
+		e.granted, e.expires = t, t+s.maxAge
+		e.resetAt = t + int64(d.ResetAfter)
+		e.limit = d.Limit
+		e.left.Store(left)
+		if e.dead.Load() { // forgotten while leasing: nobody can spend it
+			s.expired.Add(uint64(e.left.Swap(0)))
+		}
+		d.Remaining = left
+		return nil
+	}
+}
