@@ -75,8 +75,15 @@
 // the policy's Name and key the request's Key as it is. In the name '%',
 // ':', '{' and '}' are written %25, %3A, %7B and %7D, and in the tag '%',
 // '{' and '}', so two different (tag, name, key) triples never share a
-// Redis key and a policy name never opens a hash tag. Keys that may hold
-// secrets (API keys) should be hashed before they reach the store.
+// Redis key and a policy name never opens a hash tag. The store bounds
+// what a caller-supplied key can do: a key longer than MaxKeyLen (256)
+// bytes is stored under "%h:" + hex(SHA-256(key)) in place of ":" + key,
+// so a Redis key is never longer than the prefix, the name and 67 bytes;
+// and an untagged key holding '{' is written after an empty hash tag,
+// Prefix + "{}" + name + ":" + key, so Redis Cluster hashes the whole key:
+// a key such as "{victim}" cannot choose its hash slot (or its node) unless
+// Config.HashTag says so. Keys that may hold secrets (API keys) should be
+// hashed before they reach the store.
 //
 // The buckets and windows keep one string per key ("g:tat:frac",
 // "f:window:count", "c:window:prev:curr"); the sliding log keeps a list of
@@ -167,6 +174,29 @@
 // script that fails part-way through charging a batch (Redis out of
 // memory, say) may leave the requests it had already written charged: the
 // batch is reported as an error, and the error is in the safe direction.
+//
+// A decision that times out may still have run in Redis and charged its
+// requests: the script was sent, and its reply did not arrive in time.
+// With a Fallback the request is then also charged in the fallback store:
+// a timed-out request is charged at most twice, once in Redis (at most
+// the batch's costs, which count against its quota there) and once in the
+// local fallback (which only this instance sees). The double charge is in
+// the safe direction (it refuses, never admits, an extra request) and is
+// bounded per timed-out decision by its cost; without a Fallback the
+// caller sees the error and nothing is charged twice.
+//
+// When the caller's own context ends (it is canceled, or its deadline
+// passes before the store's Timeout), Take returns an error that matches
+// the context's error (errors.Is(err, context.Canceled) or
+// context.DeadlineExceeded) and IsCallerGone: the client went away, which
+// says nothing about Redis. Such an error does not count as a failure for
+// the circuit breaker, is not decided by the Fallback and is not reported
+// to the Observer; the HTTP middleware treats it as a client that left, not
+// as a store failure. A call already sent may still have charged.
+//
+// Close waits, for at most the store's Timeout, until no Take is running
+// and the calls abandoned at their deadline have ended; Takes that start
+// after Close has begun fail with ErrClosed.
 //
 // Client options worth setting: ContextTimeoutEnabled (above);
 // DialerRetries 1 or 2, because go-redis pauses DialerRetryTimeout (100ms)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/limitry/ratelimit/core"
@@ -105,6 +104,12 @@ type Config struct {
 	// admit is not charged in Redis. The default value, nil, returns the
 	// error, and the caller applies its fail policy (the HTTP middleware
 	// fails open or closed).
+	//
+	// After a timeout the script may have run in Redis and charged: the
+	// request is then charged twice, once in Redis and once in the
+	// Fallback, at most its cost in each (the safe direction: an extra
+	// refusal, never an extra admission). Errors of a caller whose own
+	// context ended (IsCallerGone) never go to the Fallback.
 	Fallback core.Store
 
 	// Observer receives, through ObserveError, the backend errors the store
@@ -149,10 +154,8 @@ type Store struct {
 	fallback   core.Store
 	observer   core.Observer
 	breaker    *gobreaker.CircuitBreaker[struct{}]
-	deadlines  deadlines      // Done channels of the decisions' timeouts
-	abandoned  sync.WaitGroup // calls given up at their deadline, still running
-	closed     atomic.Bool
-	closeOnce  sync.Once
+	deadlines  deadlines // Done channels of the decisions' timeouts
+	gate       *gate     // the running calls; closed by Close
 
 	// betweenPhases, if set (by tests), runs between the check and the
 	// charge of a batch spanning several slots.
@@ -191,6 +194,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 		timeout:    c.Timeout,
 		fallback:   c.Fallback,
 		observer:   c.Observer,
+		gate:       newGate(),
 	}
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix
@@ -224,6 +228,29 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 // which says nothing about Redis's health.
 var errCallerGone = errors.New("the caller's context ended")
 
+// callerGone returns the error of a Take whose caller's context ended
+// (cause, if not nil, is what the call to Redis reported): it matches
+// ctx.Err() (context.Canceled or context.DeadlineExceeded), so the caller
+// can tell "my client went away" from a Redis failure.
+func callerGone(ctx context.Context, cause error) error {
+	cerr := ctx.Err()
+	if cerr == nil {
+		cerr = context.DeadlineExceeded // the deadline passed; Done not yet closed
+	}
+	if cause == nil {
+		return fmt.Errorf("redisstore: %w: %w", errCallerGone, cerr)
+	}
+	return fmt.Errorf("redisstore: %w: %w (%w)", errCallerGone, cerr, cause)
+}
+
+// IsCallerGone reports whether err, returned by Take, means the caller's
+// own context ended (canceled, or its deadline passed before the store's
+// Timeout) rather than that Redis failed. Such an error matches the
+// context's error with errors.Is, does not count as a failure for the
+// circuit breaker, is not decided by the Fallback and is not reported to
+// the Observer: the client is gone, and Redis may be healthy.
+func IsCallerGone(err error) bool { return errors.Is(err, errCallerGone) }
+
 // Take implements core.Store. It validates the batch as every store must
 // (core.CheckBatch), rejects policies the store cannot run
 // (ErrUnsupportedAlgorithm, ErrUnsupportedRule) and, in ClientTime mode,
@@ -231,9 +258,10 @@ var errCallerGone = errors.New("the caller's context ended")
 // Redis. Backend failures are wrapped with a "redisstore: " prefix, or
 // decided by the Fallback if one is set.
 func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
-	if s.closed.Load() {
+	if !s.gate.enter() {
 		return ErrClosed
 	}
+	defer s.gate.leave()
 	over, err := core.CheckBatch(reqs, out)
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
 		return err
@@ -258,6 +286,9 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, ou
 		}
 		nowArg = strconv.FormatInt(us, 10)
 	}
+	if ctx.Err() != nil {
+		return callerGone(ctx, nil)
+	}
 	var start time.Time
 	if s.fallback != nil && s.observer != nil {
 		start = time.Now()
@@ -266,7 +297,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, ou
 		for i := range reqs {
 			out[i] = core.Decision{Limit: reqs[i].Policy.Capacity(), Policy: reqs[i].Policy}
 		}
-		if s.fallback == nil {
+		if s.fallback == nil || IsCallerGone(err) {
 			return err
 		}
 		if s.observer != nil {
@@ -330,7 +361,7 @@ func (s *Store) decideBounded(ctx context.Context, st *takeState, nowArg any, re
 		pdl, parentDL := ctx.Deadline()
 		switch {
 		case ctx.Err() != nil || (parentDL && !time.Now().Before(pdl)):
-			err = fmt.Errorf("redisstore: %w: %w", errCallerGone, err)
+			err = callerGone(ctx, err)
 		case timedOut && errors.Is(err, context.DeadlineExceeded):
 			err = fmt.Errorf("redisstore: decision timed out after %v: %w", s.timeout, err)
 		case timedOut:
@@ -623,9 +654,9 @@ func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) (string, error
 		err error
 	}
 	ch := make(chan result, 1)
-	s.abandoned.Add(1)
+	s.gate.enter() // within a running Take: the gate cannot be drained yet
 	go func() {
-		defer s.abandoned.Done()
+		defer s.gate.leave()
 		r, err := eval(ctx, s.client, args)
 		ab.release() // only now: an abandoned call still reads args
 		ch <- result{r, err}
@@ -641,17 +672,40 @@ func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) (string, error
 // ErrClosed is returned by Take after Close.
 var ErrClosed = errors.New("redisstore: store is closed")
 
-// Close stops the store: Take returns ErrClosed from then on, and Close
-// waits for the calls it gave up on at their deadline (made only for
-// clients without ContextTimeoutEnabled) to finish, which they do by the
-// client's own read timeout. It does not close the client, which the
-// caller owns. Close is idempotent and always returns nil.
+// ErrCloseTimeout is returned by Close when calls to Redis were still
+// running after its wait (see Close).
+var ErrCloseTimeout = errors.New("redisstore: calls still running when Close gave up waiting")
+
+// Close stops the store: every Take that starts after Close has begun
+// returns ErrClosed, and Close waits for the Takes already running to
+// return, and for the calls to Redis they gave up on at their deadline
+// (made only for clients without ContextTimeoutEnabled, see the package
+// documentation) to end. The wait is bounded by the store's Timeout (one
+// second if it has none): a Take bounds its own calls by Timeout, so it is
+// over by then, but a call abandoned by a client without
+// ContextTimeoutEnabled ends only on the client's ReadTimeout; if one is
+// still running when the wait ends, Close returns ErrCloseTimeout (the
+// call then ends on its own and touches nothing of the store's). Close
+// does not close the client, which the caller owns. Close is idempotent.
 func (s *Store) Close() error {
-	s.closeOnce.Do(func() {
-		s.closed.Store(true)
-		s.abandoned.Wait()
-	})
-	return nil
+	done := s.gate.close()
+	bound := s.timeout
+	if bound <= 0 {
+		bound = time.Second
+	}
+	select {
+	case <-done:
+		return nil
+	default:
+	}
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("%w: %d after %v", ErrCloseTimeout, s.gate.running(), bound)
+	}
 }
 
 // parseReply reads the script's reply: now, then six integers per request.
