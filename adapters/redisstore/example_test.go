@@ -27,6 +27,11 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
+	// Load the script and open the connections before serving.
+	if err := store.Warm(context.Background()); err != nil {
+		fmt.Println("Redis unavailable:", err)
+		return
+	}
 	limiter, err := core.New(core.Rule{Name: "api", Limit: 3, Window: time.Minute}, core.WithStore(store))
 	if err != nil {
 		panic(err)
@@ -49,6 +54,9 @@ func Example_layered() {
 	defer client.Close()
 	store, err := redisstore.New(client, &redisstore.Config{Prefix: "example-layered:"})
 	if err != nil {
+		panic(err)
+	}
+	if err := store.Warm(context.Background()); err != nil {
 		panic(err)
 	}
 	perIP := core.MustPolicy(core.Rule{Name: "per-ip", Limit: 10, Window: time.Minute})
@@ -79,6 +87,9 @@ func Example_cluster() {
 		HashTag: redisstore.TagByKey,
 	})
 	if err != nil {
+		panic(err)
+	}
+	if err := store.Warm(context.Background()); err != nil {
 		panic(err)
 	}
 	perSecond := core.MustPolicy(core.Rule{Name: "ip-burst", Limit: 2, Window: time.Second})

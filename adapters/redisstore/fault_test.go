@@ -247,6 +247,9 @@ func TestFaultLatency(t *testing.T) {
 			if s.ctxBound != ctxBound {
 				t.Fatalf("ctxBound = %v", s.ctxBound)
 			}
+			if err := s.Warm(context.Background()); err != nil {
+				t.Fatal(err)
+			}
 			p := mustPolicy(t, core.Rule{Name: "slow", Limit: 1000, Window: time.Hour})
 			try := func() (time.Duration, error) {
 				var out [1]core.Decision

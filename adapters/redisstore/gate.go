@@ -30,7 +30,11 @@ func (g *gate) enter() bool {
 	return true
 }
 
-// leave unregisters a call registered by enter.
+// hold registers a call made by a running call (which keeps the gate from
+// draining meanwhile), whether or not the gate is closed.
+func (g *gate) hold() { g.state.Add(1) }
+
+// leave unregisters a call registered by enter or hold.
 func (g *gate) leave() {
 	if g.state.Add(-1) == closedBit {
 		g.once.Do(func() { close(g.done) })

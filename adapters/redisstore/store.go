@@ -19,6 +19,9 @@ const (
 	DefaultPrefix = "ratelimit:"
 	// DefaultTimeout bounds each decision of a Config without a Timeout.
 	DefaultTimeout = 50 * time.Millisecond
+	// DefaultQueueTimeout bounds the wait for a connection of a Config
+	// without a QueueTimeout.
+	DefaultQueueTimeout = time.Second
 	// ClientTimeSlack is added to every key's expiry in ClientTime mode
 	// (see Config.ClientTime).
 	ClientTimeSlack = time.Minute
@@ -37,13 +40,17 @@ var (
 	ErrUnsupportedRule = errors.New("redisstore: rule not supported by the Redis store")
 
 	// ErrTimeOutOfRange is returned in ClientTime mode for a time before
-	// the Unix epoch or after MaxTime. Nothing is charged.
+	// MinTime or after MaxTime. Nothing is charged.
 	ErrTimeOutOfRange = errors.New("redisstore: time outside the range the Redis store supports")
 
 	// ErrUnavailable is returned, when no Fallback is set, while the
 	// circuit breaker is open (or half-open with its probe decisions
 	// already in flight): Redis failed recently and is not asked.
 	ErrUnavailable = errors.New("redisstore: Redis unavailable (circuit breaker open)")
+
+	// ErrOverloaded is returned, when no Fallback is set, by a decision
+	// that waited longer than Config.QueueTimeout for a connection.
+	ErrOverloaded = errors.New("redisstore: too many decisions waiting for a connection")
 )
 
 // maxNowMicros is the largest time, in Unix microseconds, that keeps every
@@ -54,6 +61,12 @@ const maxNowMicros = 1<<53 - 2*int64(core.MaxWindow/time.Microsecond)
 // MaxTime is the latest time the store decides at: Unix microsecond
 // 2^53 - 2 x core.MaxWindow, in the year 2155.
 var MaxTime = time.UnixMicro(maxNowMicros).UTC()
+
+// MinTime is the earliest time the store decides at in ClientTime mode:
+// Unix microsecond -(2^53 - 2 x core.MaxWindow), in the year 1784. Times
+// before it (such as the zero time.Time, the year 1) are refused with
+// ErrTimeOutOfRange; from MinTime on, a key never seen is whole.
+var MinTime = time.UnixMicro(-maxNowMicros).UTC()
 
 // Config configures a Store. A nil *Config means the defaults.
 type Config struct {
@@ -91,6 +104,19 @@ type Config struct {
 	// the script may have run. A negative value sets no bound of the
 	// store's own. The default value is DefaultTimeout, 50ms.
 	Timeout time.Duration
+
+	// QueueTimeout bounds how long a decision waits for a free connection
+	// when more decisions are running than the client has connections
+	// (its PoolSize; a single-node or failover client): the store lets at
+	// most PoolSize decisions talk to Redis at once, and the others wait
+	// their turn, in order, before their Timeout starts. So a burst (a cold
+	// start, say) is paced by the pool instead of timing out in it and
+	// opening the breaker: the wait says nothing about Redis's health and
+	// never counts against the breaker. A decision that waits longer fails
+	// with ErrOverloaded (or goes to the Fallback). A negative value waits
+	// only for the caller's context. The default value is
+	// DefaultQueueTimeout, 1s.
+	QueueTimeout time.Duration
 
 	// Breaker configures the circuit breaker. The default value, nil, means
 	// a breaker with BreakerConfig's defaults.
@@ -154,8 +180,10 @@ type Store struct {
 	fallback   core.Store
 	observer   core.Observer
 	breaker    *gobreaker.CircuitBreaker[struct{}]
-	deadlines  deadlines // Done channels of the decisions' timeouts
-	gate       *gate     // the running calls; closed by Close
+	deadlines  deadlines     // Done channels of the decisions' timeouts
+	gate       *gate         // the running calls; closed by Close
+	slots      chan struct{} // one per connection of a single-node client; nil: no pacing
+	queueWait  time.Duration
 
 	// betweenPhases, if set (by tests), runs between the check and the
 	// charge of a batch spanning several slots.
@@ -195,6 +223,10 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 		fallback:   c.Fallback,
 		observer:   c.Observer,
 		gate:       newGate(),
+		queueWait:  c.QueueTimeout,
+	}
+	if s.queueWait == 0 {
+		s.queueWait = DefaultQueueTimeout
 	}
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix
@@ -209,6 +241,9 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	switch cl := client.(type) {
 	case *redis.Client:
 		s.place, s.ctxBound, s.poolArgs = placeOne, cl.Options().ContextTimeoutEnabled, true
+		if n := cl.Options().PoolSize; n > 0 {
+			s.slots = make(chan struct{}, n)
+		}
 	case *redis.ClusterClient:
 		s.place, s.ctxBound, s.poolArgs = placeSlot, cl.Options().ContextTimeoutEnabled, true
 	case *redis.Ring:
@@ -281,7 +316,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, ou
 	var nowArg any = ""
 	if s.clientTime {
 		us := now.UnixMicro()
-		if now.Unix() < 0 || us > maxNowMicros {
+		if us < -maxNowMicros || us > maxNowMicros {
 			return fmt.Errorf("%w: %v", ErrTimeOutOfRange, now)
 		}
 		nowArg = strconv.FormatInt(us, 10)
@@ -326,6 +361,12 @@ func (s *Store) observe(reqs []core.Request, err error, lat time.Duration) {
 // takeRedis decides the batch in Redis, through the breaker and within
 // the timeout.
 func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
+	if s.slots != nil {
+		if err := s.acquire(ctx); err != nil {
+			return err
+		}
+		defer func() { <-s.slots }()
+	}
 	if s.breaker == nil {
 		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
 	}
@@ -338,6 +379,30 @@ func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs [
 		return ErrUnavailable
 	}
 	return err
+}
+
+// acquire takes one of the connection slots, waiting at most QueueTimeout
+// and as long as the caller's context lives.
+func (s *Store) acquire(ctx context.Context) error {
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	var expired <-chan time.Time
+	if s.queueWait > 0 {
+		t := time.NewTimer(s.queueWait)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return callerGone(ctx, nil)
+	case <-expired:
+		return fmt.Errorf("%w: waited %v", ErrOverloaded, s.queueWait)
+	}
 }
 
 // decideBounded decides the batch in Redis within the timeout, and wraps
@@ -654,7 +719,7 @@ func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) (string, error
 		err error
 	}
 	ch := make(chan result, 1)
-	s.gate.enter() // within a running Take: the gate cannot be drained yet
+	s.gate.hold() // within a running Take: the gate cannot have drained
 	go func() {
 		defer s.gate.leave()
 		r, err := eval(ctx, s.client, args)

@@ -108,7 +108,7 @@ func TestUnsupported(t *testing.T) {
 			t.Errorf("%s: err = %v, want %v naming the policy", c.p, err, c.want)
 		}
 	}
-	for _, at := range []time.Time{time.Unix(-1, 0), MaxTime.Add(time.Microsecond), time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)} {
+	for _, at := range []time.Time{{}, MinTime.Add(-time.Microsecond), MaxTime.Add(time.Microsecond), time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)} {
 		err := s.Take(context.Background(), at, []core.Request{{Policy: good, Key: "k", Cost: 1}}, out[:1])
 		if !errors.Is(err, ErrTimeOutOfRange) {
 			t.Errorf("at %v: err = %v, want ErrTimeOutOfRange", at, err)

@@ -1,8 +1,9 @@
 -- sliding_log.lua: sliding_window_log, mirroring core/slidinglog.go.
 --
--- State: a list whose first element is the total of units recorded and
--- whose other elements are the entries "t:n", one per admission instant t
--- (units admitted at the same instant share an entry), oldest first.
+-- State: a list whose first element is "total;tag", the total of units
+-- recorded and the identity tag of the policy that wrote it, and whose
+-- other elements are the entries "t:n", one per admission instant t (units
+-- admitted at the same instant share an entry), oldest first.
 -- Entries are read lazily, CHUNK at a time: a decision reads the expired
 -- prefix, the newest entry, and (when refused) the entries up to the one
 -- whose expiry admits the request.
@@ -23,6 +24,18 @@ modules.swlog = function()
     return sformat(I64 and '%d:%d' or '%.0f:%.0f', t, n)
   end
 
+  local function head_string(total, P)
+    return fmt(total) .. ';' .. P.tag
+  end
+
+  function swlog.fresh(P, u, now)
+    if u <= 0 then
+      return { len = 0, total = 0, bad = false, t = {}, n = {}, loaded = 0, rewrite = true }
+    end
+    return { len = 1, total = u, bad = false, t = { now }, n = { u }, loaded = 1,
+      newest = now, newestN = u, rewrite = true }
+  end
+
   function swlog.load(key)
     local st = { key = key, len = 0, total = 0, bad = false, t = {}, n = {}, loaded = 0 }
     local head = redis.pcall('LRANGE', key, 0, CHUNK)
@@ -33,7 +46,7 @@ modules.swlog = function()
     if #head == 0 then
       return st
     end
-    local total = tonumber(head[1])
+    local total = tonumber(smatch(head[1], '^(%d+)'))
     if total == nil then
       st.bad = true
       return st
@@ -76,12 +89,12 @@ modules.swlog = function()
 
   function swlog.decide(st, P, cost, now)
     local d = newdecision()
-    -- Units recorded in (now-W, now] count, and so do any recorded after now
-    -- by a clock that has since stepped back. A new admission is recorded no
-    -- earlier than the newest one, keeping the log ordered.
-    local at, k, gone, valid = now, 0, 0, 0
+    -- Units recorded in (now-W, now] count, and so do any recorded after
+    -- now by a clock that has since stepped back, as if made at now (the
+    -- charge that follows moves them to now): never credited, refused for
+    -- at most one Window.
+    local k, gone, valid = 0, 0, 0
     if st.len > 0 then
-      if st.newest > now then at = st.newest end
       local cutoff = now - P.W
       while k < st.len do
         local t, n = entry(st, k + 1)
@@ -90,17 +103,21 @@ modules.swlog = function()
         k = k + 1
       end
       valid = st.total - gone
+      d.clamped = st.newest > now
     end
+    d.k, d.gone = k, gone
     if valid + cost <= P.cap then
       d.allowed = true
       d.rem = P.cap - valid - cost
       if cost > 0 then
-        d.reset = at + P.W - now
+        d.reset = P.W
       elseif valid > 0 then
-        d.reset = st.newest + P.W - now
+        local newest = st.newest
+        if newest > now then newest = now end
+        d.reset = newest + P.W - now
       end
-      d.k, d.gone, d.at = k, gone, at
-      d.extra = at
+      d.at = now
+      d.extra = now
       return d
     end
     -- Refused: wait until enough of the oldest units leave the window.
@@ -109,43 +126,82 @@ modules.swlog = function()
       local t, n = entry(st, i)
       need = need - n
       if need <= 0 then
+        if t > now then t = now end
         d.retry = t + P.W - now
         break
       end
     end
     d.rem = P.cap - valid
     if d.rem < 0 then d.rem = 0 end
-    d.reset = st.newest + P.W - now
+    local newest = st.newest
+    if newest > now then newest = now end
+    d.reset = newest + P.W - now
     return d
   end
 
-  function swlog.commit(key, st, P, cost, now, d, slack)
-    if cost <= 0 then
-      return d.at
+  -- save writes a state converted from another policy's (at most one
+  -- entry) as it is, replacing whatever the key held.
+  function swlog.save(key, st, P, now, slack)
+    redis.call('DEL', key)
+    if st.len > 0 then
+      redis.call('RPUSH', key, head_string(st.total, P), entry_string(st.t[1], st.n[1]))
+      redis.call('PEXPIRE', key, fmt(ceilms(st.t[1] + P.W - now) + slack))
     end
-    local k, at = d.k, d.at
+  end
+
+  -- write charges cost (>= 0) at now: it drops the k expired entries and
+  -- moves the entries after now (a clock stepped back) to now, merged with
+  -- the charge's entry.
+  local function write(key, st, P, cost, now, d, slack)
+    local k, at = d.k, now
     local total = st.total - d.gone + cost
-    if st.bad or st.len == 0 then
-      if st.bad then redis.call('DEL', key) end
-      redis.call('RPUSH', key, fmt(total), entry_string(at, cost))
+    if st.rewrite and st.len > k then
+      -- a converted state: its one entry is at now, where the charge goes
+      redis.call('DEL', key)
+      redis.call('RPUSH', key, head_string(total, P), entry_string(at, st.n[1] + cost))
+    elseif st.bad or st.len == 0 or st.rewrite then
+      redis.call('DEL', key)
+      redis.call('RPUSH', key, head_string(total, P), entry_string(at, cost))
     else
       if k > 0 then
         -- Drop the total and the k expired entries; the total goes back last.
         redis.call('LTRIM', key, k + 1, -1)
       end
-      if st.len > k and st.newest == at then
-        redis.call('LSET', key, -1, entry_string(at, st.newestN + cost))
-      else
-        redis.call('RPUSH', key, entry_string(at, cost))
+      local units = cost
+      local live = st.len - k
+      if live > 0 and st.newest >= at then
+        local t, n = st.newest, st.newestN
+        while live > 0 and t >= at do
+          units = units + n
+          redis.call('RPOP', key)
+          live = live - 1
+          if live == 0 then break end
+          t, n = parse_entry(redis.call('LINDEX', key, -1))
+        end
       end
+      redis.call('RPUSH', key, entry_string(at, units))
       if k > 0 then
-        redis.call('LPUSH', key, fmt(total))
+        redis.call('LPUSH', key, head_string(total, P))
       else
-        redis.call('LSET', key, 0, fmt(total))
+        redis.call('LSET', key, 0, head_string(total, P))
       end
     end
     redis.call('PEXPIRE', key, fmt(ceilms(at + P.W - now) + slack))
     return at
+  end
+
+  function swlog.commit(key, st, P, cost, now, d, slack)
+    if cost <= 0 then
+      if st.rewrite then swlog.save(key, st, P, now, slack) end
+      return now
+    end
+    return write(key, st, P, cost, now, d, slack)
+  end
+
+  -- saveclamped moves the entries after now to now (a clock stepped back),
+  -- so that they leave the window one Window from now.
+  function swlog.saveclamped(key, st, P, now, d, slack)
+    write(key, st, P, 0, now, d, slack)
   end
 
   -- refund takes cost off the entry recorded at the charge's instant (extra),
@@ -177,7 +233,7 @@ modules.swlog = function()
           if st.len == 1 and n == take then
             redis.call('DEL', key)
           else
-            redis.call('LSET', key, 0, fmt(total))
+            redis.call('LSET', key, 0, head_string(total, P))
           end
           return
         end
