@@ -167,23 +167,26 @@ func TagByKey(_, key string) string { return key }
 // It is safe for concurrent use and holds no goroutine of its own; closing
 // the client is the caller's business.
 type Store struct {
-	client     redis.UniversalClient
-	place      placement
-	ctxBound   bool // the client bounds its I/O by the context's deadline
-	poolArgs   bool // the client is go-redis's own: argBufs may be reused
-	prefix     string
-	clientTime bool
-	slack      int64 // milliseconds added to key expiries
-	slackArg   any   // slack, boxed once
-	hashTag    func(policyName, key string) string
-	timeout    time.Duration
-	fallback   core.Store
-	observer   core.Observer
-	breaker    *gobreaker.CircuitBreaker[struct{}]
-	deadlines  deadlines     // Done channels of the decisions' timeouts
-	gate       *gate         // the running calls; closed by Close
-	slots      chan struct{} // one per connection of a single-node client; nil: no pacing
-	queueWait  time.Duration
+	client       redis.UniversalClient
+	place        placement
+	ctxBound     bool // the client bounds its I/O by the context's deadline
+	poolArgs     bool // the client is go-redis's own: argBufs may be reused
+	prefix       string
+	clientTime   bool
+	slack        int64 // milliseconds added to key expiries
+	slackArg     any   // slack, boxed once
+	hashTag      func(policyName, key string) string
+	timeout      time.Duration
+	fallback     core.Store
+	observer     core.Observer
+	breaker      *gobreaker.CircuitBreaker[struct{}] // the store's one breaker, unless perNode
+	perNode      bool                                // a Cluster: one breaker per master (nodeBreakers)
+	newBreaker   breakerFactory
+	nodeBreakers sync.Map      // master address -> *gobreaker.CircuitBreaker[struct{}]
+	deadlines    deadlines     // Done channels of the decisions' timeouts
+	gate         *gate         // the running calls; closed by Close
+	slots        chan struct{} // one per connection of a single-node client; nil: no pacing
+	queueWait    time.Duration
 
 	// betweenPhases, if set (by tests), runs between the check and the
 	// charge of a batch spanning several slots.
@@ -251,11 +254,17 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	default:
 		s.place = placeTag
 	}
-	br, err := newBreaker(c.Breaker, c.OnStateChange)
+	mk, err := newBreaker(c.Breaker, c.OnStateChange)
 	if err != nil {
 		return nil, err
 	}
-	s.breaker = br
+	if mk != nil {
+		if s.place == placeSlot {
+			s.perNode, s.newBreaker = true, mk
+		} else {
+			s.breaker = mk("")
+		}
+	}
 	return s, nil
 }
 
@@ -367,6 +376,10 @@ func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs [
 		}
 		defer func() { <-s.slots }()
 	}
+	s.keysOf(reqs, infos, st.keys[:len(reqs)])
+	if s.perNode {
+		return s.takeNodes(ctx, st, nowArg, reqs, infos, over, out)
+	}
 	if s.breaker == nil {
 		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
 	}
@@ -374,6 +387,51 @@ func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs [
 	_, err := s.breaker.Execute(func() (struct{}, error) {
 		ran = true
 		return struct{}{}, s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
+	})
+	if !ran {
+		return ErrUnavailable
+	}
+	return err
+}
+
+// takeNodes decides a batch on a Cluster through the breakers of the
+// masters holding its keys: a batch on one master (the usual case) counts
+// against that master's breaker alone, so a master that fails opens its
+// own breaker and the keys of the others keep deciding; a batch spanning
+// several masters goes through each of their breakers, and its failure
+// counts against each.
+func (s *Store) takeNodes(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
+	cl := s.client.(*redis.ClusterClient)
+	var nodes [core.MaxBatch]string
+	n := 0
+	for _, k := range st.keys[:len(reqs)] {
+		node := ""
+		if c, err := cl.MasterForKey(ctx, k); err == nil {
+			node = c.Options().Addr
+		}
+		dup := false
+		for _, m := range nodes[:n] {
+			dup = dup || m == node
+		}
+		if !dup {
+			nodes[n] = node
+			n++
+		}
+	}
+	return s.throughBreakers(nodes[:n], func() error {
+		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
+	})
+}
+
+// throughBreakers runs f through the breakers of nodes, nested.
+func (s *Store) throughBreakers(nodes []string, f func() error) error {
+	if len(nodes) == 0 {
+		return f()
+	}
+	ran := false
+	_, err := s.nodeBreaker(nodes[0]).Execute(func() (struct{}, error) {
+		ran = true
+		return struct{}{}, s.throughBreakers(nodes[1:], f)
 	})
 	if !ran {
 		return ErrUnavailable
@@ -560,8 +618,7 @@ const (
 
 // decide runs the batch in Redis and fills out.
 func (s *Store) decide(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
-	keys := st.keys[:len(reqs)]
-	s.keysOf(reqs, infos, keys)
+	keys := st.keys[:len(reqs)] // filled by keysOf in takeRedis
 	extras := st.extras[:len(reqs)]
 	gs := s.groups(keys)
 	if gs == nil {
