@@ -11,7 +11,9 @@ import (
 )
 
 // The examples talk to the Redis server at redisAddr (a Cluster seed at
-// clusterAddrs). TestExamples runs them against private servers.
+// clusterAddrs). TestMain points redisAddr at a private server (or
+// REDIS_ADDR's), and TestExamples runs the Cluster example against a
+// private Cluster.
 var (
 	redisAddr    = "localhost:6379"
 	clusterAddrs = []string{"localhost:7000", "localhost:7001", "localhost:7002"}
@@ -45,6 +47,11 @@ func Example() {
 		}
 		fmt.Printf("allowed=%v remaining=%d retry-after>0=%v\n", d.Allowed, d.Remaining, d.RetryAfter > 0)
 	}
+	// Output:
+	// allowed=true remaining=2 retry-after>0=false
+	// allowed=true remaining=1 retry-after>0=false
+	// allowed=true remaining=0 retry-after>0=false
+	// allowed=false remaining=0 retry-after>0=true
 }
 
 // A layered batch (per IP and per user) decided in one atomic script call:
@@ -73,6 +80,10 @@ func Example_layered() {
 		}
 		fmt.Printf("admitted=%v per-ip remaining=%d per-user allowed=%v\n", ok, out[0].Remaining, out[1].Allowed)
 	}
+	// Output:
+	// admitted=true per-ip remaining=9 per-user allowed=true
+	// admitted=true per-ip remaining=8 per-user allowed=true
+	// admitted=false per-ip remaining=8 per-user allowed=false
 }
 
 // On a Redis Cluster, TagByKey puts every policy's state of one key in
