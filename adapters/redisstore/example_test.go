@@ -96,6 +96,7 @@ func Example_cluster() {
 	store, err := redisstore.New(client, &redisstore.Config{
 		Prefix:  "example-cluster:",
 		HashTag: redisstore.TagByKey,
+		Timeout: 250 * time.Millisecond, // spread batches take two round trips
 	})
 	if err != nil {
 		panic(err)
