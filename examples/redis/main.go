@@ -77,6 +77,14 @@ func newHandler(client redis.UniversalClient, onBreaker func(from, to redisstore
 	if err != nil {
 		return nil, err
 	}
+	// Load the script and open the connection pool before serving, so the
+	// first burst pays for neither (a failure here is logged, not fatal:
+	// decisions are correct without it).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	if err := store.Warm(ctx); err != nil {
+		log.Printf("redis warm-up: %v", err)
+	}
+	cancel()
 	limiter, err := ratelimit.New([]ratelimit.Layer{{
 		Key:  ratelimit.MustClientIP(),
 		Rule: core.Rule{Name: "per-ip", Algorithm: core.TokenBucket, Limit: 5, Window: 10 * time.Second},
