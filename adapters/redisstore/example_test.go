@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -172,4 +173,23 @@ func ExampleConfig_onStateChange() {
 func ExampleTagByKey() {
 	fmt.Println(redisstore.TagByKey("per-ip", "203.0.113.7"))
 	// Output: 203.0.113.7
+}
+
+// A decision whose caller has gone (its context canceled, say, because the
+// HTTP client disconnected) fails with an error that matches the context's
+// and IsCallerGone: not a Redis failure, so it never opens the breaker.
+func ExampleIsCallerGone() {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // not contacted
+	defer client.Close()
+	store, err := redisstore.New(client, nil)
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the client went away
+	p := core.MustPolicy(core.PerSecond(10))
+	var out [1]core.Decision
+	err = store.Take(ctx, time.Now(), []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:])
+	fmt.Println(errors.Is(err, context.Canceled), redisstore.IsCallerGone(err), store.State())
+	// Output: true true closed
 }
