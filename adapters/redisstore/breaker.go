@@ -88,7 +88,11 @@ func fromGobreaker(s gobreaker.State) BreakerState {
 	return BreakerClosed
 }
 
-func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (*gobreaker.CircuitBreaker[struct{}], error) {
+// breakerFactory makes the breakers of a Store: one for the whole store,
+// or, on a Cluster, one per master.
+type breakerFactory func(node string) *gobreaker.CircuitBreaker[struct{}]
+
+func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (breakerFactory, error) {
 	var c BreakerConfig
 	if cfg != nil {
 		c = *cfg
@@ -108,25 +112,66 @@ func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (*gobr
 	if c.Probes == 0 {
 		c.Probes = DefaultBreakerProbes
 	}
-	st := gobreaker.Settings{
-		Name:        "redisstore",
-		MaxRequests: c.Probes,
-		Timeout:     c.OpenFor,
-		ReadyToTrip: func(n gobreaker.Counts) bool { return n.ConsecutiveFailures >= c.Failures },
-		IsExcluded:  func(err error) bool { return errors.Is(err, errCallerGone) },
-	}
-	if onChange != nil {
-		st.OnStateChange = func(_ string, from, to gobreaker.State) {
-			onChange(fromGobreaker(from), fromGobreaker(to))
+	return func(node string) *gobreaker.CircuitBreaker[struct{}] {
+		st := gobreaker.Settings{
+			Name:        "redisstore " + node,
+			MaxRequests: c.Probes,
+			Timeout:     c.OpenFor,
+			ReadyToTrip: func(n gobreaker.Counts) bool { return n.ConsecutiveFailures >= c.Failures },
+			// A caller gone, a pacing wait, or another node's open breaker
+			// says nothing about this node.
+			IsExcluded: func(err error) bool {
+				return errors.Is(err, errCallerGone) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOverloaded)
+			},
 		}
+		if onChange != nil {
+			st.OnStateChange = func(_ string, from, to gobreaker.State) {
+				onChange(fromGobreaker(from), fromGobreaker(to))
+			}
+		}
+		return gobreaker.NewCircuitBreaker[struct{}](st)
+	}, nil
+}
+
+// nodeBreaker returns the breaker of a Cluster master, made on first use.
+func (s *Store) nodeBreaker(node string) *gobreaker.CircuitBreaker[struct{}] {
+	if b, ok := s.nodeBreakers.Load(node); ok {
+		return b.(*gobreaker.CircuitBreaker[struct{}])
 	}
-	return gobreaker.NewCircuitBreaker[struct{}](st), nil
+	b, _ := s.nodeBreakers.LoadOrStore(node, s.newBreaker(node))
+	return b.(*gobreaker.CircuitBreaker[struct{}])
+}
+
+// NodeStates returns the state of each Cluster master's circuit breaker,
+// by the master's address, for the masters the store has talked to; nil
+// for a store that has one breaker for all (not a Cluster, or disabled).
+func (s *Store) NodeStates() map[string]BreakerState {
+	if !s.perNode {
+		return nil
+	}
+	m := map[string]BreakerState{}
+	s.nodeBreakers.Range(func(k, v any) bool {
+		m[k.(string)] = fromGobreaker(v.(*gobreaker.CircuitBreaker[struct{}]).State())
+		return true
+	})
+	return m
 }
 
 // State returns the state of the circuit breaker, BreakerDisabled if the
 // Store has none. An open breaker whose OpenFor has passed reports (and
-// becomes) half-open.
+// becomes) half-open. On a Cluster, where each master has its own breaker
+// (see NodeStates), it returns the worst: open if any is open, else
+// half-open if any is, else closed.
 func (s *Store) State() BreakerState {
+	if s.perNode {
+		worst := BreakerClosed
+		for _, st := range s.NodeStates() {
+			if st == BreakerOpen || (st == BreakerHalfOpen && worst == BreakerClosed) {
+				worst = st
+			}
+		}
+		return worst
+	}
 	if s.breaker == nil {
 		return BreakerDisabled
 	}

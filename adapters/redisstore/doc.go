@@ -48,8 +48,10 @@
 // accepts (Limit and Burst up to core.MaxLimit = 2^50, Window and MaxDelay
 // up to core.MaxWindow) is decided exactly, as long as its Window and
 // MaxDelay are whole microseconds, at any time up to MaxTime (the year
-// 2155: now plus two MaxWindows stays below 2^53 us); later times are
-// refused with ErrTimeOutOfRange in ClientTime mode. Rational quantities
+// 2155: now plus two MaxWindows stays below 2^53 us) and, in ClientTime
+// mode, from MinTime (the year 1784) on; other times are refused with
+// ErrTimeOutOfRange in ClientTime mode (the zero time.Time, the year 1,
+// among them). Rational quantities
 // never cross the Lua boundary: rule parameters go in as MessagePack
 // integers (decoded by Redis's built-in cmsgpack), times as decimal integer
 // strings, and the reply is one string of decimal integers.
@@ -68,6 +70,45 @@
 // deterministic tests (core/storetest passes whole milliseconds); it makes
 // the callers' clock skew part of every decision.
 //
+// A clock that steps back (a failover to a node with a slower clock, a VM
+// restore, or ClientTime) never credits quota, and refuses a key for at
+// most its policy's recovery time: a bucket's theoretical arrival time is
+// clamped to now plus the refill time (Burst x Window / Limit, plus
+// MaxDelay when shaping, the most an admitted state can hold); a fixed
+// window or sliding counter record whose window lies in the future counts
+// as the current window's (refused for at most one Window, two for the
+// sliding counter); sliding log entries after now count as made at now.
+// The clamped state is written back, even by a refusal, so the bound holds
+// at every later decision. A key never seen is whole at every time the
+// store accepts.
+//
+// # Policy identity
+//
+// Every record carries the identity of the policy that wrote it
+// (core.Policy.Identity: the algorithm, Limit, Window and capacity; not
+// the Name, which is part of the key, nor MaxDelay). A record met by a
+// request under a policy with another identity (a rule changed by a
+// deploy, two limiters sharing a rule name, equally named tiers) is never
+// read under it: the script decides the record under the policy that wrote
+// it, with cost 0, at now, and the units in use (that policy's capacity
+// minus its Remaining) carry over to a fresh state of the requesting
+// policy, charged at now (at most its capacity); the request is then
+// decided as usual, and the converted record is written even if the
+// request is refused. So the units in use carry over in absolute numbers
+// (5 per 10m with 3 used, then 10 per 10m: the next request sees 6
+// remaining), a change never credits quota, recovery of the carried units
+// restarts at the change, and this holds when the algorithm itself
+// changes.
+//
+// Upgrading from the previous version of the store, whose records carry no
+// identity: a record without one is read as written under the policy that
+// meets it if it has that algorithm's shape, and as fresh otherwise (as
+// the previous version did); a sliding log without one counts all its
+// units at its newest entry's instant (never a credit, at most one Window
+// of over-counting) and is rewritten in the new form at its next charge.
+// Processes of both versions must not share a Prefix for longer than a
+// rollout: the previous version reads the new records as fresh.
+//
 // # Keys and expiry
 //
 // A request's key is Prefix + name + ":" + key, or, when Config.HashTag
@@ -75,19 +116,44 @@
 // the policy's Name and key the request's Key as it is. In the name '%',
 // ':', '{' and '}' are written %25, %3A, %7B and %7D, and in the tag '%',
 // '{' and '}', so two different (tag, name, key) triples never share a
-// Redis key and a policy name never opens a hash tag. Keys that may hold
-// secrets (API keys) should be hashed before they reach the store.
+// Redis key and a policy name never opens a hash tag. The store bounds
+// what a caller-supplied key can do: a key longer than MaxKeyLen (256)
+// bytes is stored under "%h:" + hex(SHA-256(key)) in place of ":" + key,
+// so a Redis key is never longer than the prefix, the name and 67 bytes;
+// and an untagged key holding '{' is written after an empty hash tag,
+// Prefix + "{}" + name + ":" + key, so Redis Cluster hashes the whole key:
+// a key such as "{victim}" cannot choose its hash slot (or its node) unless
+// Config.HashTag says so. Keys that may hold secrets (API keys) should be
+// hashed before they reach the store.
 //
-// The buckets and windows keep one string per key ("g:tat:frac",
-// "f:window:count", "c:window:prev:curr"); the sliding log keeps a list of
-// its total and one "time:units" entry per admission instant, so its
-// memory grows with the admissions in the window (up to Limit entries). A
-// charge writes the state and its expiry in the same script (SET ... PX,
-// or PEXPIRE for the log): the key expires when its state would decide
-// like a fresh one (core's Algorithm.Expiry), rounded up to a millisecond,
-// plus one millisecond (ClientTimeSlack in ClientTime mode). A refusal
-// writes nothing. A key that holds another algorithm's state (a rule
-// renamed onto another's name) is read as fresh and overwritten.
+// The buckets and windows keep one string per key ("g:tat:frac;id",
+// "f:window:count;id", "c:window:prev:curr;id", id the policy's identity);
+// the sliding log keeps a list of "base;id" and one "time:units:count"
+// entry per admission instant, count being the running count of units, so
+// its memory grows with the admissions in the window (up to Limit
+// entries). A charge writes the state and its expiry in the same script
+// (SET ... PX, or PEXPIRE for the log): the key expires when its state
+// would decide like a fresh one (core's Algorithm.Expiry), rounded up to a
+// millisecond, plus one millisecond (ClientTimeSlack in ClientTime mode).
+// A refusal writes nothing, except a record converted from another
+// policy's or clamped after a clock step (see above). A key of a foreign
+// type or shape is read as fresh and overwritten.
+//
+// # Work per decision
+//
+// No script does work that grows with a sliding log's length: the running
+// counts let a decision find the first entry inside the window, and when
+// refused the entry whose expiry admits the request, by binary search
+// (LINDEX, about 2 log2(n) reads), and a charge drops at most 1,024
+// expired entries (one LTRIM; expired entries left behind never count and
+// go with later charges or the key's expiry). Measured with SLOWLOG
+// (slowlog-log-slower-than 0) on a 200,000-entry log, on a loaded 2-core
+// machine: 0.2 to 0.7 ms of server time for a decision on a log that has
+// just expired, half expired, or is full (refused); the chunked walk it
+// replaces took 174 ms for the first. Only two things touch more entries:
+// entries recorded after now by a clock that stepped back, which a charge
+// moves to now, and a refund (Cluster batches spanning slots), which reads
+// back from the newest entry to the charged one.
 //
 // # Round trips and retries
 //
@@ -157,7 +223,18 @@
 // above, may see it up to 2ms late.) A circuit breaker
 // (github.com/sony/gobreaker, see BreakerConfig) opens after consecutive
 // failures so that a dead Redis costs nothing while it is open, then
-// probes and closes when Redis is back. While Redis is unavailable (an error, a timeout, or the breaker
+// probes and closes when Redis is back. On a Cluster each master has a
+// breaker of its own (NodeStates): a batch on one master counts against
+// that master's alone, so with one master down the keys of the others keep
+// deciding; a batch spanning masters goes through each of their breakers.
+//
+// A cold start (a deploy, a Redis restart) meets an empty script cache and
+// an empty connection pool: call Warm before serving, which loads the
+// script and opens the pool on every node. With a single-node or failover
+// client, the store also lets at most the client's PoolSize decisions talk
+// to Redis at once; the others wait in order (up to Config.QueueTimeout)
+// before their Timeout starts, so a burst is paced by the pool instead of
+// timing out in it, and a queue wait never counts against the breaker. While Redis is unavailable (an error, a timeout, or the breaker
 // open), Take returns the error (ErrUnavailable while the breaker is open),
 // and the caller applies its fail policy (the HTTP middleware fails open
 // or closed), or, if Config.Fallback is set, decides with the fallback
@@ -167,6 +244,29 @@
 // script that fails part-way through charging a batch (Redis out of
 // memory, say) may leave the requests it had already written charged: the
 // batch is reported as an error, and the error is in the safe direction.
+//
+// A decision that times out may still have run in Redis and charged its
+// requests: the script was sent, and its reply did not arrive in time.
+// With a Fallback the request is then also charged in the fallback store:
+// a timed-out request is charged at most twice, once in Redis (at most
+// the batch's costs, which count against its quota there) and once in the
+// local fallback (which only this instance sees). The double charge is in
+// the safe direction (it refuses, never admits, an extra request) and is
+// bounded per timed-out decision by its cost; without a Fallback the
+// caller sees the error and nothing is charged twice.
+//
+// When the caller's own context ends (it is canceled, or its deadline
+// passes before the store's Timeout), Take returns an error that matches
+// the context's error (errors.Is(err, context.Canceled) or
+// context.DeadlineExceeded) and IsCallerGone: the client went away, which
+// says nothing about Redis. Such an error does not count as a failure for
+// the circuit breaker, is not decided by the Fallback and is not reported
+// to the Observer; the HTTP middleware treats it as a client that left, not
+// as a store failure. A call already sent may still have charged.
+//
+// Close waits, for at most the store's Timeout, until no Take is running
+// and the calls abandoned at their deadline have ended; Takes that start
+// after Close has begun fail with ErrClosed.
 //
 // Client options worth setting: ContextTimeoutEnabled (above);
 // DialerRetries 1 or 2, because go-redis pauses DialerRetryTimeout (100ms)

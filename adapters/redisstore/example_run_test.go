@@ -32,30 +32,10 @@ func captureStdout(t *testing.T, f func()) string {
 	return buf.String()
 }
 
-// TestExamples runs the examples that need a server against private ones
-// and checks what they print.
+// TestExamples runs the example that needs a Cluster against a private
+// one and checks what it prints (the single-server examples check their
+// Output against the server TestMain gives them).
 func TestExamples(t *testing.T) {
-	t.Run("Example", func(t *testing.T) {
-		redisAddr = redistest.Server(t)
-		got := captureStdout(t, Example)
-		want := "allowed=true remaining=2 retry-after>0=false\n" +
-			"allowed=true remaining=1 retry-after>0=false\n" +
-			"allowed=true remaining=0 retry-after>0=false\n" +
-			"allowed=false remaining=0 retry-after>0=true\n"
-		if got != want {
-			t.Fatalf("Example printed\n%s\nwant\n%s", got, want)
-		}
-	})
-	t.Run("Layered", func(t *testing.T) {
-		redisAddr = redistest.Server(t)
-		got := captureStdout(t, Example_layered)
-		want := "admitted=true per-ip remaining=9 per-user allowed=true\n" +
-			"admitted=true per-ip remaining=8 per-user allowed=true\n" +
-			"admitted=false per-ip remaining=8 per-user allowed=false\n"
-		if got != want {
-			t.Fatalf("Example_layered printed\n%s\nwant\n%s", got, want)
-		}
-	})
 	t.Run("Cluster", func(t *testing.T) {
 		if testing.Short() {
 			t.Skip("starting a cluster takes 2 s")

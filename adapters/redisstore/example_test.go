@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -11,7 +12,9 @@ import (
 )
 
 // The examples talk to the Redis server at redisAddr (a Cluster seed at
-// clusterAddrs). TestExamples runs them against private servers.
+// clusterAddrs). TestMain points redisAddr at a private server (or
+// REDIS_ADDR's), and TestExamples runs the Cluster example against a
+// private Cluster.
 var (
 	redisAddr    = "localhost:6379"
 	clusterAddrs = []string{"localhost:7000", "localhost:7001", "localhost:7002"}
@@ -27,6 +30,11 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
+	// Load the script and open the connections before serving.
+	if err := store.Warm(context.Background()); err != nil {
+		fmt.Println("Redis unavailable:", err)
+		return
+	}
 	limiter, err := core.New(core.Rule{Name: "api", Limit: 3, Window: time.Minute}, core.WithStore(store))
 	if err != nil {
 		panic(err)
@@ -40,6 +48,11 @@ func Example() {
 		}
 		fmt.Printf("allowed=%v remaining=%d retry-after>0=%v\n", d.Allowed, d.Remaining, d.RetryAfter > 0)
 	}
+	// Output:
+	// allowed=true remaining=2 retry-after>0=false
+	// allowed=true remaining=1 retry-after>0=false
+	// allowed=true remaining=0 retry-after>0=false
+	// allowed=false remaining=0 retry-after>0=true
 }
 
 // A layered batch (per IP and per user) decided in one atomic script call:
@@ -49,6 +62,9 @@ func Example_layered() {
 	defer client.Close()
 	store, err := redisstore.New(client, &redisstore.Config{Prefix: "example-layered:"})
 	if err != nil {
+		panic(err)
+	}
+	if err := store.Warm(context.Background()); err != nil {
 		panic(err)
 	}
 	perIP := core.MustPolicy(core.Rule{Name: "per-ip", Limit: 10, Window: time.Minute})
@@ -65,6 +81,10 @@ func Example_layered() {
 		}
 		fmt.Printf("admitted=%v per-ip remaining=%d per-user allowed=%v\n", ok, out[0].Remaining, out[1].Allowed)
 	}
+	// Output:
+	// admitted=true per-ip remaining=9 per-user allowed=true
+	// admitted=true per-ip remaining=8 per-user allowed=true
+	// admitted=false per-ip remaining=8 per-user allowed=false
 }
 
 // On a Redis Cluster, TagByKey puts every policy's state of one key in
@@ -77,8 +97,12 @@ func Example_cluster() {
 	store, err := redisstore.New(client, &redisstore.Config{
 		Prefix:  "example-cluster:",
 		HashTag: redisstore.TagByKey,
+		Timeout: 250 * time.Millisecond, // spread batches take two round trips
 	})
 	if err != nil {
+		panic(err)
+	}
+	if err := store.Warm(context.Background()); err != nil {
 		panic(err)
 	}
 	perSecond := core.MustPolicy(core.Rule{Name: "ip-burst", Limit: 2, Window: time.Second})
@@ -149,4 +173,23 @@ func ExampleConfig_onStateChange() {
 func ExampleTagByKey() {
 	fmt.Println(redisstore.TagByKey("per-ip", "203.0.113.7"))
 	// Output: 203.0.113.7
+}
+
+// A decision whose caller has gone (its context canceled, say, because the
+// HTTP client disconnected) fails with an error that matches the context's
+// and IsCallerGone: not a Redis failure, so it never opens the breaker.
+func ExampleIsCallerGone() {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // not contacted
+	defer client.Close()
+	store, err := redisstore.New(client, nil)
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the client went away
+	p := core.MustPolicy(core.PerSecond(10))
+	var out [1]core.Decision
+	err = store.Take(ctx, time.Now(), []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:])
+	fmt.Println(errors.Is(err, context.Canceled), redisstore.IsCallerGone(err), store.State())
+	// Output: true true closed
 }

@@ -1,10 +1,12 @@
 package redisstore_test
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,11 +21,45 @@ import (
 	"github.com/limitry/ratelimit/internal/redistest"
 )
 
-// TestMain fails the package's tests if a goroutine outlives them: the
-// store's abandoned-call goroutines, the clients and the test servers must
-// all be gone once every test has cleaned up.
+// TestMain gives the examples a Redis server (a private one, or
+// REDIS_ADDR's), so that they check their Output, and skips them when
+// there is none (failing under CI instead, as the tests do). It fails the
+// package's tests if a goroutine outlives them: the store's abandoned-call
+// goroutines, the clients and the test servers must all be gone once
+// every test has cleaned up.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	flag.Parse()
+	addr, stop, skip, err := redistest.ForMain()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if skip != "" {
+		fmt.Fprintln(os.Stderr, "redisstore: skipping the examples that need Redis:", skip)
+		if f := flag.Lookup("test.skip"); f != nil && f.Value.String() == "" {
+			f.Value.Set("^(Example|Example_layered)$")
+		}
+	} else {
+		redisAddr = addr
+	}
+	code := 0
+	func() {
+		defer stop2(stop)
+		code = m.Run()
+	}()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func stop2(stop func()) {
+	if stop != nil {
+		stop()
+	}
 }
 
 // TestExactAdmissionOverHTTPSharedRedis runs three middleware instances,

@@ -1,21 +1,36 @@
 package redisstore
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 
 	"github.com/limitry/ratelimit/core"
 )
 
+// MaxKeyLen is the longest request key the store writes into a Redis key
+// as it is. A longer key is replaced by "%h:" and the hex SHA-256 of the
+// key (see the package documentation), so a hostile key costs Redis at
+// most a fixed number of bytes per record.
+const MaxKeyLen = 256
+
 // Key layout. A request's Redis key is
 //
-//	Prefix + name + ":" + key                  (no hash tag)
-//	Prefix + "{" + tag + "}" + name + ":" + key (Config.HashTag returned tag != "")
+//	Prefix + name + ":" + key                    (no hash tag, key without '{')
+//	Prefix + "{}" + name + ":" + key             (no hash tag, key with '{')
+//	Prefix + "{" + tag + "}" + name + ":" + key  (Config.HashTag returned tag != "")
 //
 // where name is the policy's Name and tag the hash tag, each with '%', ':'
 // (name only), '{' and '}' written as %25, %3A, %7B and %7D. Neither can
 // then hold the separator that ends it, so distinct (tag, name, key)
 // triples never share a Redis key, and a name or tag never opens a hash
-// tag of its own. The request key is written as it is.
+// tag of its own. The request key is written as it is when it is at most
+// MaxKeyLen bytes long; a longer key is written as "%h:" + hex(SHA-256(key))
+// after the name in place of ":" + key (an escaped name never ends in a
+// bare '%', so this never equals another name's key). The empty hash tag
+// "{}" in front of a key holding '{' makes Redis Cluster hash the whole
+// key: a caller-supplied key never chooses its slot by holding "{...}";
+// only Config.HashTag chooses slots.
 
 // escapeName escapes a policy name for a Redis key.
 func escapeName(s string) string {
@@ -57,10 +72,18 @@ func needsEscape(c byte, colon bool) bool {
 // redisKey returns the Redis key of r under prefix, with the policy's
 // escaped name en and the (unescaped) hash tag tag.
 func redisKey(prefix, en, tag string, r *core.Request) string {
-	if tag == "" {
-		return prefix + en + ":" + r.Key
+	sep, key := ":", r.Key
+	if len(key) > MaxKeyLen {
+		sum := sha256.Sum256([]byte(key))
+		sep, key = "%h:", hex.EncodeToString(sum[:])
 	}
-	return prefix + "{" + escape(tag, false) + "}" + en + ":" + r.Key
+	if tag == "" {
+		if strings.IndexByte(key, '{') >= 0 {
+			return prefix + "{}" + en + sep + key
+		}
+		return prefix + en + sep + key
+	}
+	return prefix + "{" + escape(tag, false) + "}" + en + sep + key
 }
 
 // hashTagOf returns the part of key Redis Cluster hashes: the content of

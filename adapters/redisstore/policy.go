@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/bits"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,16 +44,18 @@ func infoOf(p *core.Policy) *policyInfo {
 
 func newPolicyInfo(p *core.Policy) *policyInfo {
 	info := &policyInfo{name: escapeName(p.Name())}
-	var alg byte
+	var alg, id byte
 	switch p.Algorithm() {
-	case core.TokenBucket, core.LeakyBucket:
-		alg = 'g'
+	case core.TokenBucket:
+		alg, id = 'g', 't'
+	case core.LeakyBucket:
+		alg, id = 'g', 'k'
 	case core.FixedWindow:
-		alg = 'f'
+		alg, id = 'f', 'f'
 	case core.SlidingWindowCounter:
-		alg = 'c'
+		alg, id = 'c', 'c'
 	case core.SlidingWindowLog:
-		alg = 'l'
+		alg, id = 'l', 'l'
 	default:
 		info.err = fmt.Errorf("%w: policy %q uses %q", ErrUnsupportedAlgorithm, p.Name(), p.Algorithm().Name())
 		return info
@@ -68,19 +71,33 @@ func newPolicyInfo(p *core.Policy) *policyInfo {
 	// nanoseconds), so the quotient fits.
 	hi, lo := bits.Mul64(capacity, wus)
 	tauQ, tauR := bits.Div64(hi, lo, limit)
-	info.args = policyArg(alg, wus, limit, capacity, mdus, tauQ, tauR)
+	tag := identityTag(id, limit, wus, capacity)
+	info.args = policyArg(alg, tag, wus, limit, capacity, mdus, tauQ, tauR)
 	return info
+}
+
+// identityTag is the form of core.Policy.Identity stored with every record
+// (see the package documentation): the algorithm's code ('t' token bucket,
+// 'k' leaky bucket, 'f' fixed window, 'c' sliding window counter, 'l'
+// sliding window log), then Limit, Window in microseconds and capacity,
+// which the script needs to read a record written under another policy.
+// Two policies have equal tags exactly when they have equal Identities
+// (the store runs only policies whose Window is whole microseconds).
+func identityTag(id byte, limit, wus, capacity uint64) string {
+	return string(id) + "," + strconv.FormatUint(limit, 10) + "," + strconv.FormatUint(wus, 10) + "," + strconv.FormatUint(capacity, 10)
 }
 
 // policyArg encodes a policy for the script as MessagePack, which the
 // script decodes with cmsgpack.unpack (built into Redis since 2.6) at a
 // fraction of the cost of matching and converting decimal text: the
-// algorithm's code as a one-character string, then the six parameters
-// as unsigned integers in their shortest form. Each is below 2^53, so each
-// decodes to an exact Lua number.
-func policyArg(alg byte, vs ...uint64) string {
-	b := make([]byte, 0, 2+9*len(vs))
-	b = append(b, 0xa1, alg) // fixstr of length 1
+// algorithm's code as a one-character string, its identity tag as a
+// string, then the six parameters as unsigned integers in their shortest
+// form. Each is below 2^53, so each decodes to an exact Lua number.
+func policyArg(alg byte, tag string, vs ...uint64) string {
+	b := make([]byte, 0, 2+3+len(tag)+9*len(vs))
+	b = append(b, 0xa1, alg)                                             // fixstr of length 1
+	b = binary.BigEndian.AppendUint16(append(b, 0xda), uint16(len(tag))) // raw16
+	b = append(b, tag...)
 	for _, v := range vs {
 		switch {
 		case v < 1<<7:

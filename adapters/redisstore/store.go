@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/limitry/ratelimit/core"
@@ -20,6 +19,9 @@ const (
 	DefaultPrefix = "ratelimit:"
 	// DefaultTimeout bounds each decision of a Config without a Timeout.
 	DefaultTimeout = 50 * time.Millisecond
+	// DefaultQueueTimeout bounds the wait for a connection of a Config
+	// without a QueueTimeout.
+	DefaultQueueTimeout = time.Second
 	// ClientTimeSlack is added to every key's expiry in ClientTime mode
 	// (see Config.ClientTime).
 	ClientTimeSlack = time.Minute
@@ -38,13 +40,17 @@ var (
 	ErrUnsupportedRule = errors.New("redisstore: rule not supported by the Redis store")
 
 	// ErrTimeOutOfRange is returned in ClientTime mode for a time before
-	// the Unix epoch or after MaxTime. Nothing is charged.
+	// MinTime or after MaxTime. Nothing is charged.
 	ErrTimeOutOfRange = errors.New("redisstore: time outside the range the Redis store supports")
 
 	// ErrUnavailable is returned, when no Fallback is set, while the
 	// circuit breaker is open (or half-open with its probe decisions
 	// already in flight): Redis failed recently and is not asked.
 	ErrUnavailable = errors.New("redisstore: Redis unavailable (circuit breaker open)")
+
+	// ErrOverloaded is returned, when no Fallback is set, by a decision
+	// that waited longer than Config.QueueTimeout for a connection.
+	ErrOverloaded = errors.New("redisstore: too many decisions waiting for a connection")
 )
 
 // maxNowMicros is the largest time, in Unix microseconds, that keeps every
@@ -55,6 +61,12 @@ const maxNowMicros = 1<<53 - 2*int64(core.MaxWindow/time.Microsecond)
 // MaxTime is the latest time the store decides at: Unix microsecond
 // 2^53 - 2 x core.MaxWindow, in the year 2155.
 var MaxTime = time.UnixMicro(maxNowMicros).UTC()
+
+// MinTime is the earliest time the store decides at in ClientTime mode:
+// Unix microsecond -(2^53 - 2 x core.MaxWindow), in the year 1784. Times
+// before it (such as the zero time.Time, the year 1) are refused with
+// ErrTimeOutOfRange; from MinTime on, a key never seen is whole.
+var MinTime = time.UnixMicro(-maxNowMicros).UTC()
 
 // Config configures a Store. A nil *Config means the defaults.
 type Config struct {
@@ -93,6 +105,19 @@ type Config struct {
 	// store's own. The default value is DefaultTimeout, 50ms.
 	Timeout time.Duration
 
+	// QueueTimeout bounds how long a decision waits for a free connection
+	// when more decisions are running than the client has connections
+	// (its PoolSize; a single-node or failover client): the store lets at
+	// most PoolSize decisions talk to Redis at once, and the others wait
+	// their turn, in order, before their Timeout starts. So a burst (a cold
+	// start, say) is paced by the pool instead of timing out in it and
+	// opening the breaker: the wait says nothing about Redis's health and
+	// never counts against the breaker. A decision that waits longer fails
+	// with ErrOverloaded (or goes to the Fallback). A negative value waits
+	// only for the caller's context. The default value is
+	// DefaultQueueTimeout, 1s.
+	QueueTimeout time.Duration
+
 	// Breaker configures the circuit breaker. The default value, nil, means
 	// a breaker with BreakerConfig's defaults.
 	Breaker *BreakerConfig
@@ -105,6 +130,12 @@ type Config struct {
 	// admit is not charged in Redis. The default value, nil, returns the
 	// error, and the caller applies its fail policy (the HTTP middleware
 	// fails open or closed).
+	//
+	// After a timeout the script may have run in Redis and charged: the
+	// request is then charged twice, once in Redis and once in the
+	// Fallback, at most its cost in each (the safe direction: an extra
+	// refusal, never an extra admission). Errors of a caller whose own
+	// context ended (IsCallerGone) never go to the Fallback.
 	Fallback core.Store
 
 	// Observer receives, through ObserveError, the backend errors the store
@@ -136,23 +167,26 @@ func TagByKey(_, key string) string { return key }
 // It is safe for concurrent use and holds no goroutine of its own; closing
 // the client is the caller's business.
 type Store struct {
-	client     redis.UniversalClient
-	place      placement
-	ctxBound   bool // the client bounds its I/O by the context's deadline
-	poolArgs   bool // the client is go-redis's own: argBufs may be reused
-	prefix     string
-	clientTime bool
-	slack      int64 // milliseconds added to key expiries
-	slackArg   any   // slack, boxed once
-	hashTag    func(policyName, key string) string
-	timeout    time.Duration
-	fallback   core.Store
-	observer   core.Observer
-	breaker    *gobreaker.CircuitBreaker[struct{}]
-	deadlines  deadlines      // Done channels of the decisions' timeouts
-	abandoned  sync.WaitGroup // calls given up at their deadline, still running
-	closed     atomic.Bool
-	closeOnce  sync.Once
+	client       redis.UniversalClient
+	place        placement
+	ctxBound     bool // the client bounds its I/O by the context's deadline
+	poolArgs     bool // the client is go-redis's own: argBufs may be reused
+	prefix       string
+	clientTime   bool
+	slack        int64 // milliseconds added to key expiries
+	slackArg     any   // slack, boxed once
+	hashTag      func(policyName, key string) string
+	timeout      time.Duration
+	fallback     core.Store
+	observer     core.Observer
+	breaker      *gobreaker.CircuitBreaker[struct{}] // the store's one breaker, unless perNode
+	perNode      bool                                // a Cluster: one breaker per master (nodeBreakers)
+	newBreaker   breakerFactory
+	nodeBreakers sync.Map      // master address -> *gobreaker.CircuitBreaker[struct{}]
+	deadlines    deadlines     // Done channels of the decisions' timeouts
+	gate         *gate         // the running calls; closed by Close
+	slots        chan struct{} // one per connection of a single-node client; nil: no pacing
+	queueWait    time.Duration
 
 	// betweenPhases, if set (by tests), runs between the check and the
 	// charge of a batch spanning several slots.
@@ -191,6 +225,11 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 		timeout:    c.Timeout,
 		fallback:   c.Fallback,
 		observer:   c.Observer,
+		gate:       newGate(),
+		queueWait:  c.QueueTimeout,
+	}
+	if s.queueWait == 0 {
+		s.queueWait = DefaultQueueTimeout
 	}
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix
@@ -205,6 +244,9 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	switch cl := client.(type) {
 	case *redis.Client:
 		s.place, s.ctxBound, s.poolArgs = placeOne, cl.Options().ContextTimeoutEnabled, true
+		if n := cl.Options().PoolSize; n > 0 {
+			s.slots = make(chan struct{}, n)
+		}
 	case *redis.ClusterClient:
 		s.place, s.ctxBound, s.poolArgs = placeSlot, cl.Options().ContextTimeoutEnabled, true
 	case *redis.Ring:
@@ -212,17 +254,46 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	default:
 		s.place = placeTag
 	}
-	br, err := newBreaker(c.Breaker, c.OnStateChange)
+	mk, err := newBreaker(c.Breaker, c.OnStateChange)
 	if err != nil {
 		return nil, err
 	}
-	s.breaker = br
+	if mk != nil {
+		if s.place == placeSlot {
+			s.perNode, s.newBreaker = true, mk
+		} else {
+			s.breaker = mk("")
+		}
+	}
 	return s, nil
 }
 
 // errCallerGone marks a failure caused by the caller's own context ending,
 // which says nothing about Redis's health.
 var errCallerGone = errors.New("the caller's context ended")
+
+// callerGone returns the error of a Take whose caller's context ended
+// (cause, if not nil, is what the call to Redis reported): it matches
+// ctx.Err() (context.Canceled or context.DeadlineExceeded), so the caller
+// can tell "my client went away" from a Redis failure.
+func callerGone(ctx context.Context, cause error) error {
+	cerr := ctx.Err()
+	if cerr == nil {
+		cerr = context.DeadlineExceeded // the deadline passed; Done not yet closed
+	}
+	if cause == nil {
+		return fmt.Errorf("redisstore: %w: %w", errCallerGone, cerr)
+	}
+	return fmt.Errorf("redisstore: %w: %w (%w)", errCallerGone, cerr, cause)
+}
+
+// IsCallerGone reports whether err, returned by Take, means the caller's
+// own context ended (canceled, or its deadline passed before the store's
+// Timeout) rather than that Redis failed. Such an error matches the
+// context's error with errors.Is, does not count as a failure for the
+// circuit breaker, is not decided by the Fallback and is not reported to
+// the Observer: the client is gone, and Redis may be healthy.
+func IsCallerGone(err error) bool { return errors.Is(err, errCallerGone) }
 
 // Take implements core.Store. It validates the batch as every store must
 // (core.CheckBatch), rejects policies the store cannot run
@@ -231,9 +302,10 @@ var errCallerGone = errors.New("the caller's context ended")
 // Redis. Backend failures are wrapped with a "redisstore: " prefix, or
 // decided by the Fallback if one is set.
 func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
-	if s.closed.Load() {
+	if !s.gate.enter() {
 		return ErrClosed
 	}
+	defer s.gate.leave()
 	over, err := core.CheckBatch(reqs, out)
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
 		return err
@@ -253,10 +325,13 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, ou
 	var nowArg any = ""
 	if s.clientTime {
 		us := now.UnixMicro()
-		if now.Unix() < 0 || us > maxNowMicros {
+		if us < -maxNowMicros || us > maxNowMicros {
 			return fmt.Errorf("%w: %v", ErrTimeOutOfRange, now)
 		}
 		nowArg = strconv.FormatInt(us, 10)
+	}
+	if ctx.Err() != nil {
+		return callerGone(ctx, nil)
 	}
 	var start time.Time
 	if s.fallback != nil && s.observer != nil {
@@ -266,7 +341,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, ou
 		for i := range reqs {
 			out[i] = core.Decision{Limit: reqs[i].Policy.Capacity(), Policy: reqs[i].Policy}
 		}
-		if s.fallback == nil {
+		if s.fallback == nil || IsCallerGone(err) {
 			return err
 		}
 		if s.observer != nil {
@@ -295,6 +370,16 @@ func (s *Store) observe(reqs []core.Request, err error, lat time.Duration) {
 // takeRedis decides the batch in Redis, through the breaker and within
 // the timeout.
 func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
+	if s.slots != nil {
+		if err := s.acquire(ctx); err != nil {
+			return err
+		}
+		defer func() { <-s.slots }()
+	}
+	s.keysOf(reqs, infos, st.keys[:len(reqs)])
+	if s.perNode {
+		return s.takeNodes(ctx, st, nowArg, reqs, infos, over, out)
+	}
 	if s.breaker == nil {
 		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
 	}
@@ -307,6 +392,75 @@ func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs [
 		return ErrUnavailable
 	}
 	return err
+}
+
+// takeNodes decides a batch on a Cluster through the breakers of the
+// masters holding its keys: a batch on one master (the usual case) counts
+// against that master's breaker alone, so a master that fails opens its
+// own breaker and the keys of the others keep deciding; a batch spanning
+// several masters goes through each of their breakers, and its failure
+// counts against each.
+func (s *Store) takeNodes(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
+	cl := s.client.(*redis.ClusterClient)
+	var nodes [core.MaxBatch]string
+	n := 0
+	for _, k := range st.keys[:len(reqs)] {
+		node := ""
+		if c, err := cl.MasterForKey(ctx, k); err == nil {
+			node = c.Options().Addr
+		}
+		dup := false
+		for _, m := range nodes[:n] {
+			dup = dup || m == node
+		}
+		if !dup {
+			nodes[n] = node
+			n++
+		}
+	}
+	return s.throughBreakers(nodes[:n], func() error {
+		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
+	})
+}
+
+// throughBreakers runs f through the breakers of nodes, nested.
+func (s *Store) throughBreakers(nodes []string, f func() error) error {
+	if len(nodes) == 0 {
+		return f()
+	}
+	ran := false
+	_, err := s.nodeBreaker(nodes[0]).Execute(func() (struct{}, error) {
+		ran = true
+		return struct{}{}, s.throughBreakers(nodes[1:], f)
+	})
+	if !ran {
+		return ErrUnavailable
+	}
+	return err
+}
+
+// acquire takes one of the connection slots, waiting at most QueueTimeout
+// and as long as the caller's context lives.
+func (s *Store) acquire(ctx context.Context) error {
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	var expired <-chan time.Time
+	if s.queueWait > 0 {
+		t := time.NewTimer(s.queueWait)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return callerGone(ctx, nil)
+	case <-expired:
+		return fmt.Errorf("%w: waited %v", ErrOverloaded, s.queueWait)
+	}
 }
 
 // decideBounded decides the batch in Redis within the timeout, and wraps
@@ -330,7 +484,7 @@ func (s *Store) decideBounded(ctx context.Context, st *takeState, nowArg any, re
 		pdl, parentDL := ctx.Deadline()
 		switch {
 		case ctx.Err() != nil || (parentDL && !time.Now().Before(pdl)):
-			err = fmt.Errorf("redisstore: %w: %w", errCallerGone, err)
+			err = callerGone(ctx, err)
 		case timedOut && errors.Is(err, context.DeadlineExceeded):
 			err = fmt.Errorf("redisstore: decision timed out after %v: %w", s.timeout, err)
 		case timedOut:
@@ -464,8 +618,7 @@ const (
 
 // decide runs the batch in Redis and fills out.
 func (s *Store) decide(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
-	keys := st.keys[:len(reqs)]
-	s.keysOf(reqs, infos, keys)
+	keys := st.keys[:len(reqs)] // filled by keysOf in takeRedis
 	extras := st.extras[:len(reqs)]
 	gs := s.groups(keys)
 	if gs == nil {
@@ -623,9 +776,9 @@ func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) (string, error
 		err error
 	}
 	ch := make(chan result, 1)
-	s.abandoned.Add(1)
+	s.gate.hold() // within a running Take: the gate cannot have drained
 	go func() {
-		defer s.abandoned.Done()
+		defer s.gate.leave()
 		r, err := eval(ctx, s.client, args)
 		ab.release() // only now: an abandoned call still reads args
 		ch <- result{r, err}
@@ -641,17 +794,40 @@ func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) (string, error
 // ErrClosed is returned by Take after Close.
 var ErrClosed = errors.New("redisstore: store is closed")
 
-// Close stops the store: Take returns ErrClosed from then on, and Close
-// waits for the calls it gave up on at their deadline (made only for
-// clients without ContextTimeoutEnabled) to finish, which they do by the
-// client's own read timeout. It does not close the client, which the
-// caller owns. Close is idempotent and always returns nil.
+// ErrCloseTimeout is returned by Close when calls to Redis were still
+// running after its wait (see Close).
+var ErrCloseTimeout = errors.New("redisstore: calls still running when Close gave up waiting")
+
+// Close stops the store: every Take that starts after Close has begun
+// returns ErrClosed, and Close waits for the Takes already running to
+// return, and for the calls to Redis they gave up on at their deadline
+// (made only for clients without ContextTimeoutEnabled, see the package
+// documentation) to end. The wait is bounded by the store's Timeout (one
+// second if it has none): a Take bounds its own calls by Timeout, so it is
+// over by then, but a call abandoned by a client without
+// ContextTimeoutEnabled ends only on the client's ReadTimeout; if one is
+// still running when the wait ends, Close returns ErrCloseTimeout (the
+// call then ends on its own and touches nothing of the store's). Close
+// does not close the client, which the caller owns. Close is idempotent.
 func (s *Store) Close() error {
-	s.closeOnce.Do(func() {
-		s.closed.Store(true)
-		s.abandoned.Wait()
-	})
-	return nil
+	done := s.gate.close()
+	bound := s.timeout
+	if bound <= 0 {
+		bound = time.Second
+	}
+	select {
+	case <-done:
+		return nil
+	default:
+	}
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("%w: %d after %v", ErrCloseTimeout, s.gate.running(), bound)
+	}
 }
 
 // parseReply reads the script's reply: now, then six integers per request.

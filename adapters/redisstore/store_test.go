@@ -108,7 +108,7 @@ func TestUnsupported(t *testing.T) {
 			t.Errorf("%s: err = %v, want %v naming the policy", c.p, err, c.want)
 		}
 	}
-	for _, at := range []time.Time{time.Unix(-1, 0), MaxTime.Add(time.Microsecond), time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)} {
+	for _, at := range []time.Time{{}, MinTime.Add(-time.Microsecond), MaxTime.Add(time.Microsecond), time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)} {
 		err := s.Take(context.Background(), at, []core.Request{{Policy: good, Key: "k", Cost: 1}}, out[:1])
 		if !errors.Is(err, ErrTimeOutOfRange) {
 			t.Errorf("at %v: err = %v, want ErrTimeOutOfRange", at, err)
@@ -327,5 +327,65 @@ func TestExpiryExact(t *testing.T) {
 				t.Errorf("%s (batch %v): key expires %d ms after the charge, want %d", c.name, batch, got, want)
 			}
 		}
+	}
+}
+
+// TestKeyBounds checks that the store bounds what a request key can do to
+// Redis: a key longer than MaxKeyLen is stored under its hash (the Redis
+// key has a fixed length, and two long keys differing in their last byte
+// stay apart), and a key holding "{...}" cannot choose its Cluster hash
+// slot unless HashTag says so.
+func TestKeyBounds(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	s := newStore(t, client, &Config{Prefix: "bounds:"})
+	p := mustPolicy(t, core.Rule{Name: "api", Limit: 1, Window: time.Hour})
+	long := strings.Repeat("x", 1<<20)
+	if d := take(t, s, time.Now(), p, long+"a", 1); !d.Allowed {
+		t.Fatal("first long key refused")
+	}
+	if d := take(t, s, time.Now(), p, long+"b", 1); !d.Allowed {
+		t.Fatal("a second long key shares the first's quota")
+	}
+	if d := take(t, s, time.Now(), p, long+"a", 1); d.Allowed {
+		t.Fatal("a long key's quota was lost")
+	}
+	keys, err := client.Keys(context.Background(), "bounds:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 2 {
+		t.Fatalf("keys %d, want 2", len(keys))
+	}
+	for _, k := range keys {
+		if len(k) > len("bounds:api%h:")+64 {
+			t.Fatalf("Redis key of %d bytes for a long request key", len(k))
+		}
+	}
+	// Exactly MaxKeyLen is kept as it is.
+	exact := strings.Repeat("y", MaxKeyLen)
+	take(t, s, time.Now(), p, exact, 1)
+	if n := client.Exists(context.Background(), "bounds:api:"+exact).Val(); n != 1 {
+		t.Fatal("a key of MaxKeyLen bytes was not stored as it is")
+	}
+
+	// A braced key hashes whole without a HashTag...
+	for _, key := range []string{"{victim}", "a{b}c", "{", "x{}y"} {
+		k := redisKey("rl:", "api", "", &core.Request{Key: key})
+		if got, want := slot(k), int(crc16(k)&16383); got != want {
+			t.Errorf("key %q: Redis key %q lands in slot %d chosen by the key, want %d (the whole key's)", key, k, got, want)
+		}
+		if hashTagOf(k) != k {
+			t.Errorf("key %q: Redis key %q has hash tag %q", key, k, hashTagOf(k))
+		}
+	}
+	// ...and its Redis server agrees.
+	take(t, s, time.Now(), p, "{victim}", 1)
+	if n := client.Exists(context.Background(), "bounds:{}api:{victim}").Val(); n != 1 {
+		t.Fatal("braced key not at bounds:{}api:{victim}")
+	}
+	// A HashTag still chooses.
+	k := redisKey("rl:", "api", "t", &core.Request{Key: "{victim}"})
+	if hashTagOf(k) != "t" {
+		t.Fatalf("tagged key %q hashes by %q, want t", k, hashTagOf(k))
 	}
 }

@@ -89,6 +89,14 @@ func newHandler(client redis.UniversalClient, onBreaker func(from, to redisstore
 	if err != nil {
 		return nil, err
 	}
+	// Load the script and open the connection pool before serving, so the
+	// first burst pays for neither (a failure here is logged, not fatal:
+	// decisions are correct without it).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	if err := redisStore.Warm(ctx); err != nil {
+		log.Printf("redis warm-up: %v", err)
+	}
+	cancel()
 	var store core.Store = redisStore
 	if lease > 0 {
 		if store, err = redisstore.NewLeaseStore(redisStore, &redisstore.LeaseConfig{Size: lease, HotThreshold: 1}); err != nil {

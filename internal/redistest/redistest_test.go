@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -381,4 +382,24 @@ func keySlot(key string) int {
 		}
 	}
 	return int(crc) % clusterSlots
+}
+
+// TestForMain starts a server without a testing.TB and stops it.
+func TestForMain(t *testing.T) {
+	addr, stop, skip, err := ForMain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if skip != "" {
+		t.Skip(skip)
+	}
+	if got := Do(t, addr, "PING"); got != "PONG" {
+		t.Fatalf("PING = %q", got)
+	}
+	stop()
+	if os.Getenv(EnvAddr) == "" {
+		if _, err := Exec(context.Background(), addr, "PING"); err == nil {
+			t.Fatal("server still answers after stop")
+		}
+	}
 }

@@ -3,15 +3,31 @@
 -- modules and the helpers after this file: the arithmetic of gcra.lua
 -- (decide, then commit) on plain numbers, with no tables or closures made
 -- (helpers.lua and gcra.lua name the steps). Anything else (a batch, a
--- check, a refund, a request over capacity, another algorithm, a bad
--- argument) falls through, untouched, to the rest of the script.
+-- check, a refund, a request over capacity, another algorithm, a record
+-- written under another policy, a bad argument) falls through, untouched,
+-- to the rest of the script.
 
 if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
   -- policyargs, for a token or leaky bucket (our own argument: a value of
   -- another type could only make the arithmetic below fail, not mislead)
-  local ok, alg, W, L, cap, md, tauQ, tauR = pcall(cmsgpack.unpack, ARGV[5])
-  if ok and alg == 'g' and type(tauR) == 'number' then
-    local key, cost, slack = KEYS[1], tonumber(ARGV[6]), tonumber(ARGV[4])
+  local ok, alg, tag, W, L, cap, md, tauQ, tauR = pcall(cmsgpack.unpack, ARGV[5])
+  local key = KEYS[1]
+  -- gcra.load: a missing key, or a record of this policy (or of the
+  -- previous version, untagged)
+  local A, B, fresh, mine = 0, 0, true, false
+  if ok and alg == 'g' and type(tag) == 'string' and type(tauR) == 'number' then
+    local v = redis.pcall('GET', key)
+    if v == false then
+      mine = true
+    elseif type(v) == 'string' then
+      local a, b, rest = smatch(v, '^g:(%-?%d+):(%d+)(.*)$')
+      if a ~= nil and (rest == '' or rest == ';' .. tag) then
+        A, B, fresh, mine = tonumber(a), tonumber(b), false, true
+      end
+    end
+  end
+  if mine then
+    local cost, slack = tonumber(ARGV[6]), tonumber(ARGV[4])
     if redis.replicate_commands then redis.replicate_commands() end
     local now
     if ARGV[2] == '' then
@@ -20,19 +36,15 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
     else
       now = tonumber(ARGV[2])
     end
-    -- gcra.load (getstate)
-    local A, B = 0, 0
-    local v = redis.pcall('GET', key)
-    if type(v) == 'string' then
-      local a, b = smatch(v, '^g:(%-?%d+):(%d+)$')
-      if a ~= nil then
-        A, B = tonumber(a), tonumber(b)
-      end
-    end
     -- gcra.decide, with lesseq and ceildiff written out
-    local bq, br = now, 0
-    if A > now or (A == now and B > 0) then
+    local bq, br, clamped = now, 0, false
+    if not fresh and (A > now or (A == now and B > 0)) then
       bq, br = A, B
+      local mq = now + tauQ + md
+      if bq > mq or (bq == mq and br > tauR) then
+        bq, br = mq, tauR
+        clamped = true
+      end
     end
     local q, nr = muldiv(cost, W, br, L)
     local nq = bq + q
@@ -64,7 +76,11 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
     local reset = rq
     if rr > 0 then reset = reset + 1 end
     -- gcra.commit (gcra_store, keep)
-    if allowed == 1 and cost > 0 then
+    if clamped and (allowed == 0 or cost == 0) then
+      -- a clock stepped back: keep the clamped TAT, so the bound holds
+      nq, nr = bq, br
+    end
+    if (allowed == 1 and cost > 0) or clamped then
       local life = nq - now
       if nr > 0 then life = life + 1 end
       if life <= 0 then
@@ -72,7 +88,7 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
       else
         local ms, r = divmod(life, 1000)
         if r > 0 then ms = ms + 1 end
-        redis.call('SET', key, sformat(I64 and 'g:%d:%d' or 'g:%.0f:%.0f', nq, nr), 'PX', fmt(ms + slack))
+        redis.call('SET', key, sformat(I64 and 'g:%d:%d;%s' or 'g:%.0f:%.0f;%s', nq, nr, tag), 'PX', fmt(ms + slack))
       end
     end
     return sformat(I64 and '%d %d %d %d %d %d 0' or '%.0f %d %.0f %.0f %.0f %.0f 0', now, allowed, rem, reset, retry, delay)

@@ -1,7 +1,8 @@
 -- fixed_window.lua: fixed_window, mirroring core/window.go.
 --
--- State: the string "f:A:B", A the index of the epoch-aligned window
--- (floor(now / W)) and B the units admitted in it.
+-- State: the string "f:A:B;tag", A the index of the epoch-aligned window
+-- (floor(now / W)), B the units admitted in it, and the identity tag of
+-- the policy that wrote it.
 --
 -- The functions are made only when a batch uses the algorithm: a script
 -- call pays for the closures it needs.
@@ -9,25 +10,27 @@
 modules.fixed = function()
   local fixed = {}
 
-  function fixed.load(key)
-    local a, b = getstate(key, '^f:(%-?%d+):(%d+)$')
+  function fixed.load(key, v)
+    local a, b = getstate(v, '^f:(%-?%d+):(%d+)')
     if a == nil then
       return { A = 0, B = 0 }
     end
     return { A = tonumber(a), B = tonumber(b) }
   end
 
+  function fixed.fresh(P, u, now)
+    return { A = floordiv(now, P.W), B = u }
+  end
+
   function fixed.decide(st, P, cost, now)
     local d = newdecision()
     local idx = floordiv(now, P.W)
     local count = 0
-    if st.B > 0 then
-      if idx < st.A then
-        idx = st.A -- the clock stepped back: stay in the later window
-      end
-      if idx == st.A then
-        count = st.B
-      end
+    -- A window in the future (the clock stepped back) counts as the
+    -- current one: never credited, refused for at most one window.
+    if st.B > 0 and idx <= st.A then
+      count = st.B
+      d.clamped = idx < st.A
     end
     local e = (idx + 1) * P.W
     if count + cost <= P.cap then
@@ -50,14 +53,24 @@ modules.fixed = function()
       redis.call('DEL', key)
       return
     end
-    keep(key, sformat(I64 and 'f:%d:%d' or 'f:%.0f:%.0f', A, B), (A + 1) * P.W - now, slack)
+    keep(key, sformat(I64 and 'f:%d:%d;%s' or 'f:%.0f:%.0f;%s', A, B, P.tag), (A + 1) * P.W - now, slack)
   end
 
   function fixed.commit(key, st, P, cost, now, d, slack)
     if cost > 0 then
       fixed_store(key, d.nA, d.nB, P, now, slack)
+    elseif st.rewrite then
+      fixed.save(key, st, P, now, slack)
     end
     return d.nA
+  end
+
+  function fixed.saveclamped(key, st, P, now, d, slack)
+    fixed_store(key, d.extra, st.B, P, now, slack)
+  end
+
+  function fixed.save(key, st, P, now, slack)
+    fixed_store(key, st.A, st.B, P, now, slack)
   end
 
   -- refund takes cost off the window the charge went to (extra), if that

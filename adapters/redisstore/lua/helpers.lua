@@ -44,12 +44,9 @@ local function keep(key, value, life, slack)
   redis.call('SET', key, value, 'PX', fmt(ceilms(life) + slack))
 end
 
--- getstate reads a string state tagged with tag and returns its numeric
--- fields, or nil for a missing key, a key of another type, or a value
--- written by another algorithm (read as a fresh state, and overwritten by
--- the next write).
-local function getstate(key, pattern)
-  local v = redis.pcall('GET', key)
+-- getstate matches a string state v (a GET's reply) against pattern and
+-- returns its numeric fields, or nil for anything else.
+local function getstate(v, pattern)
   if type(v) ~= 'string' then
     return nil
   end
@@ -57,22 +54,66 @@ local function getstate(key, pattern)
 end
 
 -- policyargs decodes a policy argument (policyArg in policy.go: the
--- algorithm's code, then W, L, cap, maxDelay, tauQ and tauR, each an exact
--- integer below 2^53, in MessagePack); it returns nothing for anything
--- else.
+-- algorithm's code, the identity tag, then W, L, cap, maxDelay, tauQ and
+-- tauR, each an exact integer below 2^53, in MessagePack); it returns
+-- nothing for anything else.
 local function policyargs(s)
-  local ok, a, w, l, cap, md, tq, tr = pcall(cmsgpack.unpack, s)
-  if ok and type(a) == 'string' and type(w) == 'number' and type(l) == 'number'
-      and type(cap) == 'number' and type(md) == 'number' and type(tq) == 'number'
-      and type(tr) == 'number' then
-    return a, w, l, cap, md, tq, tr
+  local ok, a, tag, w, l, cap, md, tq, tr = pcall(cmsgpack.unpack, s)
+  if ok and type(a) == 'string' and type(tag) == 'string' and type(w) == 'number'
+      and type(l) == 'number' and type(cap) == 'number' and type(md) == 'number'
+      and type(tq) == 'number' and type(tr) == 'number' then
+    return a, tag, w, l, cap, md, tq, tr
   end
 end
 
 -- modules holds one constructor per algorithm (see gcra.lua and the
--- others), each returning a table of load, decide, commit and refund.
+-- others), each returning a table of load, fresh, decide, commit, save and
+-- refund.
 local modules = {}
 
 local function newdecision()
   return { allowed = false, rem = 0, reset = 0, retry = 0, delay = 0, extra = 0 }
+end
+
+-- record reads what key holds: the GET reply v (a string state, or false
+-- for a missing key), the state's kind ('g', 'f', 'c' or 'l', the code of
+-- the algorithm module that wrote it; nil for a missing key or anything
+-- else) and its identity tag ('' for a record of the previous version,
+-- which had none).
+local function record(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'string' then
+    local kind = smatch(v, '^([gfc]):')
+    if kind == nil then
+      return v, nil, ''
+    end
+    return v, kind, smatch(v, ';([^;]*)$') or ''
+  end
+  if type(v) == 'table' then
+    -- WRONGTYPE: the sliding log's list, or a foreign type
+    local head = redis.pcall('LINDEX', key, 0)
+    if type(head) == 'string' and smatch(head, '^%d+') then
+      return v, 'l', smatch(head, ';([^;]*)$') or ''
+    end
+    return v, nil, ''
+  end
+  return false, nil, ''
+end
+
+-- tagparams returns the parameters of the policy an identity tag names
+-- (see identityTag in policy.go), as a table like a request's P, and the
+-- code of its state's module; nil for a malformed tag.
+local tagkinds = { t = 'g', k = 'g', f = 'f', c = 'c', l = 'l' }
+local function tagparams(tag)
+  local id, l, w, cap = smatch(tag, '^(%a),(%d+),(%d+),(%d+)$')
+  if id == nil or tagkinds[id] == nil then
+    return nil
+  end
+  l, w, cap = tonumber(l), tonumber(w), tonumber(cap)
+  if l == nil or w == nil or cap == nil or l < 1 or w < 1 or cap < 1
+      or l >= P53 or w >= P53 or cap >= P53 then
+    return nil
+  end
+  local tq, tr = muldiv(cap, w, 0, l)
+  return { W = w, L = l, cap = cap, maxDelay = 0, tauQ = tq, tauR = tr, tag = tag }, tagkinds[id]
 end

@@ -6,9 +6,18 @@
 -- ARGV[2] now in Unix microseconds, or '' to read the server's TIME.
 -- ARGV[3] 1-based index of a request whose cost exceeds its capacity, or 0.
 -- ARGV[4] milliseconds added to every key's expiry.
--- Then three arguments per request: the policy (alg W L cap maxDelay tauQ
--- tauR, times in microseconds, as MessagePack: see policyargs), the cost,
--- and (for 'R') what the charge reported.
+-- Then three arguments per request: the policy (alg tag W L cap maxDelay
+-- tauQ tauR, times in microseconds, as MessagePack: see policyargs), the
+-- cost, and (for 'R') what the charge reported.
+--
+-- Every record carries the identity tag of the policy that wrote it. A
+-- record written under another policy (another tag) is never read under
+-- this one: the units it has in use under its own policy, at now, carry
+-- over to a fresh state of this policy (at most its capacity), which is
+-- then decided as usual and written even if the request is refused (not
+-- in mode 'C'). A record without a tag (written by the previous version)
+-- is read under the requesting policy if it has the same algorithm's
+-- state, and as fresh otherwise.
 --
 -- The reply is one string of integers separated by spaces: now, then per
 -- request allowed (0/1), remaining, resetAfter, retryAfter, delay (in
@@ -43,18 +52,52 @@ else
   now = tonumber(nowArg)
 end
 
+local modcodes = { g = 'g', f = 'f', c = 'c', l = 'l' }
+
+-- load returns the state of key under the policy P of algorithm module
+-- alg (code kind), converting a record written under another policy.
+local function load(key, alg, kind, P)
+  local v, rkind, rtag = record(key)
+  if rkind == nil then
+    if v then
+      -- a foreign value: read as fresh, replaced by the next write
+      local st = alg.fresh(P, 0, now)
+      st.bad = true
+      return st
+    end
+    return alg.load(key, v)
+  end
+  if rtag == P.tag or (rtag == '' and rkind == kind) then
+    return alg.load(key, v)
+  end
+  local st
+  local oldP, okind = tagparams(rtag)
+  if oldP == nil or okind ~= rkind then
+    st = alg.fresh(P, 0, now)
+  else
+    local old = algorithm(okind)
+    local od = old.decide(old.load(key, v), oldP, 0, now)
+    local used = oldP.cap - od.rem
+    if used > P.cap then used = P.cap end
+    st = alg.fresh(P, used, now)
+  end
+  st.rewrite = true
+  if rkind == 'l' and kind ~= 'l' then st.bad = true end
+  return st
+end
+
 local n = #KEYS
 local reqs = {}
 for i = 1, n do
   local base = 5 + 3 * (i - 1)
-  local a, w, l, cap, md, tq, tr = policyargs(ARGV[base])
+  local a, tag, w, l, cap, md, tq, tr = policyargs(ARGV[base])
   local alg = algorithm(a)
   if alg == nil or tr == nil then
     return redis.error_reply('ERR ratelimit: bad policy argument ' .. i)
   end
-  local P = { W = w, L = l, cap = cap, maxDelay = md, tauQ = tq, tauR = tr }
-  reqs[i] = { key = KEYS[i], alg = alg, P = P, cost = tonumber(ARGV[base + 1]),
-    extra = tonumber(ARGV[base + 2]), st = alg.load(KEYS[i]) }
+  local P = { W = w, L = l, cap = cap, maxDelay = md, tauQ = tq, tauR = tr, tag = tag }
+  reqs[i] = { key = KEYS[i], alg = alg, kind = modcodes[a], P = P, cost = tonumber(ARGV[base + 1]),
+    extra = tonumber(ARGV[base + 2]), st = load(KEYS[i], alg, modcodes[a], P) }
 end
 
 -- A single request taken alone (the usual decision): decide, charge if
@@ -66,6 +109,10 @@ if n == 1 and mode == 'T' and over == 0 then
   if d.allowed then
     a = 1
     d.extra = r.alg.commit(r.key, r.st, r.P, r.cost, now, d, slack)
+  elseif r.st.rewrite then
+    r.alg.save(r.key, r.st, r.P, now, slack)
+  elseif d.clamped then
+    r.alg.saveclamped(r.key, r.st, r.P, now, d, slack)
   end
   return sformat(I64 and '%d %d %d %d %d %d %d' or '%.0f %d %.0f %.0f %.0f %.0f %.0f', now, a, d.rem, d.reset, d.retry, d.delay, d.extra)
 end
@@ -87,7 +134,7 @@ if mode == 'R' then
   for i = 1, n do
     local r = reqs[i]
     r.alg.refund(r.key, r.st, r.P, r.cost, r.extra, now, slack)
-    local d = r.alg.decide(r.alg.load(r.key), r.P, 0, now)
+    local d = r.alg.decide(load(r.key, r.alg, r.kind, r.P), r.P, 0, now)
     d.allowed = true
     out[i] = d
   end
@@ -119,7 +166,18 @@ if all and mode == 'T' then
 end
 
 -- Refused (or only checked): nothing is charged, and the requests that
--- would have passed report their state without their cost.
+-- would have passed report their state without their cost. A refused take
+-- still writes the states converted from another policy's.
+if mode == 'T' then
+  for i = 1, n do
+    local r = reqs[i]
+    if r.st.rewrite then
+      r.alg.save(r.key, r.st, r.P, now, slack)
+    elseif out[i].clamped then
+      r.alg.saveclamped(r.key, r.st, r.P, now, out[i], slack)
+    end
+  end
+end
 for i = 1, n do
   if out[i].allowed then
     local r = reqs[i]

@@ -1,7 +1,8 @@
 -- sliding_counter.lua: sliding_window_counter, mirroring core/window.go.
 --
--- State: the string "c:A:P:C", A the current window index, P the previous
--- window's count and C the current window's count.
+-- State: the string "c:A:P:C;tag", A the current window index, P the
+-- previous window's count, C the current window's count, and the identity
+-- tag of the policy that wrote it.
 --
 -- The functions are made only when a batch uses the algorithm: a script
 -- call pays for the closures it needs.
@@ -9,23 +10,28 @@
 modules.counter = function()
   local counter = {}
 
-  function counter.load(key)
-    local a, p, c = getstate(key, '^c:(%-?%d+):(%d+):(%d+)$')
+  function counter.load(key, v)
+    local a, p, c = getstate(v, '^c:(%-?%d+):(%d+):(%d+)')
     if a == nil then
       return { A = 0, prev = 0, curr = 0 }
     end
     return { A = tonumber(a), prev = tonumber(p), curr = tonumber(c) }
   end
 
+  function counter.fresh(P, u, now)
+    return { A = floordiv(now, P.W), prev = 0, curr = u }
+  end
+
   -- counts returns the window index and the previous and current counts as
-  -- of now, clamping a clock that stepped back to the stored window.
+  -- of now. A stored window in the future (the clock stepped back) counts
+  -- as the current one: never credited, refused for at most two windows.
   local function swc_counts(st, P, now)
     local idx = floordiv(now, P.W)
     if st.prev == 0 and st.curr == 0 then
       return idx, 0, 0
     end
     if idx <= st.A then
-      return st.A, st.prev, st.curr
+      return idx, st.prev, st.curr
     elseif idx == st.A + 1 then
       return idx, st.curr, 0
     end
@@ -65,6 +71,7 @@ modules.counter = function()
     local d = newdecision()
     local w = P.W
     local idx, prev, curr = swc_counts(st, P, now)
+    d.clamped = (prev > 0 or curr > 0) and idx < st.A
     local start = idx * w
     local e = now - start
     local used = swc_weighted(prev, e, w) + curr
@@ -112,14 +119,24 @@ modules.counter = function()
       redis.call('DEL', key)
       return
     end
-    keep(key, sformat(I64 and 'c:%d:%d:%d' or 'c:%.0f:%.0f:%.0f', A, prev, curr), exp - now, slack)
+    keep(key, sformat(I64 and 'c:%d:%d:%d;%s' or 'c:%.0f:%.0f:%.0f;%s', A, prev, curr, P.tag), exp - now, slack)
   end
 
   function counter.commit(key, st, P, cost, now, d, slack)
     if cost > 0 then
       counter_store(key, d.nA, d.nP, d.nC, P, now, slack)
+    elseif st.rewrite then
+      counter.save(key, st, P, now, slack)
     end
     return d.nA
+  end
+
+  function counter.saveclamped(key, st, P, now, d, slack)
+    counter_store(key, d.extra, st.prev, st.curr, P, now, slack)
+  end
+
+  function counter.save(key, st, P, now, slack)
+    counter_store(key, st.A, st.prev, st.curr, P, now, slack)
   end
 
   -- refund takes cost off the count of the window the charge went to

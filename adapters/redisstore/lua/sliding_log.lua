@@ -1,191 +1,307 @@
 -- sliding_log.lua: sliding_window_log, mirroring core/slidinglog.go.
 --
--- State: a list whose first element is the total of units recorded and
--- whose other elements are the entries "t:n", one per admission instant t
--- (units admitted at the same instant share an entry), oldest first.
--- Entries are read lazily, CHUNK at a time: a decision reads the expired
--- prefix, the newest entry, and (when refused) the entries up to the one
--- whose expiry admits the request.
+-- State: a list whose first element is "base;tag" and whose other elements
+-- are the entries "t:n:c", one per admission instant t (units admitted at
+-- the same instant share an entry), oldest first: n units admitted at t,
+-- and c the running count of units recorded (modulo M = 2^52) up to and
+-- including this entry; base is the running count before the first entry
+-- kept. The units of entries i+1..j are c_j - c_i (mod M), which is exact
+-- since fewer than M units are ever in a window (capacity <= 2^50).
+--
+-- Every decision does work bounded by log2 of the log's length, not by
+-- the length: binary searches over the entries (LINDEX) find the first
+-- entry inside the window and, when refused, the entry whose expiry admits
+-- the request; a charge drops the expired prefix with one LTRIM. Only
+-- entries recorded after now (a clock stepped back), which a charge moves
+-- to now, and a refund (Cluster batches spanning slots) touch the entries
+-- after one. A list of the previous version (its first element the total,
+-- without a tag; entries "t:n") is read as all its units recorded at its
+-- newest entry's instant (never a credit; at most one Window of
+-- over-counting) and rewritten in this form at the next charge.
 --
 -- The functions are made only when a batch uses the algorithm: a script
 -- call pays for the closures it needs.
 
 modules.swlog = function()
   local swlog = {}
-  local CHUNK = 32
+  local M = 4503599627370496 -- 2^52
+  local TRIM = 1024 -- expired entries dropped per charge at most
 
-  local function parse_entry(s)
-    local t, n = smatch(s, '^(%-?%d+):(%d+)$')
-    return tonumber(t), tonumber(n)
+  local function cdiff(a, b)
+    local d = a - b
+    if d < 0 then d = d + M end
+    return d
   end
 
-  local function entry_string(t, n)
-    return sformat(I64 and '%d:%d' or '%.0f:%.0f', t, n)
+  local function parse_entry(s)
+    local t, n, c = smatch(s, '^(%-?%d+):(%d+):(%d+)$')
+    return tonumber(t), tonumber(n), tonumber(c)
+  end
+
+  local function entry_string(t, n, c)
+    return sformat(I64 and '%d:%d:%d' or '%.0f:%.0f:%.0f', t, n, c)
+  end
+
+  local function head_string(base, P)
+    return fmt(base) .. ';' .. P.tag
+  end
+
+  -- fresh returns a state of u units recorded at now, which commit writes
+  -- whole (a state converted from another policy's).
+  function swlog.fresh(P, u, now)
+    if u <= 0 then
+      return { len = 0, base = 0, virt = true, t = {}, n = {}, c = {}, rewrite = true }
+    end
+    return { len = 1, base = 0, virt = true, t = { now }, n = { u }, c = { u },
+      newest = now, newestN = u, newestC = u, rewrite = true }
   end
 
   function swlog.load(key)
-    local st = { key = key, len = 0, total = 0, bad = false, t = {}, n = {}, loaded = 0 }
-    local head = redis.pcall('LRANGE', key, 0, CHUNK)
-    if type(head) ~= 'table' or head.err then
-      st.bad = true -- a key of another type: read as fresh, replaced on write
-      return st
-    end
-    if #head == 0 then
-      return st
-    end
-    local total = tonumber(head[1])
-    if total == nil then
+    local head = redis.pcall('LINDEX', key, 0)
+    if type(head) == 'table' and head.err then
+      -- a key of another type: read as fresh, replaced on write
+      local st = swlog.fresh(nil, 0, 0)
       st.bad = true
       return st
     end
-    st.total = total
-    for i = 2, #head do
-      st.t[i - 1], st.n[i - 1] = parse_entry(head[i])
+    if type(head) ~= 'string' then
+      -- a new key: written whole by the first charge
+      return { len = 0, base = 0, virt = true, t = {}, n = {}, c = {} }
     end
-    st.loaded = #head - 1
-    if st.loaded < CHUNK then
-      st.len = st.loaded
-    else
-      st.len = redis.call('LLEN', key) - 1
-    end
-    if st.len > 0 then
-      if st.len <= st.loaded then
-        st.newest, st.newestN = st.t[st.len], st.n[st.len]
-      else
-        st.newest, st.newestN = parse_entry(redis.call('LINDEX', key, -1))
+    local len = redis.call('LLEN', key) - 1
+    local base = smatch(head, '^(%d+);')
+    if base ~= nil then
+      local st = { key = key, len = len, base = tonumber(base), cache = {} }
+      if len > 0 then
+        st.newest, st.newestN, st.newestC = parse_entry(redis.call('LINDEX', key, -1))
+        if st.newest == nil then
+          st = swlog.fresh(nil, 0, 0)
+          st.bad = true
+        end
       end
+      return st
     end
+    -- The previous version's list: all its units at its newest instant.
+    local total = tonumber(smatch(head, '^(%d+)$'))
+    local newest
+    if len > 0 then
+      newest = tonumber(smatch(redis.call('LINDEX', key, -1), '^(%-?%d+):'))
+    end
+    if total == nil or total <= 0 or newest == nil then
+      local st = swlog.fresh(nil, 0, 0)
+      st.bad = true
+      return st
+    end
+    local st = swlog.fresh(nil, total, newest)
+    st.bad = true
     return st
   end
 
-  -- entry returns entry i (1-based, oldest first), loading more if needed.
+  -- entry returns entry i (1-based, oldest first): its instant, units and
+  -- running count.
   local function entry(st, i)
-    while i > st.loaded do
-      local from = st.loaded + 1
-      local more = redis.call('LRANGE', st.key, from, from + CHUNK - 1)
-      if #more == 0 then
-        return nil, nil
-      end
-      for j = 1, #more do
-        st.t[from + j - 1], st.n[from + j - 1] = parse_entry(more[j])
-      end
-      st.loaded = st.loaded + #more
+    if st.virt then
+      return st.t[i], st.n[i], st.c[i]
     end
-    return st.t[i], st.n[i]
+    local e = st.cache[i]
+    if e == nil then
+      e = { parse_entry(redis.call('LINDEX', st.key, i)) }
+      st.cache[i] = e
+    end
+    return e[1], e[2], e[3]
+  end
+
+  -- expired returns the number k of entries at or before cutoff (a prefix,
+  -- entries being ordered by time) and the running count after them.
+  local function expired(st, cutoff)
+    local lo, hi = 0, st.len
+    while lo < hi do
+      local mid = floor((lo + hi + 1) / 2)
+      local t = entry(st, mid)
+      if t <= cutoff then lo = mid else hi = mid - 1 end
+    end
+    if lo == 0 then
+      return 0, st.base
+    end
+    local _, _, c = entry(st, lo)
+    return lo, c
   end
 
   function swlog.decide(st, P, cost, now)
     local d = newdecision()
-    -- Units recorded in (now-W, now] count, and so do any recorded after now
-    -- by a clock that has since stepped back. A new admission is recorded no
-    -- earlier than the newest one, keeping the log ordered.
-    local at, k, gone, valid = now, 0, 0, 0
+    -- Units recorded in (now-W, now] count, and so do any recorded after
+    -- now by a clock that has since stepped back, as if made at now (the
+    -- charge that follows moves them to now): never credited, refused for
+    -- at most one Window.
+    local k, ck, valid = 0, st.base, 0
     if st.len > 0 then
-      if st.newest > now then at = st.newest end
-      local cutoff = now - P.W
-      while k < st.len do
-        local t, n = entry(st, k + 1)
-        if t > cutoff then break end
-        gone = gone + n
-        k = k + 1
-      end
-      valid = st.total - gone
+      k, ck = expired(st, now - P.W)
+      valid = cdiff(st.newestC, ck)
+      d.clamped = st.newest > now
     end
+    d.k, d.ck = k, ck
     if valid + cost <= P.cap then
       d.allowed = true
       d.rem = P.cap - valid - cost
       if cost > 0 then
-        d.reset = at + P.W - now
+        d.reset = P.W
       elseif valid > 0 then
-        d.reset = st.newest + P.W - now
+        local newest = st.newest
+        if newest > now then newest = now end
+        d.reset = newest + P.W - now
       end
-      d.k, d.gone, d.at = k, gone, at
-      d.extra = at
+      d.at = now
+      d.extra = now
       return d
     end
-    -- Refused: wait until enough of the oldest units leave the window.
+    -- Refused: wait until enough of the oldest units leave the window: the
+    -- first entry i whose running count reaches need past ck.
     local need = valid + cost - P.cap
-    for i = k + 1, st.len do
-      local t, n = entry(st, i)
-      need = need - n
-      if need <= 0 then
-        d.retry = t + P.W - now
-        break
+    if need <= valid then
+      local lo, hi = k + 1, st.len
+      while lo < hi do
+        local mid = floor((lo + hi) / 2)
+        local _, _, c = entry(st, mid)
+        if cdiff(c, ck) >= need then hi = mid else lo = mid + 1 end
       end
+      local t = entry(st, lo)
+      if t > now then t = now end
+      d.retry = t + P.W - now
     end
     d.rem = P.cap - valid
     if d.rem < 0 then d.rem = 0 end
-    d.reset = st.newest + P.W - now
+    local newest = st.newest
+    if newest > now then newest = now end
+    d.reset = newest + P.W - now
     return d
+  end
+
+  -- write charges cost (>= 0) at now: it drops the k expired entries and
+  -- moves the entries after now (a clock stepped back) to now, merged with
+  -- the charge's entry.
+  local function write(key, st, P, cost, now, d, slack)
+    local k, ck = d.k, d.ck
+    local last = st.base
+    if st.len > 0 then last = st.newestC end
+    local newC = last + cost
+    if newC >= M then newC = newC - M end
+    if st.virt or st.bad then
+      -- rewrite whole: the (at most one) live entry, then the charge's
+      redis.call('DEL', key)
+      local live = st.len - k
+      local parts = { head_string(0, P) }
+      if live > 0 then
+        local t, n = st.t[1], st.n[1]
+        if t >= now then
+          parts[2] = entry_string(now, n + cost, n + cost)
+        else
+          parts[2] = entry_string(t, n, n)
+          if cost > 0 then parts[3] = entry_string(now, cost, n + cost) end
+        end
+      elseif cost > 0 then
+        parts[2] = entry_string(now, cost, cost)
+      end
+      if #parts == 1 then
+        return now
+      end
+      redis.call('RPUSH', key, unpack(parts))
+    else
+      -- Drop the head and at most TRIM of the k expired entries (the rest
+      -- go with later charges; they never count, being before the window);
+      -- the head, with the running count before the first entry kept, goes
+      -- back last.
+      local base = st.base
+      if k > TRIM then
+        k = TRIM
+        local _, _, c = entry(st, k)
+        base = c
+      elseif k > 0 then
+        base = ck
+      end
+      if k > 0 then
+        redis.call('LTRIM', key, k + 1, -1)
+      end
+      local units = cost
+      local live = st.len - k
+      if live > 0 and st.newest >= now then
+        local t, n = st.newest, st.newestN
+        while live > 0 and t >= now do
+          units = units + n
+          redis.call('RPOP', key)
+          live = live - 1
+          if live == 0 then break end
+          t, n = parse_entry(redis.call('LINDEX', key, -1))
+        end
+      end
+      if units > 0 then
+        redis.call('RPUSH', key, entry_string(now, units, newC))
+      end
+      if k > 0 then
+        redis.call('LPUSH', key, head_string(base, P))
+      end
+    end
+    redis.call('PEXPIRE', key, fmt(ceilms(P.W) + slack))
+    return now
+  end
+
+  -- save writes a state converted from another policy's as it is,
+  -- replacing whatever the key held.
+  function swlog.save(key, st, P, now, slack)
+    if st.len == 0 then
+      redis.call('DEL', key)
+      return
+    end
+    write(key, st, P, 0, now, { k = 0, ck = 0 }, slack)
   end
 
   function swlog.commit(key, st, P, cost, now, d, slack)
     if cost <= 0 then
-      return d.at
+      if st.rewrite then swlog.save(key, st, P, now, slack) end
+      return now
     end
-    local k, at = d.k, d.at
-    local total = st.total - d.gone + cost
-    if st.bad or st.len == 0 then
-      if st.bad then redis.call('DEL', key) end
-      redis.call('RPUSH', key, fmt(total), entry_string(at, cost))
-    else
-      if k > 0 then
-        -- Drop the total and the k expired entries; the total goes back last.
-        redis.call('LTRIM', key, k + 1, -1)
-      end
-      if st.len > k and st.newest == at then
-        redis.call('LSET', key, -1, entry_string(at, st.newestN + cost))
-      else
-        redis.call('RPUSH', key, entry_string(at, cost))
-      end
-      if k > 0 then
-        redis.call('LPUSH', key, fmt(total))
-      else
-        redis.call('LSET', key, 0, fmt(total))
-      end
-    end
-    redis.call('PEXPIRE', key, fmt(ceilms(at + P.W - now) + slack))
-    return at
+    return write(key, st, P, cost, now, d, slack)
   end
 
-  -- refund takes cost off the entry recorded at the charge's instant (extra),
-  -- if it is still in the log; an entry that has left the window no longer
-  -- counts. Exact.
+  -- saveclamped moves the entries after now to now (a clock stepped back),
+  -- so that they leave the window one Window from now.
+  function swlog.saveclamped(key, st, P, now, d, slack)
+    write(key, st, P, 0, now, d, slack)
+  end
+
+  -- refund takes cost off the entry recorded at the charge's instant
+  -- (extra), if it is still in the log, and off the running counts after
+  -- it; an entry that has left the window no longer counts. Exact. It
+  -- reads the entries from the newest back to that one (a refund follows
+  -- its charge within the store's Timeout, so they are few).
   function swlog.refund(key, st, P, cost, extra, now, slack)
-    if st.bad or st.len == 0 or extra > st.newest then
+    if st.virt or st.bad or st.len == 0 or extra > st.newest then
       return
     end
-    -- Entries are ordered by time: search backwards from the newest.
-    local hi = st.len
-    while hi >= 1 do
-      local lo = hi - CHUNK + 1
-      if lo < 1 then lo = 1 end
-      local part = redis.call('LRANGE', key, lo, hi)
-      for j = #part, 1, -1 do
-        local t, n = parse_entry(part[j])
-        if t == extra then
-          local idx = lo + j - 1
-          local take = cost
-          if take > n then take = n end
-          if n > take then
-            redis.call('LSET', key, idx, entry_string(t, n - take))
-          else
-            redis.call('LSET', key, idx, '-')
-            redis.call('LREM', key, -1, '-')
-          end
-          local total = st.total - take
-          if st.len == 1 and n == take then
-            redis.call('DEL', key)
-          else
-            redis.call('LSET', key, 0, fmt(total))
-          end
-          return
-        end
-        if t < extra then
-          return
-        end
+    local i = st.len
+    while i >= 1 do
+      local t = entry(st, i)
+      if t == extra then break end
+      if t < extra then return end
+      i = i - 1
+    end
+    if i < 1 then return end
+    local _, n = entry(st, i)
+    local take = cost
+    if take > n then take = n end
+    for j = st.len, i, -1 do
+      local t, nj, c = entry(st, j)
+      c = c - take
+      if c < 0 then c = c + M end
+      if j == i then nj = nj - take end
+      if nj > 0 then
+        redis.call('LSET', key, j, entry_string(t, nj, c))
+      else
+        redis.call('LSET', key, j, '-')
+        redis.call('LREM', key, -1, '-')
       end
-      hi = lo - 1
+    end
+    if redis.call('LLEN', key) <= 1 then
+      redis.call('DEL', key)
     end
   end
   return swlog
