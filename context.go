@@ -12,15 +12,20 @@ type resultContextKey struct{}
 
 // resultContext is the context of a request decided by
 // [Limiter.AdmitWithResult]: one allocation holds the context node, the
-// Result and, for limiters with few layers, its Layers. It answers the
-// Result only once the request is admitted, so a KeyFunc deciding the
-// request never sees a half-made one.
+// Result and, for limiters of up to inlineResults layers, its Layers. It
+// answers the Result only once the request is admitted, so a KeyFunc
+// deciding the request never sees a half-made one.
 type resultContext struct {
 	context.Context
 	res   Result
 	ready bool
-	buf   [smallBatch]LayerResult
+	buf   [inlineResults]LayerResult
 }
+
+// inlineResults is the number of layer results a resultContext holds
+// without another allocation: one or two layers (per IP, then per user) are
+// the common case, and a larger array would cost every request its bytes.
+const inlineResults = 2
 
 func (c *resultContext) Value(key any) any {
 	if _, ok := key.(resultContextKey); ok {
@@ -56,23 +61,27 @@ func ResultFromContext(ctx context.Context) (res *Result, ok bool) {
 // [ResultFromContext], with true, or that copy and false when the request
 // must not be served (its context then holds no Result).
 //
-// It costs two allocations per request more than Admit: one for the context
-// (holding the Result and, for up to four layers, their results) and one for
-// the copy of r. Admit and [Limiter.Handler] pay neither; use this only
-// where a handler reads the Result.
+// It costs two allocations per request more than Admit, one for the context
+// (holding the Result and, for up to two layers, their results) and one for
+// the copy of r, and a third for a Limiter of more than two layers. Admit
+// and [Limiter.Handler] pay none of them; use this only where a handler
+// reads the Result.
 func (l *Limiter) AdmitWithResult(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
 	rc := &resultContext{Context: r.Context()}
 	r = r.WithContext(rc)
 	kr := l.routeRequest(r)
-	buf := rc.buf[:]
+	var buf []LayerResult
 	var ok bool
-	if len(l.layers) <= smallBatch {
+	if n := len(l.layers); n <= smallBatch {
+		buf = rc.buf[:]
+		if n > len(buf) {
+			buf = make([]LayerResult, n)
+		}
 		var (
 			reqs [smallBatch]core.Request
 			out  [smallBatch]core.Decision
 		)
-		n := l.decide(kr, &rc.res, buf, reqs[:], out[:], true)
-		buf = buf[:n]
+		buf = buf[:l.decide(kr, &rc.res, buf, reqs[:], out[:], true)]
 		ok = l.serve(w, r, &rc.res, buf)
 	} else {
 		buf, ok = l.admitManyResult(w, r, kr, &rc.res)
@@ -104,8 +113,9 @@ func (l *Limiter) admitManyResult(w http.ResponseWriter, r, kr *http.Request, re
 // HandlerWithResult is [Limiter.Handler] whose next handler can read each
 // admitted request's decision with [ResultFromContext] (express-rate-limit's
 // req.rateLimit), for instance to show the remaining quota in a response
-// body. It costs two allocations per request more than Handler (see
-// [Limiter.AdmitWithResult]), which is why Handler does not do it. It panics
+// body. It costs two allocations per request more than Handler (three for
+// more than two layers, see [Limiter.AdmitWithResult]), which is why Handler
+// does not do it. It panics
 // if next is nil.
 func (l *Limiter) HandlerWithResult(next http.Handler) http.Handler {
 	if next == nil {

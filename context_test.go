@@ -81,22 +81,24 @@ func TestHandlerWithResultLayers(t *testing.T) {
 	}
 }
 
-// Many layers do not fit the context's inline array; their results must
-// still be whole.
+// More layers than the context holds inline (3), or than Admit keeps on
+// the stack (6): their results must still be whole.
 func TestHandlerWithResultManyLayers(t *testing.T) {
-	var layers []ratelimit.Layer
-	for i := range 6 {
-		layers = append(layers, ratelimit.Layer{Key: ratelimit.MustClientIP(),
-			Rule: core.Rule{Name: fmt.Sprintf("l%d", i), Limit: int64(10 + i), Window: time.Minute}})
-	}
-	e := newResultEnv(t, layers)
-	e.do(mwReq("192.0.2.1:1"))
-	if !e.gotOK || len(e.got.Layers) != 6 {
-		t.Fatalf("Result %v %+v", e.gotOK, e.got)
-	}
-	for i, lr := range e.got.Layers {
-		if lr.Decision.Remaining != int64(9+i) || lr.Decision.Policy.Name() != fmt.Sprintf("l%d", i) {
-			t.Errorf("layer %d: %s remaining %d", i, lr.Decision.Policy.Name(), lr.Decision.Remaining)
+	for _, n := range []int{1, 3, 6} {
+		var layers []ratelimit.Layer
+		for i := range n {
+			layers = append(layers, ratelimit.Layer{Key: ratelimit.MustClientIP(),
+				Rule: core.Rule{Name: fmt.Sprintf("l%d", i), Limit: int64(10 + i), Window: time.Minute}})
+		}
+		e := newResultEnv(t, layers)
+		e.do(mwReq("192.0.2.1:1"))
+		if !e.gotOK || len(e.got.Layers) != n {
+			t.Fatalf("%d layers: Result %v %+v", n, e.gotOK, e.got)
+		}
+		for i, lr := range e.got.Layers {
+			if lr.Decision.Remaining != int64(9+i) || lr.Decision.Policy.Name() != fmt.Sprintf("l%d", i) {
+				t.Errorf("%d layers: layer %d: %s remaining %d", n, i, lr.Decision.Policy.Name(), lr.Decision.Remaining)
+			}
 		}
 	}
 }

@@ -122,7 +122,7 @@ type options struct {
 // [ratelimit.ResultFromContext], for instance to show the remaining quota in
 // a response body. The next handler then receives a shallow copy of the
 // request, whose context also holds the route (see [ratelimit.WithRoute]).
-// It costs two allocations per request (see
+// It costs two allocations per request, three for more than two layers (see
 // [ratelimit.Limiter.AdmitWithResult]); without it, no Result is stored.
 func WithResult() Option { return func(o *options) { o.result = true } }
 

@@ -85,8 +85,9 @@ type Config struct {
 	// with [ratelimit.ResultFromContext](c.Request().Context()), for
 	// instance to show the remaining quota in a response body; c.Request()
 	// is then a shallow copy of the request echo received. It costs two
-	// allocations per request (see [ratelimit.Limiter.AdmitWithResult]). The
-	// default value, false, stores no Result.
+	// allocations per request, three for more than two layers (see
+	// [ratelimit.Limiter.AdmitWithResult]). The default value, false, stores
+	// no Result.
 	Result bool
 }
 

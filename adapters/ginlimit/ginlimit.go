@@ -82,7 +82,8 @@ type options struct {
 // admits in c.Request's context, where the handlers read it with
 // [ratelimit.ResultFromContext](c.Request.Context()), for instance to show
 // the remaining quota in a response body; c.Request is then a shallow copy
-// of the request gin received. It costs two allocations per request (see
+// of the request gin received. It costs two allocations per request, three
+// for more than two layers (see
 // [ratelimit.Limiter.AdmitWithResult]); without it, no Result is stored.
 func WithResult() Option { return func(o *options) { o.result = true } }
 
