@@ -199,3 +199,36 @@ func BenchmarkHandlerWithResult(b *testing.B) {
 		w.WriteHeader(http.StatusNoContent)
 	})))
 }
+
+// HandlerWithResult costs exactly two allocations per request more than
+// Handler for one or two layers, three for more; Handler pays nothing for it.
+func TestHandlerWithResultAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation counts")
+	}
+	for _, tc := range []struct{ layers, extra int }{{1, 2}, {2, 2}, {3, 3}} {
+		var layers []ratelimit.Layer
+		for i := range tc.layers {
+			layers = append(layers, ratelimit.Layer{Key: ratelimit.MustClientIP(), Rule: core.PerSecond(1000).Named(fmt.Sprint("l", i))})
+		}
+		l := ratelimit.Must(ratelimit.New(layers, ratelimit.WithHeaders(ratelimit.AllHeaders)))
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })
+		allocs := func(h http.Handler) float64 {
+			w := &mwWriter{h: make(http.Header)}
+			r := mwReq("192.0.2.1:1")
+			h.ServeHTTP(w, r)
+			n := testing.AllocsPerRun(200, func() {
+				clear(w.h)
+				h.ServeHTTP(w, r)
+			})
+			if w.code != 204 {
+				t.Fatalf("status %d", w.code)
+			}
+			return n
+		}
+		plain, with := allocs(l.Handler(next)), allocs(l.HandlerWithResult(next))
+		if with-plain != float64(tc.extra) {
+			t.Errorf("%d layers: Handler %v allocations, HandlerWithResult %v: want %d more", tc.layers, plain, with, tc.extra)
+		}
+	}
+}
