@@ -47,8 +47,9 @@ func (c *resultContext) Value(key any) any {
 // by [Limiter.Handler] or [Limiter.Admit], which store none, or it was not
 // decided at all. A stored Result may be Skipped, have no Layers (no layer
 // applied), or carry Err for a store failure served under the fail-open
-// policy: read it as [Limiter.Decide]'s Result. The Result belongs to the
-// request; the handler may keep it.
+// policy: read it as [Limiter.Decide]'s Result. Where several Limiters
+// store one, the innermost (the last to decide) is found. The Result
+// belongs to the request; the handler may keep it.
 func ResultFromContext(ctx context.Context) (res *Result, ok bool) {
 	res, ok = ctx.Value(resultContextKey{}).(*Result)
 	return res, ok

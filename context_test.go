@@ -232,3 +232,19 @@ func TestHandlerWithResultAllocs(t *testing.T) {
 		}
 	}
 }
+
+// Nested Limiters: the handler finds the decision of the innermost one.
+func TestResultFromContextInnermost(t *testing.T) {
+	outer := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "outer", Limit: 5, Window: time.Minute}}})
+	inner := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "inner", Limit: 3, Window: time.Minute}}})
+	var got string
+	h := outer.HandlerWithResult(inner.HandlerWithResult(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if res, ok := ratelimit.ResultFromContext(r.Context()); ok {
+			got = fmt.Sprint(res.Layers[0].Decision.Policy.Name(), res.Layers[0].Decision.Remaining)
+		}
+	})))
+	h.ServeHTTP(httptest.NewRecorder(), mwReq("192.0.2.1:1"))
+	if got != "inner2" {
+		t.Fatalf("got %q, want inner2", got)
+	}
+}
