@@ -27,9 +27,11 @@ var (
 
 	// ErrConfig is wrapped by the error the error handler receives when a
 	// request meets a configuration error that only shows at request time:
-	// a [Route] layer that finds no route pattern ([ErrNoRoute]), or layers
-	// whose Resolvers return equally named policies for one request
-	// (core.ErrDuplicateRequest). Such a request is answered 500 Internal
+	// a [Route] layer that finds no route pattern ([ErrNoRoute]), a key
+	// function whose error wraps ErrConfig (such as a framework adapter's
+	// key function on a Limiter mounted without that framework's
+	// middleware), or layers whose Resolvers return equally named policies
+	// for one request (core.ErrDuplicateRequest). Such a request is answered 500 Internal
 	// Server Error unless the error handler writes a response, whatever the
 	// fail policy: it is never served unlimited. It is logged once.
 	ErrConfig = errors.New("ratelimit: configuration error")
@@ -721,7 +723,7 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 		}
 		key, err := ly.key(r)
 		if err != nil {
-			if errors.Is(err, ErrNoRoute) {
+			if errors.Is(err, ErrNoRoute) || errors.Is(err, ErrConfig) {
 				l.configError(res, ly, err)
 				return 0
 			}
