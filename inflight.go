@@ -58,7 +58,10 @@ import (
 //	RateLimit: "in-flight";r=0;t=1
 //
 // For an admitted request the layer's Remaining is N minus the slots in use,
-// this request's included, and its ResetAfter is 0.
+// this request's included, and its ResetAfter is 0. An Observer (see
+// [WithObserver]) receives every concurrency decision as a
+// core.DecisionEvent under the layer's policy (Admitted: the slots were
+// taken) and every slot store failure as a core.ErrorEvent.
 //
 // Slots live in a core.SlotTable of the Limiter's own unless
 // [WithSlotStore] gives another store (redisstore.InFlight shares them in a
@@ -161,7 +164,14 @@ func (l *Limiter) acquire(ctx context.Context, res *Result, buf []LayerResult, r
 	if k == 0 {
 		return m, false
 	}
+	var start time.Time
+	if l.cfg.observer != nil {
+		start = l.clock.Now()
+	}
 	release, err := l.slots.Acquire(ctx, sreqs[:k], sout[:k])
+	if l.cfg.observer != nil && err != nil {
+		l.cfg.observer.ObserveError(core.ErrorEvent{Policies: append([]*core.Policy(nil), pols[:k]...), Err: err, Latency: l.clock.Now().Sub(start)})
+	}
 	if err != nil {
 		switch {
 		case l.gone(res, ctx, err):
@@ -180,6 +190,12 @@ func (l *Limiter) acquire(ctx context.Context, res *Result, buf []LayerResult, r
 			d.RetryAfter, d.ResetAfter = InFlightRetryAfter, InFlightRetryAfter
 		}
 		slot[i].Decision, slot[i].Refused = d, !s.Allowed
+	}
+	if l.cfg.observer != nil {
+		lat := l.clock.Now().Sub(start)
+		for i := 0; i < k; i++ {
+			l.cfg.observer.ObserveDecision(core.DecisionEvent{Key: slot[i].Key, Decision: slot[i].Decision, Admitted: release != nil, DryRun: l.cfg.dryRun, Latency: lat})
+		}
 	}
 	if release == nil {
 		copy(buf, slot[:k])

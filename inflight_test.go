@@ -483,3 +483,45 @@ func TestInFlightStoreFailure(t *testing.T) {
 		t.Fatalf("a new key in a full table: %d Retry-After %q, want 429 and 1", rec.Code, rec.Header().Get("Retry-After"))
 	}
 }
+
+// inFlightObserver records the decisions of the in-flight policy.
+type inFlightObserver struct {
+	core.NopObserver
+	mu       sync.Mutex
+	admitted []bool
+	errs     int
+}
+
+func (o *inFlightObserver) ObserveDecision(e core.DecisionEvent) {
+	if e.Decision.Policy.Name() != "in-flight" {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.admitted = append(o.admitted, e.Admitted)
+}
+
+func (o *inFlightObserver) ObserveError(core.ErrorEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.errs++
+}
+
+func TestInFlightObserved(t *testing.T) {
+	obs := &inFlightObserver{}
+	l := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithObserver(obs))
+	ok, done := l.AdmitFunc(httptest.NewRecorder(), getFrom("192.0.2.1"))
+	ok2, _ := l.AdmitFunc(httptest.NewRecorder(), getFrom("192.0.2.1"))
+	done()
+	if !ok || ok2 {
+		t.Fatalf("admitted %v %v", ok, ok2)
+	}
+	if len(obs.admitted) != 2 || !obs.admitted[0] || obs.admitted[1] {
+		t.Fatalf("observed %v, want [true false]", obs.admitted)
+	}
+	failing := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithObserver(obs), ratelimit.WithSlotStore(failingSlots{}))
+	failing.AdmitFunc(httptest.NewRecorder(), getFrom("192.0.2.1"))
+	if obs.errs != 1 {
+		t.Fatalf("observed %d errors, want 1", obs.errs)
+	}
+}
