@@ -143,12 +143,27 @@ func slotStore(layers []Layer, s core.SlotStore) core.SlotStore {
 // stop set, the request is decided without charging the rate layers: a
 // concurrency refusal (its layers are then in buf[:m]) or an error (m is 0).
 func (l *Limiter) acquire(ctx context.Context, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision) (m int, stop bool) {
+	if len(buf) <= smallBatch {
+		var (
+			sreqs [smallBatch]core.SlotRequest
+			sout  [smallBatch]core.SlotDecision
+			slot  [smallBatch]LayerResult
+			pols  [smallBatch]*core.Policy
+		)
+		return l.acquireWith(ctx, res, buf, reqs, out, sreqs[:], sout[:], slot[:], pols[:])
+	}
 	var (
 		sreqs [core.MaxBatch]core.SlotRequest
 		sout  [core.MaxBatch]core.SlotDecision
 		slot  [core.MaxBatch]LayerResult
 		pols  [core.MaxBatch]*core.Policy
 	)
+	return l.acquireWith(ctx, res, buf, reqs, out, sreqs[:], sout[:], slot[:], pols[:])
+}
+
+// acquireWith is acquire with scratch space for len(buf) layers.
+func (l *Limiter) acquireWith(ctx context.Context, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision,
+	sreqs []core.SlotRequest, sout []core.SlotDecision, slot []LayerResult, pols []*core.Policy) (m int, stop bool) {
 	k := 0
 	for j := range buf {
 		ly := &l.layers[buf[j].index]
@@ -168,7 +183,17 @@ func (l *Limiter) acquire(ctx context.Context, res *Result, buf []LayerResult, r
 	if l.cfg.observer != nil {
 		start = l.clock.Now()
 	}
-	release, err := l.slots.Acquire(ctx, sreqs[:k], sout[:k])
+	var (
+		release func()
+		err     error
+	)
+	if t, ok := l.slots.(*core.SlotTable); ok {
+		release, err = t.Acquire(ctx, sreqs[:k], sout[:k]) // a direct call: the arrays stay on the stack
+	} else { // on copies, so that the arrays stay on the stack
+		rq, ro := append([]core.SlotRequest(nil), sreqs[:k]...), make([]core.SlotDecision, k)
+		release, err = l.slots.Acquire(ctx, rq, ro)
+		copy(sout, ro)
+	}
 	if l.cfg.observer != nil && err != nil {
 		l.cfg.observer.ObserveError(core.ErrorEvent{Policies: append([]*core.Policy(nil), pols[:k]...), Err: err, Latency: l.clock.Now().Sub(start)})
 	}
@@ -254,13 +279,17 @@ func (res *Result) Release() {
 func (l *Limiter) AdmitFunc(w http.ResponseWriter, r *http.Request) (ok bool, done func()) {
 	var res Result
 	kr := l.routeRequest(r)
-	var (
-		buf  [core.MaxBatch]LayerResult
-		reqs [core.MaxBatch]core.Request
-		out  [core.MaxBatch]core.Decision
-	)
-	n := l.decide(kr, &res, buf[:], reqs[:], out[:], true)
-	ok = l.serve(w, r, &res, buf[:n])
+	if len(l.layers) <= smallBatch {
+		var (
+			buf  [smallBatch]LayerResult
+			reqs [smallBatch]core.Request
+			out  [smallBatch]core.Decision
+		)
+		n := l.decide(kr, &res, buf[:], reqs[:], out[:], true)
+		ok = l.serve(w, r, &res, buf[:n])
+	} else {
+		ok = l.admitMany(w, r, kr, &res)
+	}
 	if res.held == nil {
 		return ok, noRelease
 	}

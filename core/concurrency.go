@@ -147,20 +147,32 @@ func (t *SlotTable) Acquire(_ context.Context, reqs []SlotRequest, out []SlotDec
 		t.mu.Unlock()
 		return nil, nil
 	}
-	keys := make([]slotKey, len(reqs))
+	h := &slotHold{t: t}
+	h.keys = h.small[:0]
 	for i := range reqs {
-		keys[i] = slotKey{reqs[i].Name, reqs[i].Key}
-		t.held[keys[i]]++
+		k := slotKey{reqs[i].Name, reqs[i].Key}
+		h.keys = append(h.keys, k)
+		t.held[k]++
 		out[i].InFlight++
 	}
 	t.mu.Unlock()
-	var done atomic.Bool
-	return func() {
-		if done.Swap(true) {
-			return
-		}
-		t.release(keys)
-	}, nil
+	return h.release, nil
+}
+
+// slotHold is the slots of one acquisition.
+type slotHold struct {
+	t     *SlotTable
+	done  atomic.Bool
+	keys  []slotKey
+	small [2]slotKey // keys' storage for the usual one or two limits
+}
+
+// release gives the slots back the first time it is called.
+func (h *slotHold) release() {
+	if h.done.Swap(true) {
+		return
+	}
+	h.t.release(h.keys)
 }
 
 // release gives back one slot of each key.
