@@ -37,6 +37,8 @@ import (
 // layers are charged as one batch; if they refuse or fail (and the request
 // is not served anyway, fail-open or dry-run), the slots are given back. So
 // a request refused by any layer holds no slot and charges no rate layer.
+// In dry-run mode a request a concurrency layer refuses is served without
+// a slot, and its rate layers are not charged either.
 //
 // An admitted request gives its slots back exactly once, when it ends:
 // [Limiter.Handler] gives them back when the next handler returns, also

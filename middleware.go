@@ -682,7 +682,9 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 // Decide decides r under every layer and charges it when all applied layers
 // admit it, in one atomic store call. It writes nothing, calls no handler and
 // does not wait; the Result says what to do (see [Limiter.Admit] for the
-// composed flow). It allocates the Result's Layers; Admit does not.
+// composed flow). It allocates the Result's Layers; Admit does not. With
+// concurrency layers, a Result that proceeds holds their slots until
+// [Result.Release] is called.
 func (l *Limiter) Decide(r *http.Request) Result {
 	var (
 		res  Result

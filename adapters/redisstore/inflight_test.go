@@ -317,3 +317,47 @@ func TestInFlightConfigErrors(t *testing.T) {
 		t.Error("nil client accepted")
 	}
 }
+
+// TestInFlightCluster acquires two limits whose keys hash to different
+// Cluster slots: one key after another, all or nothing, never CROSSSLOT.
+func TestInFlightCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starting a cluster takes 2 s")
+	}
+	c := newClusterClient(t, redistest.Cluster(t))
+	f := newInFlight(t, c, InFlightConfig{})
+	a := core.SlotRequest{Name: "a", Key: "k1", Limit: 5}
+	b := core.SlotRequest{Name: "b", Key: "k2", Limit: 1}
+	ka := redisKey(f.prefix, "a", "", &core.Request{Key: "k1"})
+	kb := redisKey(f.prefix, "b", "", &core.Request{Key: "k2"})
+	if slot(ka) == slot(kb) {
+		t.Fatalf("test keys share slot %d", slot(ka))
+	}
+	card := func(k string) int64 {
+		n, err := c.ZCard(context.Background(), k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	out := make([]core.SlotDecision, 2)
+	rel, err := f.Acquire(context.Background(), []core.SlotRequest{a, b}, out)
+	if err != nil || rel == nil {
+		t.Fatalf("first: %v %v", rel != nil, err)
+	}
+	if card(ka) != 1 || card(kb) != 1 || out[0].InFlight != 1 || out[1].InFlight != 1 {
+		t.Fatalf("slots %d %d, decisions %+v", card(ka), card(kb), out)
+	}
+	rel2, err := f.Acquire(context.Background(), []core.SlotRequest{a, b}, out)
+	if err != nil || rel2 != nil {
+		t.Fatalf("second: %v %v, want a refusal", rel2 != nil, err)
+	}
+	if card(ka) != 1 || out[1].Allowed || out[0].InFlight != 1 {
+		t.Fatalf("after the refusal a holds %d, decisions %+v; want a given back", card(ka), out)
+	}
+	rel()
+	rel()
+	if card(ka) != 0 || card(kb) != 0 {
+		t.Fatalf("after release: %d %d", card(ka), card(kb))
+	}
+}
