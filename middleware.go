@@ -577,13 +577,17 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 // above capacity). An admitted request with a Delay waits for it (see
 // [Limiter.Wait]); a full waiting room refuses it with 429 and a request
 // whose context ends first is answered 503 (if anyone still listens).
+//
+// With concurrency layers ([Layer.InFlight]), Admit gives the request's
+// slots back when its context ends; prefer [Limiter.AdmitFunc], which
+// returns the function that gives them back when the request is served.
 func (l *Limiter) Admit(w http.ResponseWriter, r *http.Request) bool {
-	// The Result's layers stay on the stack, apart from the Result: escape
-	// analysis is field-insensitive, so a Result holding both them and an
-	// error handed to user code would move them to the heap.
 	if l.slots != nil {
 		return l.admitContext(w, r)
 	}
+	// The Result's layers stay on the stack, apart from the Result: escape
+	// analysis is field-insensitive, so a Result holding both them and an
+	// error handed to user code would move them to the heap.
 	var res Result
 	kr := l.routeRequest(r)
 	if len(l.layers) <= smallBatch {
