@@ -64,9 +64,14 @@ type InFlight struct {
 	held   map[uint64]*heldSlot // requires mu held
 	closed bool                 // requires mu held
 
+	forgets chan struct{} // a slot per background release after an error
+
 	stop chan struct{}
 	done chan struct{}
 }
+
+// maxForgets bounds the background releases after failed acquisitions.
+const maxForgets = 64
 
 // heldSlot is one acquisition the renewer keeps alive.
 type heldSlot struct {
@@ -160,6 +165,7 @@ func NewInFlight(client redis.UniversalClient, cfg *InFlightConfig) (*InFlight, 
 		cluster: cluster,
 		idBase:  hex.EncodeToString(b[:]) + ":",
 		held:    make(map[uint64]*heldSlot),
+		forgets: make(chan struct{}, maxForgets),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -197,8 +203,16 @@ func (f *InFlight) Acquire(ctx context.Context, reqs []core.SlotRequest, out []c
 	ok, err := f.acquireKeys(ctx, keys, id, reqs, out)
 	if err != nil {
 		// The script may have run: remove the slot id it may have added,
-		// without holding the request up (the slot expires anyway).
-		go f.releaseKeys(keys, id)
+		// without holding the request up, at most maxForgets at a time
+		// (beyond that, or if this fails too, the slot expires).
+		select {
+		case f.forgets <- struct{}{}:
+			go func() {
+				defer func() { <-f.forgets }()
+				f.releaseKeys(keys, id)
+			}()
+		default:
+		}
 		return nil, fmt.Errorf("redisstore: in-flight acquire: %w", err)
 	}
 	if !ok {
@@ -373,8 +387,9 @@ func (f *InFlight) Held() int {
 	return len(f.held)
 }
 
-// Close stops the renewer and makes Acquire return ErrInFlightClosed. It
-// gives back no slot: release functions still work, and slots not released
+// Close stops the renewer, waits for the releases started after failed
+// acquisitions, and makes Acquire return ErrInFlightClosed. It gives back
+// no slot: release functions still work, and slots not released
 // free at their expiry, as a dead process's do. Close the InFlight after
 // the server has stopped serving (http.Server.Shutdown waits for the
 // handlers, which release their slots). Close is idempotent.
@@ -388,6 +403,9 @@ func (f *InFlight) Close() error {
 	f.mu.Unlock()
 	close(f.stop)
 	<-f.done
+	for range maxForgets { // wait for the background releases
+		f.forgets <- struct{}{}
+	}
 	return nil
 }
 

@@ -361,3 +361,29 @@ func TestInFlightCluster(t *testing.T) {
 		t.Fatalf("after release: %d %d", card(ka), card(kb))
 	}
 }
+
+// TestInFlightRedisDown: a failing acquisition is a backend error (never a
+// slot held by nobody), answered by the Limiter's fail policy.
+func TestInFlightRedisDown(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer c.Close()
+	f := newInFlight(t, c, InFlightConfig{Timeout: 200 * time.Millisecond})
+	rel, err := f.Acquire(context.Background(), []core.SlotRequest{{Name: "conc", Key: "k", Limit: 1}}, make([]core.SlotDecision, 1))
+	if err == nil || rel != nil {
+		t.Fatalf("Acquire with Redis down: %v %v, want an error", rel != nil, err)
+	}
+	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 1}},
+		ratelimit.WithSlotStore(f), ratelimit.WithFailClosed(), ratelimit.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	l.Handler(http.NotFoundHandler()).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("fail-closed with Redis down: %d, want 503", rec.Code)
+	}
+	f.Close()
+	if f.Failures() == 0 {
+		t.Fatal("the background releases after the failures were not counted")
+	}
+}
