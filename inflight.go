@@ -292,14 +292,24 @@ func (l *Limiter) AdmitFunc(w http.ResponseWriter, r *http.Request) (ok bool, do
 	} else {
 		ok = l.admitMany(w, r, kr, &res)
 	}
-	if res.held == nil {
-		return ok, noRelease
+	done = res.takeRelease(ok)
+	if done == nil {
+		done = noRelease
 	}
-	if !ok {
-		res.held()
-		return false, noRelease
+	return ok, done
+}
+
+// takeRelease returns the function that gives back the in-flight slots res
+// holds, for a request that will be served (ok), after giving them back at
+// once for one that will not; it returns nil when there is nothing left to
+// give back.
+func (res *Result) takeRelease(ok bool) func() {
+	held := res.held
+	if held != nil && !ok {
+		held()
+		return nil
 	}
-	return true, res.held
+	return held
 }
 
 func noRelease() {}
@@ -309,10 +319,7 @@ func noRelease() {}
 // never end is refused with a configuration error.
 func (l *Limiter) admitContext(w http.ResponseWriter, r *http.Request) bool {
 	if r.Context().Done() == nil {
-		var res Result
-		l.failed(&res, outcomeConfig, wrap(ErrConfig, "Admit", ErrNoRelease))
-		l.logOnce(logConfig, msgConfig, "error", res.Err.Error())
-		l.Refuse(w, r, export(&res, nil))
+		l.refuseNoRelease(w, r)
 		return false
 	}
 	ok, done := l.AdmitFunc(w, r)
@@ -320,6 +327,23 @@ func (l *Limiter) admitContext(w http.ResponseWriter, r *http.Request) bool {
 		context.AfterFunc(r.Context(), done)
 	}
 	return ok
+}
+
+// refuseNoRelease answers a request whose context can never end, on a
+// Limiter with concurrency layers, with a configuration error: nothing
+// could give its slots back.
+func (l *Limiter) refuseNoRelease(w http.ResponseWriter, r *http.Request) {
+	var res Result
+	l.failed(&res, outcomeConfig, wrap(ErrConfig, "Admit", ErrNoRelease))
+	l.logOnce(logConfig, msgConfig, "error", res.Err.Error())
+	l.Refuse(w, r, export(&res, nil))
+}
+
+// releaseWithContext calls done, if not nil, when ctx ends.
+func releaseWithContext(ctx context.Context, done func()) {
+	if done != nil {
+		context.AfterFunc(ctx, done)
+	}
 }
 
 // appendInFlightItem appends the RateLimit-Policy member of a concurrency

@@ -525,3 +525,58 @@ func TestInFlightObserved(t *testing.T) {
 		t.Fatalf("observed %d errors, want 1", obs.errs)
 	}
 }
+
+// TestInFlightWithResult checks that the Result-carrying entry points give
+// the slots back: HandlerWithResult when the handler returns (a panic
+// included), AdmitWithResult when the request's context ends, and at once
+// for a request they refuse.
+func TestInFlightWithResult(t *testing.T) {
+	slots := newWatchedSlots()
+	l := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithSlotStore(slots))
+	var seen bool
+	h := l.HandlerWithResult(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, seen = ratelimit.ResultFromContext(r.Context())
+		if r.Header.Get("X-Panic") != "" {
+			panic(http.ErrAbortHandler)
+		}
+	}))
+	h.ServeHTTP(httptest.NewRecorder(), getFrom("192.0.2.1"))
+	if !seen {
+		t.Fatal("the handler saw no Result")
+	}
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != 0 {
+		t.Fatalf("after HandlerWithResult returned: %d in flight, want 0", got)
+	}
+	func() {
+		defer func() { _ = recover() }()
+		r := getFrom("192.0.2.1")
+		r.Header.Set("X-Panic", "1")
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}()
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != 0 {
+		t.Fatalf("after a panic: %d in flight, want 0", got)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	r := getFrom("192.0.2.1").WithContext(ctx)
+	if _, ok := l.AdmitWithResult(httptest.NewRecorder(), r); !ok {
+		t.Fatal("AdmitWithResult refused a free slot")
+	}
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != 1 {
+		t.Fatalf("while the request runs: %d in flight, want 1", got)
+	}
+	if _, ok := l.AdmitWithResult(httptest.NewRecorder(), getFrom("192.0.2.1").WithContext(ctx)); ok {
+		t.Fatal("AdmitWithResult admitted a second request for one slot")
+	}
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != 1 {
+		t.Fatalf("after a refusal: %d in flight, want 1", got)
+	}
+	for len(slots.released) > 0 {
+		<-slots.released // the releases above
+	}
+	cancel()
+	slots.waitReleased(t)
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != 0 {
+		t.Fatalf("after the context ended: %d in flight, want 0", got)
+	}
+}
