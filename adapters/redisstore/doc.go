@@ -51,7 +51,7 @@
 // 2155: now plus two MaxWindows stays below 2^53 us) and, in ClientTime
 // mode, from MinTime (the year 1784) on; other times are refused with
 // ErrTimeOutOfRange in ClientTime mode (the zero time.Time, the year 1,
-// among them). Rational quantities
+// among them), which wraps core.ErrTimeOutOfRange. Rational quantities
 // never cross the Lua boundary: rule parameters go in as MessagePack
 // integers (decoded by Redis's built-in cmsgpack), times as decimal integer
 // strings, and the reply is one string of decimal integers.
