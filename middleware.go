@@ -164,10 +164,13 @@ type Result struct {
 	Err error
 
 	kind     outcome
-	at       int64    // Unix ns of the decision, 0 before one was made
-	reserved bool     // holds a waiting-room slot that wait releases
-	held     func()   // gives back the in-flight slots the request holds
-	rs       *ruleSet // the rules the request was decided under
+	at       int64  // Unix ns of the decision, 0 before one was made
+	reserved bool   // holds a waiting-room slot that wait releases
+	held     func() // gives back the in-flight slots the request holds
+	// slotsFailed reports that the slot store failed and, under fail-open,
+	// the request was decided by its rate layers alone.
+	slotsFailed bool
+	rs          *ruleSet // the rules the request was decided under
 }
 
 // LayerResult is the decision of one applied layer.
@@ -833,6 +836,9 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 		if m, stop = l.acquire(ctx, res, buf[:n], reqs[:n], out[:n]); stop {
 			l.release(res)
 			return m
+		}
+		if res.slotsFailed {
+			n = m // the concurrency layers failed open: the rate layers decide
 		}
 		defer l.settle(res, buf[:n])
 	}
