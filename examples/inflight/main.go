@@ -12,6 +12,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log"
@@ -40,6 +41,21 @@ func main() {
 // newHandler returns the limited mux: GET /slow takes sleep (or until the
 // client goes away).
 func newHandler(sleep time.Duration) (http.Handler, error) {
+	return newHandlerWith(func(ctx context.Context) bool {
+		t := time.NewTimer(sleep)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case <-ctx.Done(): // the client went away: its slot frees now
+			return false
+		}
+	})
+}
+
+// newHandlerWith is newHandler with the slow work given: work returns
+// whether the request completed.
+func newHandlerWith(work func(ctx context.Context) bool) (http.Handler, error) {
 	limiter, err := ratelimit.New([]ratelimit.Layer{
 		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 60, Window: time.Minute}},
 		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 2},
@@ -49,12 +65,8 @@ func newHandler(sleep time.Duration) (http.Handler, error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /slow", func(w http.ResponseWriter, r *http.Request) {
-		t := time.NewTimer(sleep)
-		defer t.Stop()
-		select {
-		case <-t.C:
+		if work(r.Context()) {
 			fmt.Fprintln(w, "done")
-		case <-r.Context().Done(): // the client went away: its slot frees now
 		}
 	})
 	return limiter.Handler(mux), nil
