@@ -182,13 +182,15 @@ func TestInFlightRenewal(t *testing.T) {
 func TestInFlightRenewerRuns(t *testing.T) {
 	c := newClient(t, redistest.Server(t))
 	prefix := uniquePrefix(t)
-	a := newInFlight(t, c, InFlightConfig{Prefix: prefix, Expiry: 200 * time.Millisecond, RenewEvery: 40 * time.Millisecond})
-	b := newInFlight(t, c, InFlightConfig{Prefix: prefix, Expiry: 200 * time.Millisecond})
+	// Real time: the renewer runs every 60 ms against a 600 ms expiry, so a
+	// stall of half a second on a loaded machine is still no expiry.
+	a := newInFlight(t, c, InFlightConfig{Prefix: prefix, Expiry: 600 * time.Millisecond, RenewEvery: 60 * time.Millisecond})
+	b := newInFlight(t, c, InFlightConfig{Prefix: prefix, Expiry: 600 * time.Millisecond})
 	rel, _ := acquireOne(t, a, "alice", 1)
 	if rel == nil {
 		t.Fatal("refused")
 	}
-	deadline := time.Now().Add(700 * time.Millisecond)
+	deadline := time.Now().Add(1500 * time.Millisecond) // 2.5 expiries
 	for time.Now().Before(deadline) {
 		if r, _ := acquireOne(t, b, "alice", 1); r != nil {
 			t.Fatal("a renewed slot expired")
