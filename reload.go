@@ -12,7 +12,8 @@ import (
 // to know the rules a Limiter decides under, such as a metrics exporter
 // publishing each rule's limit. ObserveRules is called once by [New] and
 // again after every successful [Limiter.SetRules], with the policy of every
-// layer in layer order.
+// rate layer in layer order (concurrency layers, which have no rate, are
+// left out, as [Limiter.Rules] leaves them out).
 type RulesObserver interface {
 	ObserveRules(policies []*core.Policy)
 }
@@ -113,8 +114,18 @@ func (l *Limiter) layerNames() string {
 }
 
 // observeRules tells a RulesObserver the rules now in force.
+// Concurrency layers are left out, as Rules leaves them out: they have no
+// rate.
 func (l *Limiter) observeRules(policies []*core.Policy) {
-	if o, ok := l.cfg.observer.(RulesObserver); ok {
-		o.ObserveRules(append([]*core.Policy(nil), policies...))
+	o, ok := l.cfg.observer.(RulesObserver)
+	if !ok {
+		return
 	}
+	ps := make([]*core.Policy, 0, len(policies))
+	for i, p := range policies {
+		if l.layers[i].inFlight == 0 {
+			ps = append(ps, p)
+		}
+	}
+	o.ObserveRules(ps)
 }

@@ -188,3 +188,14 @@ func TestSetRulesUnderTraffic(t *testing.T) {
 		t.Fatalf("%d responses mixed two rule sets, e.g. %v", n, badMsg.Load())
 	}
 }
+
+func TestRulesObserverLeavesOutConcurrencyLayers(t *testing.T) {
+	obs := &rulesRecorder{}
+	ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute}},
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 2},
+	}, ratelimit.WithObserver(obs)))
+	if len(obs.limits) != 1 || len(obs.limits[0]) != 1 || obs.limits[0][0] != 5 {
+		t.Fatalf("ObserveRules saw %v, want [[5]]: the rate layer alone", obs.limits)
+	}
+}
