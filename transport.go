@@ -361,6 +361,9 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 		} else {
 			d, err := t.limiter.AllowN(ctx, key, 1)
 			if err != nil {
+				if cerr := ctx.Err(); cerr != nil {
+					return cerr // the caller gave up: not a store failure
+				}
 				return fmt.Errorf("%w: %w", ErrStoreFailure, err)
 			}
 			if d.Allowed || t.dryRun {
