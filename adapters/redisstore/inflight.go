@@ -354,19 +354,38 @@ func (f *InFlight) renewAll() {
 		hs = append(hs, h)
 	}
 	f.mu.Unlock()
+	// Renewals run renewConcurrency at a time: one round trip each, so a
+	// process holding many slots still renews them all well within the
+	// expiry.
+	sem := make(chan struct{}, renewConcurrency)
+	var wg sync.WaitGroup
 	for _, h := range hs {
-		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
-		for _, g := range f.groups(h.keys) {
-			v, err := runScript(ctx, f.client, slotRenewLua, g, []any{f.nowArg(), f.expiry.Milliseconds(), h.id})
-			if err != nil {
-				f.failures.Add(1)
-				continue
-			}
-			if n, ok := v.(int64); ok && n < int64(len(g)) {
-				f.lost.Add(uint64(int64(len(g)) - n))
-			}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			f.renewOne(h)
+		}()
+	}
+	wg.Wait()
+}
+
+// renewConcurrency is how many renewals renewAll runs at once.
+const renewConcurrency = 16
+
+// renewOne renews the slots of one acquisition.
+func (f *InFlight) renewOne(h *heldSlot) {
+	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+	defer cancel()
+	for _, g := range f.groups(h.keys) {
+		v, err := runScript(ctx, f.client, slotRenewLua, g, []any{f.nowArg(), f.expiry.Milliseconds(), h.id})
+		if err != nil {
+			f.failures.Add(1)
+			continue
 		}
-		cancel()
+		if n, ok := v.(int64); ok && n < int64(len(g)) {
+			f.lost.Add(uint64(int64(len(g)) - n))
+		}
 	}
 }
 
