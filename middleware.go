@@ -440,6 +440,9 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		}
 		store = m
 	}
+	if err := checkRefund(&cfg, store); err != nil {
+		return nil, err
+	}
 	coreOpts = append(coreOpts, core.WithStore(store))
 	if cfg.clock != nil {
 		coreOpts = append(coreOpts, core.WithClock(cfg.clock))
@@ -532,6 +535,9 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 	if next == nil {
 		panic("ratelimit: Handler called with a nil http.Handler")
 	}
+	if l.cfg.refund != nil {
+		return l.refundHandler(next) // see WithRefund
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if l.Admit(w, r) {
 			next.ServeHTTP(w, r)
@@ -571,7 +577,7 @@ func (l *Limiter) Admit(w http.ResponseWriter, r *http.Request) bool {
 			reqs [smallBatch]core.Request
 			out  [smallBatch]core.Decision
 		)
-		n := l.decide(kr, &res, buf[:], reqs[:], out[:], true)
+		n := l.decide(kr, &res, buf[:], reqs[:], out[:], true, false)
 		return l.serve(w, r, &res, buf[:n])
 	}
 	return l.admitMany(w, r, kr, &res)
@@ -607,7 +613,7 @@ func (l *Limiter) admitMany(w http.ResponseWriter, r, kr *http.Request, res *Res
 		reqs [core.MaxBatch]core.Request
 		out  [core.MaxBatch]core.Decision
 	)
-	n := l.decide(kr, res, buf[:], reqs[:], out[:], true)
+	n := l.decide(kr, res, buf[:], reqs[:], out[:], true, false)
 	return l.serve(w, r, res, buf[:n])
 }
 
@@ -669,7 +675,7 @@ func (l *Limiter) Decide(r *http.Request) Result {
 		out  [core.MaxBatch]core.Decision
 	)
 	buf := make([]LayerResult, len(l.layers))
-	if n := l.decide(l.routeRequest(r), &res, buf, reqs[:], out[:], false); n > 0 {
+	if n := l.decide(l.routeRequest(r), &res, buf, reqs[:], out[:], false, false); n > 0 {
 		res.Layers = buf[:n]
 	}
 	return res
@@ -680,7 +686,9 @@ func (l *Limiter) Decide(r *http.Request) Result {
 // reqs and out hold at least len(l.layers) elements. With reserve, a request
 // meeting a shaping layer takes a waiting-room slot before anything is
 // charged (see [WithMaxWaiting]); the slot stays with res when it must wait.
-func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve bool) int {
+// With peek, the store is asked what it would decide and nothing is charged
+// (see [Limiter.Peek]).
+func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve, peek bool) int {
 	res.DryRun = l.cfg.dryRun
 	rs := l.rules.Load()
 	res.rs = rs
@@ -793,7 +801,13 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 		res.reserved = true
 	}
 	res.at = l.cl.NowUnixNano()
-	ok, err := l.cl.TakeAtUnixNano(ctx, res.at, reqs[:n], out[:n])
+	var ok bool
+	var err error
+	if peek {
+		ok, err = l.cl.PeekAt(ctx, time.Unix(0, res.at), reqs[:n], out[:n])
+	} else {
+		ok, err = l.cl.TakeAtUnixNano(ctx, res.at, reqs[:n], out[:n])
+	}
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
 		l.release(res)
 		switch {

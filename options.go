@@ -38,6 +38,7 @@ type config struct {
 	maxWaiting   int
 	logger       *slog.Logger // nil: silent
 	mux          *http.ServeMux
+	refund       *refundConfig // nil: no refunds (see WithRefund)
 	errs         []error
 }
 
