@@ -431,7 +431,10 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 	l.rules.Store(newRuleSet(policies, l.resolverDelay))
 	l.observeRules(policies)
 
-	coreOpts := []core.Option{core.WithDryRun(cfg.dryRun)}
+	var coreOpts []core.Option
+	if cfg.dryRun {
+		coreOpts = append(coreOpts, core.WithDryRun())
+	}
 	store := cfg.store
 	if store == nil {
 		m, err := core.NewMemoryStore(&core.MemoryConfig{Observer: cfg.observer})

@@ -675,7 +675,7 @@ func (trFailStore) Take(context.Context, time.Time, []core.Request, []core.Decis
 func TestTransportDryRun(t *testing.T) {
 	clk := core.NewFakeClock(trT0)
 	obs := &trCountObserver{}
-	lim := core.Must(core.New(core.PerMinute(1), core.WithClock(clk), core.WithDryRun(true), core.WithObserver(obs)))
+	lim := core.Must(core.New(core.PerMinute(1), core.WithClock(clk), core.WithDryRun(), core.WithObserver(obs)))
 	base := &trBase{reply: func(*http.Request) *http.Response { return trResp(429, "Retry-After", "60") }}
 	tr, err := ratelimit.NewTransport(lim, &ratelimit.TransportConfig{Base: base, FailFast: true})
 	if err != nil {

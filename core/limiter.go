@@ -107,8 +107,9 @@ func WithResolver(r Resolver) Option { return func(l *Limiter) { l.resolver = r 
 
 // WithDryRun marks the Limiter as deciding without enforcing: decisions are
 // made, charged when allowed and reported with DryRun set, and callers such
-// as the HTTP middleware let refused requests through. The default is false.
-func WithDryRun(on bool) Option { return func(l *Limiter) { l.dryRun = on } }
+// as the HTTP middleware let refused requests through. Without it the
+// Limiter enforces (the shape matches the root package's WithDryRun).
+func WithDryRun() Option { return func(l *Limiter) { l.dryRun = true } }
 
 // New returns a Limiter whose Allow and AllowN decide under rule. It returns
 // an error wrapping ErrInvalidRule for an invalid rule; nothing is checked

@@ -110,7 +110,7 @@ func TestLimiterStoreErrorObserved(t *testing.T) {
 
 func TestLimiterDryRunAndBatch(t *testing.T) {
 	rec := &recorder{}
-	l := core.Must(core.NewWithPolicy(nil, core.WithDryRun(true), core.WithObserver(rec), core.WithClock(core.NewFakeClock(t0))))
+	l := core.Must(core.NewWithPolicy(nil, core.WithDryRun(), core.WithObserver(rec), core.WithClock(core.NewFakeClock(t0))))
 	a := core.MustPolicy(core.Rule{Name: "a", Limit: 5, Window: time.Minute})
 	b := core.MustPolicy(core.Rule{Name: "b", Limit: 1, Window: time.Minute})
 	reqs := []core.Request{{Policy: a, Key: "ip", Cost: 1}, {Policy: b, Key: "user", Cost: 1}}

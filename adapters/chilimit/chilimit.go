@@ -33,6 +33,29 @@
 // and trusts forwarded headers only from configured proxies. Do not put
 // chi's middleware.RealIP in front of the limiter: it rewrites r.RemoteAddr
 // from headers any client can forge.
+//
+// # Per-user limits
+//
+// chi keeps no values of its own: an authentication middleware stores the
+// user in the request's context. Store it with [ratelimit.WithUser] and a
+// [ratelimit.User] layer keys by it, or key by the application's own
+// context value with a [ratelimit.KeyFunc]. Mount the limiter after the
+// authentication middleware:
+//
+//	func auth(next http.Handler) http.Handler {
+//		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+//			if id, ok := authenticate(r); ok {
+//				r = r.WithContext(ratelimit.WithUser(r.Context(), id))
+//			}
+//			next.ServeHTTP(w, r)
+//		})
+//	}
+//
+//	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+//		{Key: ratelimit.MustClientIP(), Rule: perIP},
+//		{Key: ratelimit.User(), Rule: perUser}, // skipped for anonymous requests
+//	}))
+//	r.Use(auth, chilimit.Middleware(l))
 package chilimit
 
 import (
@@ -50,12 +73,20 @@ import (
 // [ratelimit.Route] and [ratelimit.Layer] Routes (see the package
 // documentation); outside a chi router there is no route, and a route layer
 // is a configuration error ([ratelimit.ErrConfig]). The next handler
-// receives the request unchanged.
+// receives the request unchanged (see [WithResult] for the exception).
 //
-// Use it with r.Use, r.With or r.Group. Middleware panics if l is nil.
-func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
+// Use it with r.Use, r.With or r.Group. Middleware panics if l is nil or an
+// option is nil.
+func Middleware(l *ratelimit.Limiter, opts ...Option) func(http.Handler) http.Handler {
 	if l == nil {
 		panic("chilimit: Middleware called with a nil *ratelimit.Limiter")
+	}
+	var o options
+	for _, opt := range opts {
+		if opt == nil {
+			panic("chilimit: nil Option")
+		}
+		opt(&o)
 	}
 	return func(next http.Handler) http.Handler {
 		if next == nil {
@@ -66,12 +97,34 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 			if route, ok := RouteOf(r); ok {
 				dr = r.WithContext(ratelimit.WithRoute(r.Context(), route))
 			}
+			if o.result {
+				if dr, ok := l.AdmitWithResult(w, dr); ok {
+					next.ServeHTTP(w, dr)
+				}
+				return
+			}
 			if l.Admit(w, dr) {
 				next.ServeHTTP(w, r)
 			}
 		})
 	}
 }
+
+// Option configures the middleware.
+type Option func(*options)
+
+type options struct {
+	result bool
+}
+
+// WithResult makes the middleware store the decision of every request it
+// admits in the request's context, where the next handler reads it with
+// [ratelimit.ResultFromContext], for instance to show the remaining quota in
+// a response body. The next handler then receives a shallow copy of the
+// request, whose context also holds the route (see [ratelimit.WithRoute]).
+// It costs two allocations per request, three for more than two layers (see
+// [ratelimit.Limiter.AdmitWithResult]); without it, no Result is stored.
+func WithResult() Option { return func(o *options) { o.result = true } }
 
 // RouteOf returns the route chi matches for r, as [ratelimit.Route] keys
 // it: "POST /login" for a route registered for its method, "/login" for

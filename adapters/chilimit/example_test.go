@@ -131,3 +131,74 @@ func ExampleRouteOf() {
 	// PUT /any -> "/any"
 	// GET /nope -> ""
 }
+
+// Per-IP then per-user limits. chi keeps no values of its own, so the
+// application's authentication middleware stores the user with
+// ratelimit.WithUser, and a ratelimit.User layer keys by it; anonymous
+// requests skip the per-user layer (its IfNoKey) and count only against
+// the per-IP one.
+func ExampleMiddleware_perUser() {
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 4, Window: time.Minute}},
+		{Key: ratelimit.User(), Rule: core.Rule{Name: "per-user", Limit: 2, Window: time.Minute}},
+	}, ratelimit.WithClock(exampleClock())))
+
+	auth := func(next http.Handler) http.Handler { // stands for real authentication
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if u := r.Header.Get("X-User"); u != "" {
+				r = r.WithContext(ratelimit.WithUser(r.Context(), u))
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+	r := chi.NewRouter()
+	r.Use(auth, chilimit.Middleware(l)) // authenticate first
+	r.Get("/hello", func(w http.ResponseWriter, r *http.Request) {
+		u, _ := ratelimit.UserFromContext(r.Context())
+		fmt.Fprint(w, "hello ", u)
+	})
+
+	for _, user := range []string{"alice", "alice", "alice", "bob", "-", "-"} {
+		req := httptest.NewRequest("GET", "/hello", nil)
+		req.RemoteAddr = "192.0.2.1:1234"
+		if user != "-" {
+			req.Header.Set("X-User", user)
+		}
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, req)
+		fmt.Printf("%-5s %d %q\n", user, w.Code, w.Body.String())
+	}
+	// Output:
+	// alice 200 "hello alice"
+	// alice 200 "hello alice"
+	// alice 429 "Too Many Requests\n"
+	// bob   200 "hello bob"
+	// -     200 "hello "
+	// -     429 "Too Many Requests\n"
+}
+
+// The handler shows the client its quota, read from the request context.
+func ExampleWithResult() {
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 2, Window: time.Minute}},
+	}, ratelimit.WithClock(exampleClock())))
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l, chilimit.WithResult()))
+	r.Get("/quota", func(w http.ResponseWriter, r *http.Request) {
+		res, _ := ratelimit.ResultFromContext(r.Context())
+		d := res.Layers[0].Decision
+		fmt.Fprintf(w, "%d of %d left", d.Remaining, d.Limit)
+	})
+
+	for range 3 {
+		req := httptest.NewRequest("GET", "/quota", nil)
+		req.RemoteAddr = "192.0.2.1:1234"
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, req)
+		fmt.Printf("%d %q\n", w.Code, w.Body.String())
+	}
+	// Output:
+	// 200 "1 of 2 left"
+	// 200 "0 of 2 left"
+	// 429 "Too Many Requests\n"
+}

@@ -32,6 +32,26 @@
 // trusts X-Forwarded-For and X-Real-IP from any client unless an IPExtractor
 // is set, so a client could pick its own key. Echo's IPExtractor has no effect
 // on the limiter's keys.
+//
+// # Keys from the echo context
+//
+// An authentication middleware in echo keeps the user in the context with
+// c.Set. [Key] and [Get] turn what the echo.Context holds into a
+// [ratelimit.KeyFunc], so a per-user layer beside a per-IP one needs no
+// change to the request's context. Mount the limiter after the
+// authentication middleware (in e.Use, not e.Pre, when authentication runs
+// in e.Use):
+//
+//	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+//		{Key: ratelimit.MustClientIP(), Rule: perIP},
+//		{Key: echolimit.Get("user"), Rule: perUser}, // skipped for anonymous requests
+//	}))
+//	e.Use(auth, echolimit.Middleware(l)) // auth calls c.Set("user", id)
+//
+// # The decision in the handler
+//
+// With [Config.Result] the handlers read the decision of their request with
+// [ratelimit.ResultFromContext](c.Request().Context()).
 package echolimit
 
 import (
@@ -59,6 +79,16 @@ type Config struct {
 	// stay on c.Response(). The default value, false, lets the limiter write
 	// its standard response and returns nil.
 	HTTPError bool
+
+	// Result, when true, makes the middleware store the decision of every
+	// request it admits in the request's context, where the handlers read it
+	// with [ratelimit.ResultFromContext](c.Request().Context()), for
+	// instance to show the remaining quota in a response body; c.Request()
+	// is then a shallow copy of the request echo received. It costs two
+	// allocations per request, three for more than two layers (see
+	// [ratelimit.Limiter.AdmitWithResult]). The default value, false, stores
+	// no Result.
+	Result bool
 }
 
 // Middleware returns echo middleware that decides every request with l
@@ -85,16 +115,17 @@ func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc 
 				return next(c)
 			}
 			r := c.Request()
-			r = r.WithContext(ratelimit.WithRoute(r.Context(), RouteOf(c)))
+			kc := &keyContext{Context: ratelimit.WithRoute(r.Context(), RouteOf(c)), c: c}
+			r = r.WithContext(kc)
 			if !cfg.HTTPError {
-				if !l.Admit(c.Response(), r) {
+				if !admit(l, cfg.Result, c.Response(), kc, r) {
 					return nil
 				}
 				return next(c)
 			}
 			h := c.Response().Header()
 			rw := &captureWriter{header: h}
-			if !l.Admit(rw, r) {
+			if !admit(l, cfg.Result, rw, kc, r) {
 				h.Del(echo.HeaderContentType)
 				h.Del(echo.HeaderContentLength)
 				code := rw.code
@@ -109,6 +140,23 @@ func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc 
 			return next(c)
 		}
 	}
+}
+
+// admit decides r, whose context is kc, with l, writing to w; with result,
+// an admitted request replaces kc.c's request with its Result in the
+// context. It clears kc.c: echo reuses the Context once the request is
+// served.
+func admit(l *ratelimit.Limiter, result bool, w http.ResponseWriter, kc *keyContext, r *http.Request) bool {
+	c := kc.c
+	defer func() { kc.c = nil }()
+	if !result {
+		return l.Admit(w, r)
+	}
+	r2, ok := l.AdmitWithResult(w, r)
+	if ok {
+		c.SetRequest(r2)
+	}
+	return ok
 }
 
 // RouteOf returns the route echo matches for c's request, as

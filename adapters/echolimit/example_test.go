@@ -130,3 +130,115 @@ func ExampleRouteOf() {
 	// PUT /any -> "/any"
 	// GET /login -> ""
 }
+
+// sendAs serves GET path from one address for an authenticated user ("-"
+// for none), with the application's demo authentication reading the X-User
+// header, and prints the status and body.
+func sendAs(h http.Handler, path, user string) {
+	r := httptest.NewRequest("GET", path, nil)
+	r.RemoteAddr = "192.0.2.1:1234"
+	if user != "-" {
+		r.Header.Set("X-User", user)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	fmt.Printf("%-5s %d %q\n", user, w.Code, w.Body.String())
+}
+
+// demoAuth stands for an application's authentication middleware: it
+// stores the user with c.Set.
+func demoAuth(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if u := c.Request().Header.Get("X-User"); u != "" {
+			c.Set("user", u)
+		}
+		return next(c)
+	}
+}
+
+// Per-IP then per-user limits, with the user set by the application's own
+// authentication middleware with c.Set. Anonymous requests skip the
+// per-user layer (its IfNoKey) and count only against the per-IP one.
+func ExampleGet() {
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 4, Window: time.Minute}},
+		{Key: echolimit.Get("user"), Rule: core.Rule{Name: "per-user", Limit: 2, Window: time.Minute}},
+	}, ratelimit.WithClock(exampleClock())))
+
+	e := echo.New()
+	e.Use(demoAuth, echolimit.Middleware(l)) // authenticate first
+	e.GET("/hello", func(c echo.Context) error {
+		u, _ := c.Get("user").(string)
+		return c.String(http.StatusOK, "hello "+u)
+	})
+
+	sendAs(e, "/hello", "alice")
+	sendAs(e, "/hello", "alice")
+	sendAs(e, "/hello", "alice") // alice's quota is spent; nothing is charged
+	sendAs(e, "/hello", "bob")
+	sendAs(e, "/hello", "-")
+	sendAs(e, "/hello", "-") // the address's quota is spent
+	// Output:
+	// alice 200 "hello alice"
+	// alice 200 "hello alice"
+	// alice 429 "Too Many Requests\n"
+	// bob   200 "hello bob"
+	// -     200 "hello "
+	// -     429 "Too Many Requests\n"
+}
+
+// A key computed from the echo context: here the tenant of the account an
+// authentication middleware stored, or no key (the layer is skipped) for
+// anonymous requests.
+func ExampleKey() {
+	type account struct{ tenant string }
+	perTenant := echolimit.Key(func(c echo.Context) (string, error) {
+		if a, ok := c.Get("account").(*account); ok {
+			return a.tenant, nil
+		}
+		return "", ratelimit.ErrNoKey
+	})
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: perTenant, Rule: core.Rule{Name: "per-tenant", Limit: 1, Window: time.Minute}},
+	}, ratelimit.WithClock(exampleClock())))
+
+	e := echo.New()
+	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if c.Request().Header.Get("X-User") != "" {
+				c.Set("account", &account{tenant: "acme"}) // every user of this demo works for acme
+			}
+			return next(c)
+		}
+	}, echolimit.Middleware(l))
+	e.GET("/hello", func(c echo.Context) error { return c.String(http.StatusOK, "ok") })
+
+	sendAs(e, "/hello", "alice")
+	sendAs(e, "/hello", "bob") // same tenant
+	sendAs(e, "/hello", "-")
+	// Output:
+	// alice 200 "ok"
+	// bob   429 "Too Many Requests\n"
+	// -     200 "ok"
+}
+
+// With Config.Result the handler shows the client its quota, read from the
+// request context.
+func ExampleConfig_result() {
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 2, Window: time.Minute}},
+	}, ratelimit.WithClock(exampleClock())))
+	e := echo.New()
+	e.Use(echolimit.MiddlewareWithConfig(l, echolimit.Config{Result: true}))
+	e.GET("/quota", func(c echo.Context) error {
+		res, _ := ratelimit.ResultFromContext(c.Request().Context())
+		d := res.Layers[0].Decision
+		return c.String(http.StatusOK, fmt.Sprintf("%d of %d left", d.Remaining, d.Limit))
+	})
+
+	send(e, "GET", "/quota", "192.0.2.1:1234")
+	send(e, "GET", "/quota", "192.0.2.1:1234")
+	// Output:
+	// GET /quota    200 remaining="1" retry-after="" "1 of 2 left"
+	// GET /quota    200 remaining="0" retry-after="" "0 of 2 left"
+}

@@ -99,3 +99,108 @@ func ExampleMiddlewareFor() {
 	// POST /login    200 remaining="0" retry-after="" "hello "
 	// PUT /login    429 remaining="0" retry-after="60" "Too Many Requests\n"
 }
+
+// sendAs is send for an authenticated user (empty for none), with the
+// application's demo authentication reading the X-User header.
+func sendAs(h http.Handler, path, user string) {
+	r := httptest.NewRequest("GET", path, nil)
+	r.RemoteAddr = "192.0.2.1:1234"
+	if user != "" {
+		r.Header.Set("X-User", user)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if user == "" {
+		user = "-"
+	}
+	fmt.Printf("%-5s %d %q\n", user, w.Code, w.Body.String())
+}
+
+// Per-IP then per-user limits, with the user set by the application's own
+// authentication handler with c.Set. Anonymous requests skip the per-user
+// layer (its IfNoKey) and count only against the per-IP one.
+func ExampleGet() {
+	gin.SetMode(gin.ReleaseMode)
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 4, Window: time.Minute}},
+		{Key: ginlimit.Get("user"), Rule: core.Rule{Name: "per-user", Limit: 2, Window: time.Minute}},
+	}, ratelimit.WithClock(exampleClock())))
+
+	auth := func(c *gin.Context) { // stands for real authentication
+		if u := c.GetHeader("X-User"); u != "" {
+			c.Set("user", u)
+		}
+	}
+	r := gin.New()
+	r.Use(auth, ginlimit.Middleware(l))
+	r.GET("/hello", func(c *gin.Context) { c.String(http.StatusOK, "hello "+c.GetString("user")) })
+
+	sendAs(r, "/hello", "alice")
+	sendAs(r, "/hello", "alice")
+	sendAs(r, "/hello", "alice") // alice's quota is spent; nothing is charged
+	sendAs(r, "/hello", "bob")
+	sendAs(r, "/hello", "")
+	sendAs(r, "/hello", "") // the address's quota is spent
+	// Output:
+	// alice 200 "hello alice"
+	// alice 200 "hello alice"
+	// alice 429 "Too Many Requests\n"
+	// bob   200 "hello bob"
+	// -     200 "hello "
+	// -     429 "Too Many Requests\n"
+}
+
+// A key computed from the gin context: here the tenant an authentication
+// handler stored, or no key (the layer is skipped) for anonymous requests.
+func ExampleKey() {
+	gin.SetMode(gin.ReleaseMode)
+	type account struct{ tenant string }
+	perTenant := ginlimit.Key(func(c *gin.Context) (string, error) {
+		if a, ok := c.MustGet("account").(*account); ok && a != nil {
+			return a.tenant, nil
+		}
+		return "", ratelimit.ErrNoKey
+	})
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: perTenant, Rule: core.Rule{Name: "per-tenant", Limit: 1, Window: time.Minute}},
+	}, ratelimit.WithClock(exampleClock())))
+
+	r := gin.New()
+	r.Use(func(c *gin.Context) {
+		var a *account
+		if u := c.GetHeader("X-User"); u != "" {
+			a = &account{tenant: "acme"} // every user of this demo works for acme
+		}
+		c.Set("account", a)
+	}, ginlimit.Middleware(l))
+	r.GET("/hello", func(c *gin.Context) { c.String(http.StatusOK, "ok") })
+
+	sendAs(r, "/hello", "alice")
+	sendAs(r, "/hello", "bob") // same tenant
+	sendAs(r, "/hello", "")
+	// Output:
+	// alice 200 "ok"
+	// bob   429 "Too Many Requests\n"
+	// -     200 "ok"
+}
+
+// The handler shows the client its quota, read from the request context.
+func ExampleWithResult() {
+	gin.SetMode(gin.ReleaseMode)
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 2, Window: time.Minute}},
+	}, ratelimit.WithClock(exampleClock())))
+	r := gin.New()
+	r.Use(ginlimit.Middleware(l, ginlimit.WithResult()))
+	r.GET("/quota", func(c *gin.Context) {
+		res, _ := ratelimit.ResultFromContext(c.Request.Context())
+		d := res.Layers[0].Decision
+		c.String(http.StatusOK, "%d of %d left", d.Remaining, d.Limit)
+	})
+
+	send(r, "GET", "/quota", "192.0.2.1:1234")
+	send(r, "GET", "/quota", "192.0.2.1:1234")
+	// Output:
+	// GET /quota    200 remaining="1" retry-after="" "1 of 2 left"
+	// GET /quota    200 remaining="0" retry-after="" "0 of 2 left"
+}

@@ -33,6 +33,24 @@
 // called, so a client could pick its own key. Gin's trusted-proxy settings
 // have no effect on the limiter's keys; configure [ratelimit.TrustedProxies]
 // instead.
+//
+// # Keys from the gin context
+//
+// An authentication handler in gin keeps the user in the context with
+// c.Set. [Key] and [Get] turn what the *gin.Context holds into a
+// [ratelimit.KeyFunc], so a per-user layer beside a per-IP one needs no
+// change to the request's context:
+//
+//	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+//		{Key: ratelimit.MustClientIP(), Rule: perIP},
+//		{Key: ginlimit.Get("user"), Rule: perUser}, // skipped for anonymous requests
+//	}))
+//	r.Use(auth, ginlimit.Middleware(l)) // auth calls c.Set("user", id)
+//
+// # The decision in the handler
+//
+// With [WithResult] the handlers read the decision of their request with
+// [ratelimit.ResultFromContext](c.Request.Context()).
 package ginlimit
 
 import (
@@ -47,24 +65,50 @@ import (
 // Middleware returns a gin handler that decides every request with l (see
 // [ratelimit.Limiter.Admit]): it calls c.Next for the requests l admits and
 // c.Abort, after l has written the response, for the others. Use it with
-// router.Use, group.Use or in a route's handler list. It panics if l is nil.
-func Middleware(l *ratelimit.Limiter) gin.HandlerFunc { return middleware(nil, l) }
+// router.Use, group.Use or in a route's handler list. It panics if l is nil
+// or an option is nil.
+func Middleware(l *ratelimit.Limiter, opts ...Option) gin.HandlerFunc {
+	return middleware(nil, l, opts)
+}
+
+// Option configures the middleware.
+type Option func(*options)
+
+type options struct {
+	result bool
+}
+
+// WithResult makes the middleware store the decision of every request it
+// admits in c.Request's context, where the handlers read it with
+// [ratelimit.ResultFromContext](c.Request.Context()), for instance to show
+// the remaining quota in a response body; c.Request is then a shallow copy
+// of the request gin received. It costs two allocations per request, three
+// for more than two layers (see
+// [ratelimit.Limiter.AdmitWithResult]); without it, no Result is stored.
+func WithResult() Option { return func(o *options) { o.result = true } }
 
 // MiddlewareFor is [Middleware] for the routes of engine: a route
 // registered for every method gin's Any registers is keyed by its path
 // alone, so a client cannot multiply a route's quota by changing the method.
 // Register the routes before serving (as gin requires). It panics if engine
-// or l is nil.
-func MiddlewareFor(engine *gin.Engine, l *ratelimit.Limiter) gin.HandlerFunc {
+// or l is nil or an option is nil.
+func MiddlewareFor(engine *gin.Engine, l *ratelimit.Limiter, opts ...Option) gin.HandlerFunc {
 	if engine == nil {
 		panic("ginlimit: nil *gin.Engine")
 	}
-	return middleware(&anyRoutes{engine: engine}, l)
+	return middleware(&anyRoutes{engine: engine}, l, opts)
 }
 
-func middleware(ar *anyRoutes, l *ratelimit.Limiter) gin.HandlerFunc {
+func middleware(ar *anyRoutes, l *ratelimit.Limiter, opts []Option) gin.HandlerFunc {
 	if l == nil {
 		panic("ginlimit: nil *ratelimit.Limiter")
+	}
+	var o options
+	for _, opt := range opts {
+		if opt == nil {
+			panic("ginlimit: nil Option")
+		}
+		opt(&o)
 	}
 	return func(c *gin.Context) {
 		r := c.Request
@@ -72,10 +116,21 @@ func middleware(ar *anyRoutes, l *ratelimit.Limiter) gin.HandlerFunc {
 		if route != "" && (ar == nil || !ar.isAny(route)) {
 			route = r.Method + " " + route
 		}
-		r = r.WithContext(ratelimit.WithRoute(r.Context(), route))
-		if !l.Admit(c.Writer, r) {
+		kc := &keyContext{Context: ratelimit.WithRoute(r.Context(), route), c: c}
+		r = r.WithContext(kc)
+		var admitted bool
+		if o.result {
+			r, admitted = l.AdmitWithResult(c.Writer, r)
+		} else {
+			admitted = l.Admit(c.Writer, r)
+		}
+		kc.c = nil // gin reuses c once the request is served
+		if !admitted {
 			c.Abort()
 			return
+		}
+		if o.result {
+			c.Request = r
 		}
 		c.Next()
 	}

@@ -85,7 +85,7 @@ func TestDecisionOutcomes(t *testing.T) {
 	}
 
 	shadow := core.MustPolicy(core.Rule{Name: "shadow", Limit: 1, Window: time.Minute})
-	dry := core.Must(core.NewWithPolicy(nil, core.WithClock(clk), core.WithObserver(m), core.WithDryRun(true)))
+	dry := core.Must(core.NewWithPolicy(nil, core.WithClock(clk), core.WithObserver(m), core.WithDryRun()))
 	take(t, dry, core.Request{Policy: shadow, Key: "a", Cost: 1})                                                 // allowed
 	take(t, dry, core.Request{Policy: shadow, Key: "a", Cost: 1})                                                 // dry_run_denied
 	take(t, dry, core.Request{Policy: shadow, Key: "a", Cost: 1}, core.Request{Policy: login, Key: "z", Cost: 1}) // login not_charged

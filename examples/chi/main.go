@@ -5,6 +5,12 @@
 //     with every rate-limit header set.
 //   - POST /login: 2 requests per minute per route and client IP, a quota of
 //     its own, independent of /hello.
+//   - GET /me: for a signed-in user only (Authorization: Bearer alice-token
+//     or bob-token, a demo token table), 10 requests per minute per client
+//     IP, then 3 per minute per user, the user stored in the request
+//     context by the authentication middleware (ratelimit.WithUser); the
+//     body shows the user's remaining quota. Without a known token it is
+//     answered 401.
 //   - GET /metrics: Prometheus metrics, the limiter's among them
 //     (ratelimit_decisions_total and others).
 //
@@ -13,6 +19,7 @@
 //	cd examples/chi && go run . -addr 127.0.0.1:8080
 //	for i in 1 2 3 4 5 6; do curl -si http://127.0.0.1:8080/hello | grep -i -e ^HTTP -e ^x-ratelimit -e ^retry; done
 //	for i in 1 2 3; do curl -si -X POST http://127.0.0.1:8080/login | grep -i -e ^HTTP -e ^retry; done
+//	for i in 1 2 3 4; do curl -s -H 'Authorization: Bearer alice-token' http://127.0.0.1:8080/me; done
 //	curl -s http://127.0.0.1:8080/metrics | grep ^ratelimit_decisions_total
 //
 // The client is the connecting peer (r.RemoteAddr): no proxy is trusted, so
@@ -26,6 +33,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -55,8 +63,9 @@ func main() {
 	clientIP := ratelimit.MustClientIP() // r.RemoteAddr: no proxy trusted
 
 	// One Limiter for the whole router, its layers decided and charged in one
-	// atomic batch: each layer applies only to its route, so /hello and
-	// /login have quotas of their own and /metrics none.
+	// atomic batch: each layer applies only to its route, so /hello, /login
+	// and /me have quotas of their own and /metrics none. /me is limited per
+	// IP, then per user: a request refused by either charges neither.
 	limits := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
 		{
 			Key:    clientIP,
@@ -68,23 +77,65 @@ func main() {
 			Rule:   core.Rule{Name: "login", Algorithm: core.TokenBucket, Limit: 2, Window: time.Minute},
 			Routes: []string{"POST /login"},
 		},
+		{
+			Key:    clientIP,
+			Rule:   core.Rule{Name: "me-ip", Limit: 10, Window: time.Minute},
+			Routes: []string{"GET /me"},
+		},
+		{
+			Key:     ratelimit.User(), // what authenticate stored with ratelimit.WithUser
+			Rule:    core.Rule{Name: "me-user", Limit: 3, Window: time.Minute},
+			Routes:  []string{"GET /me"},
+			IfNoKey: ratelimit.NoKeyRefuse, // no user: 401, nothing charged
+		},
 	}, common...))
 
 	r := chi.NewRouter()
 	// At the top level, before chi routes the request: the middleware finds
 	// the route itself ("POST /login"), so every limit is one Limiter.
-	r.Use(chilimit.Middleware(limits))
+	// Authenticate first, so that the limiter sees the user; WithResult
+	// lets /me read its decision from the request context.
+	r.Use(authenticate, chilimit.Middleware(limits, chilimit.WithResult()))
 	r.Get("/hello", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "hello")
 	})
 	r.Post("/login", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "logged in (not really)")
 	})
+	r.Get("/me", func(w http.ResponseWriter, r *http.Request) {
+		user, _ := ratelimit.UserFromContext(r.Context())
+		res, _ := ratelimit.ResultFromContext(r.Context())
+		for _, lr := range res.Layers {
+			if lr.Decision.Policy.Name() == "me-user" {
+				fmt.Fprintf(w, "%s: %d of %d requests left this minute\n", user, lr.Decision.Remaining, lr.Decision.Limit)
+				return
+			}
+		}
+		fmt.Fprintln(w, user)
+	})
 	r.Method(http.MethodGet, "/metrics", promhttp.Handler())
 
 	srv := &http.Server{Addr: *addr, Handler: r, ReadHeaderTimeout: 5 * time.Second}
-	log.Printf("chi example: GET %shello (5/10s per IP), POST %slogin (2/min), GET %smetrics", url(*addr), url(*addr), url(*addr))
+	log.Printf("chi example: GET %shello (5/10s per IP), POST %slogin (2/min), GET %sme (3/min per user), GET %smetrics", url(*addr), url(*addr), url(*addr), url(*addr))
 	log.Fatal(srv.ListenAndServe())
+}
+
+// demoUsers stands for an application's user store: bearer token to user.
+var demoUsers = map[string]string{"alice-token": "alice", "bob-token": "bob"}
+
+// authenticate stands for the application's own authentication middleware:
+// it stores the user of a known bearer token in the request context with
+// ratelimit.WithUser, where ratelimit.User finds it, and leaves anonymous
+// requests alone.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			if user, ok := demoUsers[token]; ok {
+				r = r.WithContext(ratelimit.WithUser(r.Context(), user))
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // url returns a URL for addr, with localhost for an unspecified host.

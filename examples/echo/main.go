@@ -5,18 +5,24 @@
 //     with every rate-limit header set.
 //   - POST /login: 2 requests per minute per route and client IP, a quota of
 //     its own, independent of /hello.
-//
-// Both limits are layers of one Limiter mounted with e.Use. Its refusals go
-// through echo's HTTPErrorHandler (echolimit.Config.HTTPError), as JSON
-// errors.
+//   - GET /me: for a signed-in user only (Authorization: Bearer alice-token
+//     or bob-token, a demo token table), 10 requests per minute per client
+//     IP, then 3 per minute per user, the user taken from the echo context
+//     where the authentication middleware stored it; the body shows the
+//     user's remaining quota. Without a known token it is answered 401.
 //   - GET /metrics: Prometheus metrics, the limiter's among them
 //     (ratelimit_decisions_total and others).
+//
+// All limits are layers of one Limiter mounted with e.Use. Its refusals go
+// through echo's HTTPErrorHandler (echolimit.Config.HTTPError), as JSON
+// errors.
 //
 // Try it:
 //
 //	cd examples/echo && go run . -addr 127.0.0.1:8080
 //	for i in 1 2 3 4 5 6; do curl -si http://127.0.0.1:8080/hello | grep -i -e ^HTTP -e ^x-ratelimit -e ^retry; done
 //	for i in 1 2 3; do curl -si -X POST http://127.0.0.1:8080/login | grep -i -e ^HTTP -e ^retry -e message; done
+//	for i in 1 2 3 4; do curl -s -H 'Authorization: Bearer alice-token' http://127.0.0.1:8080/me; done
 //	curl -s http://127.0.0.1:8080/metrics | grep ^ratelimit_decisions_total
 //
 // The client is the connecting peer (r.RemoteAddr), never c.RealIP(): no
@@ -26,9 +32,11 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"log"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -58,8 +66,9 @@ func main() {
 	clientIP := ratelimit.MustClientIP() // r.RemoteAddr: no proxy trusted
 
 	// One Limiter for the whole router, its layers decided and charged in one
-	// atomic batch: each layer applies only to its route, so /hello and
-	// /login have quotas of their own and /metrics none.
+	// atomic batch: each layer applies only to its route, so /hello, /login
+	// and /me have quotas of their own and /metrics none. /me is limited per
+	// IP, then per user: a request refused by either charges neither.
 	limits := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
 		{
 			Key:    clientIP,
@@ -71,23 +80,64 @@ func main() {
 			Rule:   core.Rule{Name: "login", Algorithm: core.TokenBucket, Limit: 2, Window: time.Minute},
 			Routes: []string{"POST /login"},
 		},
+		{
+			Key:    clientIP,
+			Rule:   core.Rule{Name: "me-ip", Limit: 10, Window: time.Minute},
+			Routes: []string{"GET /me"},
+		},
+		{
+			Key:     echolimit.Get("user"), // what authenticate stored with c.Set
+			Rule:    core.Rule{Name: "me-user", Limit: 3, Window: time.Minute},
+			Routes:  []string{"GET /me"},
+			IfNoKey: ratelimit.NoKeyRefuse, // no user: 401, nothing charged
+		},
 	}, common...))
 
 	e := echo.New()
 	e.HideBanner = true
-	// Refusals go through echo's HTTPErrorHandler, as JSON errors.
-	e.Use(echolimit.MiddlewareWithConfig(limits, echolimit.Config{HTTPError: true}))
+	// Authenticate first, so that the limiter sees the user. Refusals go
+	// through echo's HTTPErrorHandler, as JSON errors; Result lets /me read
+	// its decision from the request context.
+	e.Use(authenticate, echolimit.MiddlewareWithConfig(limits, echolimit.Config{HTTPError: true, Result: true}))
 	e.GET("/hello", func(c echo.Context) error {
 		return c.String(http.StatusOK, "hello\n")
 	})
 	e.POST("/login", func(c echo.Context) error {
 		return c.String(http.StatusOK, "logged in (not really)\n")
 	})
+	e.GET("/me", func(c echo.Context) error {
+		user, _ := c.Get("user").(string)
+		res, _ := ratelimit.ResultFromContext(c.Request().Context())
+		for _, lr := range res.Layers {
+			if lr.Decision.Policy.Name() == "me-user" {
+				return c.String(http.StatusOK, fmt.Sprintf("%s: %d of %d requests left this minute\n",
+					user, lr.Decision.Remaining, lr.Decision.Limit))
+			}
+		}
+		return c.String(http.StatusOK, user+"\n")
+	})
 	e.GET("/metrics", echo.WrapHandler(promhttp.Handler()))
 
 	srv := &http.Server{Addr: *addr, Handler: e, ReadHeaderTimeout: 5 * time.Second}
-	log.Printf("echo example: GET %shello (5/10s per IP), POST %slogin (2/min), GET %smetrics", url(*addr), url(*addr), url(*addr))
+	log.Printf("echo example: GET %shello (5/10s per IP), POST %slogin (2/min), GET %sme (3/min per user), GET %smetrics", url(*addr), url(*addr), url(*addr), url(*addr))
 	log.Fatal(srv.ListenAndServe())
+}
+
+// demoUsers stands for an application's user store: bearer token to user.
+var demoUsers = map[string]string{"alice-token": "alice", "bob-token": "bob"}
+
+// authenticate stands for the application's own authentication middleware:
+// it stores the user of a known bearer token with c.Set, where
+// echolimit.Get finds it, and leaves anonymous requests alone.
+func authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if token, ok := strings.CutPrefix(c.Request().Header.Get("Authorization"), "Bearer "); ok {
+			if user, ok := demoUsers[token]; ok {
+				c.Set("user", user)
+			}
+		}
+		return next(c)
+	}
 }
 
 // url returns a URL for addr, with localhost for an unspecified host.

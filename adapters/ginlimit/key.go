@@ -1,0 +1,103 @@
+package ginlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/limitry/ratelimit"
+)
+
+// ErrNoContext is returned (wrapped) by a [Key] function for a request that
+// reached the Limiter without this package's middleware, so that no
+// *gin.Context is known: a Limiter with Key layers must be mounted with
+// [Middleware], [MiddlewareFor] or [New]. The Limiter answers it as any key
+// error (400 Bad Request, or the error handler's response); it never skips
+// the layer.
+var ErrNoContext = errors.New("ginlimit: Key needs the request decided by ginlimit's middleware")
+
+// ginContextKey is the request-context key under which the middleware
+// passes the *gin.Context to Key functions.
+type ginContextKey struct{}
+
+// keyContext carries the *gin.Context while the Limiter decides a request.
+// The middleware clears c once the request is decided: gin reuses its
+// Contexts.
+type keyContext struct {
+	context.Context
+	c *gin.Context
+}
+
+func (k *keyContext) Value(key any) any {
+	if _, ok := key.(ginContextKey); ok {
+		if k.c == nil {
+			return nil
+		}
+		return k.c
+	}
+	return k.Context.Value(key)
+}
+
+// Key returns a [ratelimit.KeyFunc] that keys a request by what fn finds in
+// its *gin.Context, such as the user an authentication handler stored with
+// c.Set: a Limiter mounted with this package's middleware after that
+// handler charges the user's quota without rewriting the request's context.
+//
+// fn follows the KeyFunc contract: it returns a non-empty key, or an error.
+// Returning an error wrapping [ratelimit.ErrNoKey] (no user: an anonymous
+// request) makes the layer do what its IfNoKey says (skip the layer by
+// default, or refuse the request); any other error is a key error. An empty
+// key with no error is a key error ([ratelimit.ErrEmptyKey]), never a shared
+// bucket. A request decided without this package's middleware is a key error
+// wrapping [ErrNoContext]. The key becomes a store key: prefer a stable
+// opaque ID to an e-mail address or other personal data.
+//
+// Key panics if fn is nil.
+func Key(fn func(c *gin.Context) (string, error)) ratelimit.KeyFunc {
+	if fn == nil {
+		panic("ginlimit: Key called with a nil function")
+	}
+	return func(r *http.Request) (string, error) {
+		c, _ := r.Context().Value(ginContextKey{}).(*gin.Context)
+		if c == nil {
+			return "", ErrNoContext
+		}
+		k, err := fn(c)
+		if err != nil {
+			return "", err
+		}
+		if k == "" {
+			return "", ratelimit.ErrEmptyKey
+		}
+		return k, nil
+	}
+}
+
+// Get returns a [Key] function for the common case: the key is the string
+// an earlier handler stored with c.Set(name, value), such as the
+// authenticated user's ID. A request without it (an anonymous request), or
+// with an empty one, returns [ratelimit.ErrNoKey]: the layer does what its
+// IfNoKey says. A value that is not a string is a key error: a Limiter never
+// guesses how to print it. Get panics if name is empty.
+func Get(name string) ratelimit.KeyFunc {
+	if name == "" {
+		panic("ginlimit: Get called with an empty name")
+	}
+	return Key(func(c *gin.Context) (string, error) {
+		v, ok := c.Get(name)
+		if !ok || v == nil {
+			return "", ratelimit.ErrNoKey
+		}
+		s, ok := v.(string)
+		if !ok {
+			return "", fmt.Errorf("ginlimit: Get(%q): the value has type %T, not string", name, v)
+		}
+		if s == "" {
+			return "", ratelimit.ErrNoKey
+		}
+		return s, nil
+	})
+}
