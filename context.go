@@ -122,6 +122,9 @@ func (l *Limiter) HandlerWithResult(next http.Handler) http.Handler {
 	if next == nil {
 		panic("ratelimit: HandlerWithResult called with a nil http.Handler")
 	}
+	if l.cfg.refund != nil {
+		return l.refundResultHandler(next) // see WithRefund
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r, ok := l.AdmitWithResult(w, r); ok {
 			next.ServeHTTP(w, r)

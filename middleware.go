@@ -159,6 +159,7 @@ type Result struct {
 	at       int64    // Unix ns of the decision, 0 before one was made
 	reserved bool     // holds a waiting-room slot that wait releases
 	rs       *ruleSet // the rules the request was decided under
+	refunded bool     // Limiter.Refund gave the charge back
 }
 
 // LayerResult is the decision of one applied layer.
@@ -580,7 +581,7 @@ func (l *Limiter) Admit(w http.ResponseWriter, r *http.Request) bool {
 			reqs [smallBatch]core.Request
 			out  [smallBatch]core.Decision
 		)
-		n := l.decide(kr, &res, buf[:], reqs[:], out[:], true, false)
+		n := l.decide(kr, &res, buf[:], reqs[:], out[:], true)
 		return l.serve(w, r, &res, buf[:n])
 	}
 	return l.admitMany(w, r, kr, &res)
@@ -616,7 +617,7 @@ func (l *Limiter) admitMany(w http.ResponseWriter, r, kr *http.Request, res *Res
 		reqs [core.MaxBatch]core.Request
 		out  [core.MaxBatch]core.Decision
 	)
-	n := l.decide(kr, res, buf[:], reqs[:], out[:], true, false)
+	n := l.decide(kr, res, buf[:], reqs[:], out[:], true)
 	return l.serve(w, r, res, buf[:n])
 }
 
@@ -678,7 +679,7 @@ func (l *Limiter) Decide(r *http.Request) Result {
 		out  [core.MaxBatch]core.Decision
 	)
 	buf := make([]LayerResult, len(l.layers))
-	if n := l.decide(l.routeRequest(r), &res, buf, reqs[:], out[:], false, false); n > 0 {
+	if n := l.decide(l.routeRequest(r), &res, buf, reqs[:], out[:], false); n > 0 {
 		res.Layers = buf[:n]
 	}
 	return res
@@ -689,9 +690,12 @@ func (l *Limiter) Decide(r *http.Request) Result {
 // reqs and out hold at least len(l.layers) elements. With reserve, a request
 // meeting a shaping layer takes a waiting-room slot before anything is
 // charged (see [WithMaxWaiting]); the slot stays with res when it must wait.
-// With peek, the store is asked what it would decide and nothing is charged
-// (see [Limiter.Peek]).
-func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve, peek bool) int {
+func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve bool) int {
+	return l.decideOrPeek(r, res, buf, reqs, out, reserve, false)
+}
+
+// decideOrPeek is decide, or with peek, its dry form for [Limiter.Peek].
+func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve, peek bool) int {
 	res.DryRun = l.cfg.dryRun
 	rs := l.rules.Load()
 	res.rs = rs
@@ -807,7 +811,7 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 	var ok bool
 	var err error
 	if peek {
-		ok, err = l.cl.PeekAt(ctx, time.Unix(0, res.at), reqs[:n], out[:n])
+		ok, err = l.cl.PeekAt(ctx, time.Unix(0, res.at), reqs[:n], out[:n]) // charges nothing
 	} else {
 		ok, err = l.cl.TakeAtUnixNano(ctx, res.at, reqs[:n], out[:n])
 	}

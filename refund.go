@@ -96,24 +96,102 @@ func (l *Limiter) refundHandler(next http.Handler) http.Handler {
 			reqs [core.MaxBatch]core.Request
 			out  [core.MaxBatch]core.Decision
 		)
-		n := l.decide(l.routeRequest(r), &res, buf[:], reqs[:], out[:], true, false)
+		n := l.decide(l.routeRequest(r), &res, buf[:], reqs[:], out[:], true)
 		if !l.serve(w, r, &res, buf[:n]) {
 			return
 		}
-		if n == 0 || res.Err != nil || res.kind != outcomeOK {
-			next.ServeHTTP(w, r) // nothing was charged
+		if !charged(&res, n) {
+			next.ServeHTTP(w, r)
 			return
 		}
-		sw := &statusWriter{ResponseWriter: w}
-		next.ServeHTTP(sw, r) // a panic skips the refund
-		status := sw.status
-		if status == 0 {
-			status = http.StatusOK
-		}
-		if l.cfg.refund.refund(r, status) {
+		if l.serveRefundable(w, r, next) {
 			l.refund(context.WithoutCancel(r.Context()), reqs[:n])
 		}
 	})
+}
+
+// refundResultHandler is HandlerWithResult with WithRefund.
+func (l *Limiter) refundResultHandler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r, ok := l.AdmitWithResult(w, r)
+		if !ok {
+			return
+		}
+		res, _ := ResultFromContext(r.Context())
+		if !charged(res, len(res.Layers)) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if l.serveRefundable(w, r, next) {
+			var reqs [core.MaxBatch]core.Request
+			if n := refundRequests(res, &reqs); n > 0 {
+				res.refunded = true
+				l.refund(context.WithoutCancel(r.Context()), reqs[:n])
+			}
+		}
+	})
+}
+
+// serveRefundable serves a charged request with its status recorded and
+// reports whether the WithRefund function asks for a refund. A panic in
+// next goes up with no refund.
+func (l *Limiter) serveRefundable(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
+	sw := &statusWriter{ResponseWriter: w}
+	next.ServeHTTP(sw, r)
+	status := sw.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	return l.cfg.refund.refund(r, status)
+}
+
+// charged reports whether the request of res, with n applied layers, was
+// charged: every applied layer admitted it and nothing failed.
+func charged(res *Result, n int) bool {
+	return n > 0 && res.Err == nil && res.kind == outcomeOK && !res.refunded
+}
+
+// refundRequests fills reqs with the charges of res, which must be charged,
+// and returns their number.
+func refundRequests(res *Result, reqs *[core.MaxBatch]core.Request) int {
+	n := 0
+	for i := range res.Layers {
+		ly := &res.Layers[i]
+		if n == len(reqs) || ly.Refused || !ly.Decision.Allowed || ly.Decision.Policy == nil {
+			return 0 // not a charge this Limiter made
+		}
+		reqs[n] = core.Request{Policy: ly.Decision.Policy, Key: ly.Key, Cost: ly.Cost}
+		n++
+	}
+	return n
+}
+
+// Refund gives back what the request res was decided for was charged, on
+// every layer, in one atomic store call (see core.Refunder), for flows
+// built on [Limiter.Decide] or [Limiter.AdmitWithResult] (a framework
+// handler reading [ResultFromContext]) that decide on a refund themselves;
+// [WithRefund] does it for [Limiter.Handler] and
+// [Limiter.HandlerWithResult]. A Result that charged nothing (refused,
+// skipped, failed, no layer applied) or that was already refunded is left
+// alone: Refund returns nil, so a charge is given back at most once per
+// Result. Refund uses ctx as is: pass context.WithoutCancel(r.Context())
+// to refund for a client that has gone. It returns an error wrapping
+// core.ErrUnsupported when the store cannot refund, and the store's error,
+// after which the charge stays.
+func (l *Limiter) Refund(ctx context.Context, res *Result) error {
+	if res == nil || !charged(res, len(res.Layers)) {
+		return nil
+	}
+	var reqs [core.MaxBatch]core.Request
+	n := refundRequests(res, &reqs)
+	if n == 0 {
+		return nil
+	}
+	if err := l.cl.Refund(ctx, reqs[:n]); err != nil {
+		return err
+	}
+	res.refunded = true
+	return nil
 }
 
 // refund gives back the batch reqs, reporting a failure.
@@ -191,7 +269,7 @@ func (l *Limiter) Peek(r *http.Request) Result {
 		out  [core.MaxBatch]core.Decision
 	)
 	buf := make([]LayerResult, len(l.layers))
-	if n := l.decide(l.routeRequest(r), &res, buf, reqs[:], out[:], false, true); n > 0 {
+	if n := l.decideOrPeek(l.routeRequest(r), &res, buf, reqs[:], out[:], false, true); n > 0 {
 		res.Layers = buf[:n]
 	}
 	return res

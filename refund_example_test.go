@@ -114,3 +114,23 @@ func ExampleLimiter_Reset() {
 	// 200 200 429
 	// 200
 }
+
+// Refund gives back a charge made by Decide, for flows that decide on a
+// refund themselves (here: the request turned out to be a cache hit).
+func ExampleLimiter_Refund() {
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.PerMinute(3).Named("per-ip"),
+	}}, ratelimit.WithClock(exampleClock())))
+	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
+	r.RemoteAddr = "192.0.2.1:1234"
+	res := l.Decide(r)
+	fmt.Println("charged, remaining", res.Layers[0].Decision.Remaining)
+	if err := l.Refund(context.Background(), &res); err != nil {
+		panic(err)
+	}
+	fmt.Println("refunded, a peek shows", l.Peek(r).Layers[0].Decision.Remaining, "left after one more")
+	// Output:
+	// charged, remaining 2
+	// refunded, a peek shows 2 left after one more
+}

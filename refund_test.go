@@ -326,3 +326,87 @@ func TestHandlerWithRefundAllocs(t *testing.T) {
 		t.Errorf("WithRefund, refunded: %v allocations, want <= %v", n, base+2)
 	}
 }
+
+// TestRefundWithResult: HandlerWithResult refunds as Handler does, and the
+// handler still reads its Result.
+func TestRefundWithResult(t *testing.T) {
+	clk := core.NewFakeClock(mwT0)
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(2).Named("calls")}},
+		ratelimit.WithClock(clk), ratelimit.WithLogger(nil), ratelimit.WithRefund(ratelimit.RefundSuccessful)))
+	var seen []int64
+	h := l.HandlerWithResult(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		res, ok := ratelimit.ResultFromContext(r.Context())
+		if !ok {
+			t.Fatal("no Result")
+		}
+		seen = append(seen, res.Layers[0].Decision.Remaining)
+		if r.Header.Get("Fail") != "" {
+			w.WriteHeader(500)
+		}
+	}))
+	ok, fail := mwReq("192.0.2.1:1"), mwReq("192.0.2.1:1", "Fail", "1")
+	for i := 0; i < 5; i++ {
+		if rec := serve(h, ok); rec.Code != 200 {
+			t.Fatalf("refunded call %d: %d", i, rec.Code)
+		}
+	}
+	serve(h, fail)
+	serve(h, fail)
+	if rec := serve(h, ok); rec.Code != 429 {
+		t.Fatalf("after 2 failures: %d, want 429", rec.Code)
+	}
+	want := []int64{1, 1, 1, 1, 1, 1, 0}
+	if len(seen) != len(want) {
+		t.Fatalf("handler saw %v, want %v", seen, want)
+	}
+	for i := range want {
+		if seen[i] != want[i] {
+			t.Fatalf("handler saw %v, want %v", seen, want)
+		}
+	}
+}
+
+// TestLimiterRefund: Limiter.Refund gives a Decide charge back once, and
+// leaves Results that charged nothing alone.
+func TestLimiterRefund(t *testing.T) {
+	l, _, _ := refundEnv(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(5).Named("per-ip")},
+		{Key: ratelimit.User(), Rule: core.PerMinute(2).Named("per-user")},
+	}, mwOK)
+	ctx := context.Background()
+	r := mwUserReq("192.0.2.1:1", "alice")
+	res := l.Decide(r)
+	if !res.Proceed {
+		t.Fatal(res)
+	}
+	for i := 0; i < 3; i++ { // once only
+		if err := l.Refund(ctx, &res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := l.Peek(r); p.Layers[0].Decision.Remaining != 4 || p.Layers[1].Decision.Remaining != 1 {
+		t.Fatalf("after a refund (three calls): %+v, want 4 and 1 left after one more", p.Layers)
+	}
+	l.Decide(r)
+	l.Decide(r)
+	refused := l.Decide(r)
+	if refused.Proceed {
+		t.Fatal("third request admitted")
+	}
+	if err := l.Refund(ctx, &refused); err != nil {
+		t.Fatal(err)
+	}
+	if p := l.Peek(r); p.Proceed || p.Layers[0].Decision.Remaining != 3 {
+		t.Fatalf("a refused Result was refunded: %+v", p.Layers)
+	}
+	if err := l.Refund(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Over a store that cannot refund, the error says so.
+	l2 := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1)}},
+		ratelimit.WithStore(takeOnly{core.MustMemoryStore(nil)}), ratelimit.WithLogger(nil)))
+	res = l2.Decide(r)
+	if err := l2.Refund(ctx, &res); !errors.Is(err, core.ErrUnsupported) {
+		t.Fatalf("Refund without a Refunder: %v", err)
+	}
+}
