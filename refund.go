@@ -51,9 +51,10 @@ type refundConfig struct {
 // Refunds need a store implementing core.Refunder (the MemoryStore does),
 // and algorithms implementing core.AlgorithmRefunder (the built-in ones
 // do); otherwise New returns an error for the store, and a custom
-// algorithm's refund fails as above. They apply to [Limiter.Handler];
-// framework adapters built on [Limiter.Admit] do not refund. refund must be
-// safe for concurrent use.
+// algorithm's refund fails as above. They apply to [Limiter.Handler] and
+// [Limiter.HandlerWithResult]; flows built on [Limiter.Decide] or
+// [Limiter.AdmitWithResult], such as framework adapters, refund with
+// [Limiter.Refund]. refund must be safe for concurrent use.
 func WithRefund(refund func(r *http.Request, status int) bool) Option {
 	return func(c *config) {
 		if refund == nil {
