@@ -67,7 +67,27 @@ func ResultFromContext(ctx context.Context) (res *Result, ok bool) {
 // the copy of r, and a third for a Limiter of more than two layers. Admit
 // and [Limiter.Handler] pay none of them; use this only where a handler
 // reads the Result.
+//
+// For a Limiter with concurrency layers ([Layer.InFlight]), the slots an
+// admitted request holds are given back when its context ends, as with
+// Admit; [Limiter.HandlerWithResult] gives them back when the handler
+// returns.
 func (l *Limiter) AdmitWithResult(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	if l.slots != nil && r.Context().Done() == nil {
+		l.refuseNoRelease(w, r)
+		return r, false
+	}
+	r2, ok, done := l.admitWithResult(w, r)
+	if ok {
+		releaseWithContext(r2.Context(), done)
+	}
+	return r2, ok
+}
+
+// admitWithResult is AdmitWithResult returning done, which gives back the
+// in-flight slots an admitted request holds (see AdmitFunc), or nil when it
+// holds none.
+func (l *Limiter) admitWithResult(w http.ResponseWriter, r *http.Request) (*http.Request, bool, func()) {
 	rc := &resultContext{Context: r.Context()}
 	r = r.WithContext(rc)
 	kr := l.routeRequest(r)
@@ -87,14 +107,15 @@ func (l *Limiter) AdmitWithResult(w http.ResponseWriter, r *http.Request) (*http
 	} else {
 		buf, ok = l.admitManyResult(w, r, kr, &rc.res)
 	}
+	done := rc.res.takeRelease(ok)
 	if !ok {
-		return r, false
+		return r, false, done
 	}
 	if len(buf) > 0 {
 		rc.res.Layers = buf
 	}
 	rc.ready = true
-	return r, true
+	return r, true, done
 }
 
 // admitManyResult is AdmitWithResult's decision for limiters with more than
@@ -126,7 +147,11 @@ func (l *Limiter) HandlerWithResult(next http.Handler) http.Handler {
 		return l.refundResultHandler(next) // see WithRefund
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r, ok := l.AdmitWithResult(w, r); ok {
+		r, ok, done := l.admitWithResult(w, r)
+		if done != nil {
+			defer done() // also when next panics or hijacks
+		}
+		if ok {
 			next.ServeHTTP(w, r)
 		}
 	})

@@ -270,6 +270,9 @@ func (l *Limiter) ietfValues(rs *ruleSet, ls []LayerResult, speaker int) (policy
 
 // appendPolicyItem appends the RateLimit-Policy member of p.
 func appendPolicyItem(b []byte, p *core.Policy, pk []byte) []byte {
+	if isInFlight(p) {
+		return appendInFlightItem(b, p, pk)
+	}
 	return appendItem(b, p.Name(), ietfQuota, p.Limit(), ietfWindow, max(ceilSeconds(p.Window()), 1), pk)
 }
 

@@ -125,11 +125,18 @@ type Idempotency struct {
 }
 
 // NewIdempotency returns the idempotency filter around l configured by cfg
-// (nil for the defaults). It returns an error for a nil Limiter or a
-// negative TTL or MaxWait.
+// (nil for the defaults). It returns an error for a nil Limiter, a Limiter
+// with concurrency layers ([Layer.InFlight]: a replay takes no slot, so it
+// would escape them; put such layers in a Limiter of their own, around or
+// inside the filter), or a negative TTL or MaxWait.
 func NewIdempotency(l *Limiter, cfg *IdempotencyConfig) (*Idempotency, error) {
 	if l == nil {
 		return nil, errors.New("ratelimit: NewIdempotency needs a Limiter")
+	}
+	if l.slots != nil {
+		// A replayed request is charged nothing, so it would take no
+		// in-flight slot either: a replay would escape the limit.
+		return nil, errors.New("ratelimit: NewIdempotency: the Limiter has concurrency layers (Layer.InFlight), which a replayed request would escape; wrap a Limiter of rate layers only")
 	}
 	var c IdempotencyConfig
 	if cfg != nil {

@@ -272,3 +272,12 @@ func TestMemoryReplayStoreBounded(t *testing.T) {
 		t.Errorf("claim after the hold expired: %q %v, want a new claim", tok2, err)
 	}
 }
+
+func TestIdempotencyRefusesConcurrencyLayers(t *testing.T) {
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 2,
+	}}))
+	if _, err := ratelimit.NewIdempotency(l, nil); err == nil || !strings.Contains(err.Error(), "InFlight") {
+		t.Fatalf("NewIdempotency over a concurrency layer: %v, want an error naming Layer.InFlight", err)
+	}
+}

@@ -27,9 +27,11 @@ var (
 
 	// ErrConfig is wrapped by the error the error handler receives when a
 	// request meets a configuration error that only shows at request time:
-	// a [Route] layer that finds no route pattern ([ErrNoRoute]), or layers
-	// whose Resolvers return equally named policies for one request
-	// (core.ErrDuplicateRequest). Such a request is answered 500 Internal
+	// a [Route] layer that finds no route pattern ([ErrNoRoute]), a key
+	// function whose error wraps ErrConfig (such as a framework adapter's
+	// key function on a Limiter mounted without that framework's
+	// middleware), or layers whose Resolvers return equally named policies
+	// for one request (core.ErrDuplicateRequest). Such a request is answered 500 Internal
 	// Server Error unless the error handler writes a response, whatever the
 	// fail policy: it is never served unlimited. It is logged once.
 	ErrConfig = errors.New("ratelimit: configuration error")
@@ -110,6 +112,12 @@ type Layer struct {
 	// for which no routing information exists at all is a configuration
 	// error (see [ErrConfig]).
 	Routes []string
+
+	// InFlight, if positive, makes the layer a concurrency limit: at most
+	// InFlight requests per key in flight at once, instead of a rate (see
+	// inflight.go and [Limiter.AdmitFunc]). Rule then gives only the
+	// layer's Name; Cost and Resolver must be unset.
+	InFlight int64
 }
 
 // Result is the outcome of deciding one request: what [Limiter.Decide]
@@ -158,6 +166,7 @@ type Result struct {
 	kind     outcome
 	at       int64    // Unix ns of the decision, 0 before one was made
 	reserved bool     // holds a waiting-room slot that wait releases
+	held     func()   // gives back the in-flight slots the request holds
 	rs       *ruleSet // the rules the request was decided under
 	refunded bool     // Limiter.Refund gave the charge back
 }
@@ -262,6 +271,7 @@ func export(res *Result, layers []LayerResult) *Result {
 type Limiter struct {
 	cl     *core.Limiter
 	clock  core.Clock
+	slots  core.SlotStore // nil: no concurrency layer
 	layers []layer
 	cfg    config
 
@@ -290,6 +300,7 @@ type layer struct {
 	routes   []string // nil: every request
 	desc     string   // the layer in the user's words: `"login"` or `0 (unnamed)`
 	name     string   // the layer's policy Name, which SetRules keeps
+	inFlight int64    // > 0: a concurrency layer (see Layer.InFlight)
 }
 
 // ruleSet is the rule of every layer with its precomputed header strings:
@@ -389,7 +400,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		if ly.IfNoKey > NoKeyRefuse {
 			return nil, fmt.Errorf("ratelimit: layer %s: unknown IfNoKey value %d", desc, ly.IfNoKey)
 		}
-		p, err := core.NewPolicy(ly.Rule)
+		p, err := layerPolicy(&ly)
 		if err != nil {
 			return nil, prefixed("layer "+desc, err)
 		}
@@ -427,8 +438,10 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 			routes:   routes,
 			desc:     desc,
 			name:     p.Name(),
+			inFlight: ly.InFlight,
 		}
 	}
+	l.slots = slotStore(layers, cfg.slots)
 	l.rules.Store(newRuleSet(policies, l.resolverDelay))
 	l.observeRules(policies)
 
@@ -543,9 +556,16 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		return l.refundHandler(next) // see WithRefund
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if l.Admit(w, r) {
-			next.ServeHTTP(w, r)
+		if l.slots != nil {
+			ok, done := l.AdmitFunc(w, r)
+			defer done() // also when next panics or hijacks
+			if !ok {
+				return
+			}
+		} else if !l.Admit(w, r) {
+			return
 		}
+		next.ServeHTTP(w, r)
 	})
 }
 
@@ -569,7 +589,14 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 // above capacity). An admitted request with a Delay waits for it (see
 // [Limiter.Wait]); a full waiting room refuses it with 429 and a request
 // whose context ends first is answered 503 (if anyone still listens).
+//
+// With concurrency layers ([Layer.InFlight]), Admit gives the request's
+// slots back when its context ends; prefer [Limiter.AdmitFunc], which
+// returns the function that gives them back when the request is served.
 func (l *Limiter) Admit(w http.ResponseWriter, r *http.Request) bool {
+	if l.slots != nil {
+		return l.admitContext(w, r)
+	}
 	// The Result's layers stay on the stack, apart from the Result: escape
 	// analysis is field-insensitive, so a Result holding both them and an
 	// error handed to user code would move them to the heap.
@@ -671,7 +698,9 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 // Decide decides r under every layer and charges it when all applied layers
 // admit it, in one atomic store call. It writes nothing, calls no handler and
 // does not wait; the Result says what to do (see [Limiter.Admit] for the
-// composed flow). It allocates the Result's Layers; Admit does not.
+// composed flow). It allocates the Result's Layers; Admit does not. With
+// concurrency layers, a Result that proceeds holds their slots until
+// [Result.Release] is called.
 func (l *Limiter) Decide(r *http.Request) Result {
 	var (
 		res  Result
@@ -733,7 +762,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		}
 		key, err := ly.key(r)
 		if err != nil {
-			if errors.Is(err, ErrNoRoute) {
+			if errors.Is(err, ErrNoRoute) || errors.Is(err, ErrConfig) {
 				l.configError(res, ly, err)
 				return 0
 			}
@@ -769,6 +798,8 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		}
 		var cost int64
 		switch {
+		case ly.inFlight > 0:
+			cost = 1
 		case ly.cost != nil:
 			cost = ly.cost(r)
 		case l.cfg.cost != nil:
@@ -808,12 +839,36 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		res.reserved = true
 	}
 	res.at = l.cl.NowUnixNano()
-	var ok bool
-	var err error
-	if peek {
-		ok, err = l.cl.PeekAt(ctx, time.Unix(0, res.at), reqs[:n], out[:n]) // charges nothing
-	} else {
-		ok, err = l.cl.TakeAtUnixNano(ctx, res.at, reqs[:n], out[:n])
+	m := n
+	if peek && l.slots != nil {
+		// Peek asks the rate layers only: a concurrency layer's slots are
+		// not taken, and the layer is left out of the Result.
+		m = 0
+		for j := 0; j < n; j++ {
+			if l.layers[buf[j].index].inFlight == 0 {
+				buf[m], reqs[m] = buf[j], reqs[j]
+				m++
+			}
+		}
+		if n = m; n == 0 {
+			res.Proceed = true
+			return 0
+		}
+	}
+	if l.slots != nil && !peek {
+		var stop bool
+		if m, stop = l.acquire(ctx, res, buf[:n], reqs[:n], out[:n]); stop {
+			l.release(res)
+			return m
+		}
+		defer l.settle(res, buf[:n])
+	}
+	ok, err := true, error(nil)
+	switch {
+	case m > 0 && peek:
+		ok, err = l.cl.PeekAt(ctx, time.Unix(0, res.at), reqs[:m], out[:m]) // charges nothing
+	case m > 0:
+		ok, err = l.cl.TakeAtUnixNano(ctx, res.at, reqs[:m], out[:m])
 	}
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
 		l.release(res)

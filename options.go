@@ -38,6 +38,7 @@ type config struct {
 	maxWaiting   int
 	logger       *slog.Logger // nil: silent
 	mux          *http.ServeMux
+	slots        core.SlotStore
 	refund       *refundConfig // nil: no refunds (see WithRefund)
 	errs         []error
 }
@@ -343,5 +344,20 @@ func WithMaxWaiting(n int) Option {
 			c.fail("WithMaxWaiting: n must be at least 1, got %d", n)
 		}
 		c.maxWaiting = n
+	}
+}
+
+// WithSlotStore sets where the in-flight slots of concurrency layers (see
+// [Layer.InFlight]) are kept, such as a Redis-backed store shared by a
+// fleet. The default value is a new core.SlotTable of the Limiter's own,
+// when a layer is a concurrency layer. A Limiter without concurrency
+// layers ignores it.
+func WithSlotStore(s core.SlotStore) Option {
+	return func(c *config) {
+		if s == nil {
+			c.fail("WithSlotStore: nil SlotStore")
+			return
+		}
+		c.slots = s
 	}
 }

@@ -98,7 +98,11 @@ func (l *Limiter) refundHandler(next http.Handler) http.Handler {
 			out  [core.MaxBatch]core.Decision
 		)
 		n := l.decide(l.routeRequest(r), &res, buf[:], reqs[:], out[:], true)
-		if !l.serve(w, r, &res, buf[:n]) {
+		ok := l.serve(w, r, &res, buf[:n])
+		if done := res.takeRelease(ok); done != nil {
+			defer done() // the in-flight slots, also when next panics
+		}
+		if !ok {
 			return
 		}
 		if !charged(&res, n) {
@@ -106,7 +110,10 @@ func (l *Limiter) refundHandler(next http.Handler) http.Handler {
 			return
 		}
 		if l.serveRefundable(w, r, next) {
-			l.refund(context.WithoutCancel(r.Context()), reqs[:n])
+			var rq [core.MaxBatch]core.Request
+			if k := l.refundRequests(buf[:n], &rq); k > 0 {
+				l.refund(context.WithoutCancel(r.Context()), rq[:k])
+			}
 		}
 	})
 }
@@ -114,7 +121,10 @@ func (l *Limiter) refundHandler(next http.Handler) http.Handler {
 // refundResultHandler is HandlerWithResult with WithRefund.
 func (l *Limiter) refundResultHandler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r, ok := l.AdmitWithResult(w, r)
+		r, ok, done := l.admitWithResult(w, r)
+		if done != nil {
+			defer done() // the in-flight slots, also when next panics
+		}
 		if !ok {
 			return
 		}
@@ -124,10 +134,10 @@ func (l *Limiter) refundResultHandler(next http.Handler) http.Handler {
 			return
 		}
 		if l.serveRefundable(w, r, next) {
-			var reqs [core.MaxBatch]core.Request
-			if n := refundRequests(res, &reqs); n > 0 {
+			var rq [core.MaxBatch]core.Request
+			if k := l.refundRequests(res.Layers, &rq); k > 0 {
 				res.refunded = true
-				l.refund(context.WithoutCancel(r.Context()), reqs[:n])
+				l.refund(context.WithoutCancel(r.Context()), rq[:k])
 			}
 		}
 	})
@@ -152,14 +162,19 @@ func charged(res *Result, n int) bool {
 	return n > 0 && res.Err == nil && res.kind == outcomeOK && !res.refunded
 }
 
-// refundRequests fills reqs with the charges of res, which must be charged,
-// and returns their number.
-func refundRequests(res *Result, reqs *[core.MaxBatch]core.Request) int {
+// refundRequests fills reqs with the charges of layers, the applied layers
+// of a charged request of this Limiter, and returns their number: every
+// rate layer (a concurrency layer holds a slot, not a charge). It returns
+// 0 for layers that were not all charged.
+func (l *Limiter) refundRequests(layers []LayerResult, reqs *[core.MaxBatch]core.Request) int {
 	n := 0
-	for i := range res.Layers {
-		ly := &res.Layers[i]
+	for i := range layers {
+		ly := &layers[i]
+		if ly.index < len(l.layers) && l.layers[ly.index].inFlight > 0 {
+			continue
+		}
 		if n == len(reqs) || ly.Refused || !ly.Decision.Allowed || ly.Decision.Policy == nil {
-			return 0 // not a charge this Limiter made
+			return 0
 		}
 		reqs[n] = core.Request{Policy: ly.Decision.Policy, Key: ly.Key, Cost: ly.Cost}
 		n++
@@ -184,7 +199,7 @@ func (l *Limiter) Refund(ctx context.Context, res *Result) error {
 		return nil
 	}
 	var reqs [core.MaxBatch]core.Request
-	n := refundRequests(res, &reqs)
+	n := l.refundRequests(res.Layers, &reqs)
 	if n == 0 {
 		return nil
 	}

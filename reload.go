@@ -59,6 +59,9 @@ func (l *Limiter) SetRules(rules map[string]core.Rule) error {
 		if i < 0 {
 			return fmt.Errorf("ratelimit: SetRules: no layer is named %q (layers: %s)", name, l.layerNames())
 		}
+		if l.layers[i].inFlight > 0 {
+			return fmt.Errorf("ratelimit: SetRules: layer %q is a concurrency layer (InFlight): its limit is fixed by New", name)
+		}
 		r := rules[name]
 		if r.Name == "" {
 			r.Name = name
@@ -82,6 +85,9 @@ func (l *Limiter) Rules() map[string]core.Rule {
 	rs := l.rules.Load()
 	m := make(map[string]core.Rule, len(rs.rules))
 	for i := range rs.rules {
+		if l.layers[i].inFlight > 0 {
+			continue // not a Rule: see Layer.InFlight
+		}
 		m[l.layers[i].name] = rs.rules[i].policy.Rule()
 	}
 	return m

@@ -150,3 +150,22 @@ func BenchmarkHeapPerKey(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFloodHeldKeys decides new keys against a full store whose keys
+// all still hold state: each new key examines up to EvictionScan keys
+// before evicting one, the worst case of an insertion.
+func BenchmarkFloodHeldKeys(b *testing.B) {
+	keys := benchKeys(1 << 20)
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 10_000})
+	l := core.Must(core.New(core.Rule{Name: "flood", Limit: 5, Window: time.Hour}, core.WithStore(m), core.WithClock(core.NewFakeClock(time.Unix(1_800_000_000, 0)))))
+	ctx := context.Background()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		l.Allow(ctx, keys[i&(1<<20-1)])
+		i++
+	}
+	if m.Len() > m.Capacity() {
+		b.Fatalf("Len %d beyond Capacity %d", m.Len(), m.Capacity())
+	}
+}

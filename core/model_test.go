@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/limitry/ratelimit/core"
+	"github.com/limitry/ratelimit/core/storetest"
 )
 
 // The models below restate each algorithm as plainly as possible, with
@@ -343,6 +344,65 @@ func TestSlidingCounterLargeCounts(t *testing.T) {
 		p.Algorithm().Decide(p, &st, step.cost, at, true, &got)
 		if got != want {
 			t.Fatalf("+%v cost %d:\n got %+v\nwant %+v", step.at, step.cost, got, want)
+		}
+	}
+}
+
+// TestClockStepsBack drives every algorithm through random traces in which
+// the clock jumps back (a little, far, or to before 1970): the step never
+// raises Remaining, a refusal's RetryAfter stays within the policy's
+// recovery time, and one recovery time after the first committed decision
+// at the earlier time the key is whole again.
+func TestClockStepsBack(t *testing.T) {
+	var x uint64 = 0x2545F4914F6CDD1D
+	rnd := func(n int64) int64 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		return int64(x % uint64(n))
+	}
+	for _, alg := range core.Algorithms() {
+		for trial := 0; trial < 300; trial++ {
+			r := core.Rule{Name: "back", Algorithm: alg, Limit: 1 + rnd(12), Window: time.Duration(1+rnd(50)) * 7 * time.Millisecond}
+			if alg == core.TokenBucket || alg == core.LeakyBucket {
+				r.Burst = rnd(10)
+			}
+			if alg == core.LeakyBucket && rnd(2) == 0 {
+				r.MaxDelay = time.Duration(rnd(20)) * 5 * time.Millisecond
+			}
+			p := core.MustPolicy(r)
+			rec := int64(storetest.Recovery(p))
+			var st core.State
+			var d core.Decision
+			now := int64(1_700_000_000) * int64(time.Second)
+			for i := rnd(20); i >= 0; i-- {
+				now += rnd(int64(r.Window) / 2)
+				alg.Decide(p, &st, 1+rnd(p.Capacity()), now, true, &d)
+			}
+			alg.Decide(p, &st, 0, now, false, &d)
+			before := d.Remaining
+			var back int64
+			switch rnd(3) {
+			case 0:
+				back = now - rnd(3*int64(r.Window))
+			case 1:
+				back = now - rnd(int64(100*365*24*time.Hour))
+			default:
+				back = -rnd(int64(50 * 365 * 24 * time.Hour))
+			}
+			alg.Decide(p, &st, 0, back, false, &d)
+			if d.Remaining > before {
+				t.Fatalf("%v: stepping back from %d to %d raised Remaining %d -> %d", p, now, back, before, d.Remaining)
+			}
+			cost := 1 + rnd(p.Capacity())
+			alg.Decide(p, &st, cost, back, true, &d)
+			if !d.Allowed && (d.RetryAfter <= 0 || int64(d.RetryAfter) > rec) {
+				t.Fatalf("%v: after stepping back to %d, cost %d refused with RetryAfter %v, beyond recovery %v", p, back, cost, d.RetryAfter, time.Duration(rec))
+			}
+			alg.Decide(p, &st, 0, back+rec, false, &d)
+			if d.Remaining != p.Capacity() || d.ResetAfter != 0 {
+				t.Fatalf("%v: one recovery time (%v) after stepping back to %d: %+v, want whole", p, time.Duration(rec), back, d)
+			}
 		}
 	}
 }

@@ -167,7 +167,6 @@ func (m *MemoryStore) refund(reqs []Request, now int64) error {
 			s.adopt(e, r.Policy, now)
 		}
 		r.Policy.alg.(AlgorithmRefunder).Refund(r.Policy, &e.st, r.Cost, now)
-		e.setExp(r.Policy)
 	}
 	for k := nord - 1; k >= 0; k-- {
 		m.shards[order[k]].mu.Unlock()
@@ -309,8 +308,8 @@ func (m *MemoryStore) roomFor(s *memShard, need, own int, batch []*memEntry, now
 		if held(e, batch) {
 			continue // Take moves the batch's keys to the front
 		}
-		if e.exp > now {
-			return e.exp - now, ErrStoreFull
+		if exp := e.expiry(); exp > now {
+			return exp - now, ErrStoreFull
 		}
 		if excess--; excess == 0 {
 			break

@@ -94,6 +94,13 @@ var (
 	//     It can never be stored: RetryAfter is 0, as for
 	//     ErrCostExceedsCapacity.
 	ErrStoreFull = errors.New("ratelimit: memory store is full of keys that still hold state")
+	// ErrTimeOutOfRange is returned (possibly wrapped by a store's own
+	// error) by a store that cannot represent the instant now, with nothing
+	// charged: a store may accept only part of the times a time.Time holds
+	// (the MemoryStore accepts every one, clamping it to [MinTime,
+	// MaxTime]). At every instant a store accepts, a key never seen is
+	// whole.
+	ErrTimeOutOfRange = errors.New("ratelimit: a store cannot represent this instant")
 )
 
 // CheckBatch validates a batch the way every Store must before touching

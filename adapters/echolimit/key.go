@@ -2,7 +2,6 @@ package echolimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 
@@ -14,10 +13,20 @@ import (
 // ErrNoContext is returned (wrapped) by a [Key] function for a request that
 // reached the Limiter without this package's middleware, so that no
 // echo.Context is known: a Limiter with Key layers must be mounted with
-// [Middleware], [MiddlewareWithConfig] or [New]. The Limiter answers it as any key
-// error (400 Bad Request, or the error handler's response); it never skips
-// the layer.
-var ErrNoContext = errors.New("echolimit: Key needs the request decided by echolimit's middleware")
+// [Middleware], [MiddlewareWithConfig] or [New]. It wraps ratelimit.ErrConfig: the Limiter answers it
+// as a configuration error (500 Internal Server Error unless the error
+// handler writes a response, and one log line), never as a skip.
+var ErrNoContext error = noContextError{}
+
+// noContextError is ErrNoContext: a configuration error with its own words.
+type noContextError struct{}
+
+func (noContextError) Error() string {
+	return "echolimit: Key needs the request decided by echolimit's middleware"
+}
+
+// Is reports that ErrNoContext is a ratelimit.ErrConfig.
+func (noContextError) Is(target error) bool { return target == ratelimit.ErrConfig }
 
 // echoContextKey is the request-context key under which the middleware
 // passes the echo.Context to Key functions.

@@ -179,8 +179,8 @@ func TestKeyWithoutMiddleware(t *testing.T) {
 	r := httptest.NewRequest("GET", "/", nil)
 	r.RemoteAddr = peer
 	l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("served") })).ServeHTTP(w, r)
-	if w.Code != http.StatusBadRequest || !errors.Is(got, ginlimit.ErrNoContext) {
-		t.Fatalf("status %d, error %v", w.Code, got)
+	if w.Code != http.StatusInternalServerError || !errors.Is(got, ginlimit.ErrNoContext) || !errors.Is(got, ratelimit.ErrConfig) {
+		t.Fatalf("status %d, error %v; want 500 with a configuration error", w.Code, got)
 	}
 }
 

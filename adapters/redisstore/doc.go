@@ -51,7 +51,7 @@
 // 2155: now plus two MaxWindows stays below 2^53 us) and, in ClientTime
 // mode, from MinTime (the year 1784) on; other times are refused with
 // ErrTimeOutOfRange in ClientTime mode (the zero time.Time, the year 1,
-// among them). Rational quantities
+// among them), which wraps core.ErrTimeOutOfRange. Rational quantities
 // never cross the Lua boundary: rule parameters go in as MessagePack
 // integers (decoded by Redis's built-in cmsgpack), times as decimal integer
 // strings, and the reply is one string of decimal integers.
@@ -78,8 +78,10 @@
 // window or sliding counter record whose window lies in the future counts
 // as the current window's (refused for at most one Window, two for the
 // sliding counter); sliding log entries after now count as made at now.
-// The clamped state is written back, even by a refusal, so the bound holds
-// at every later decision. A key never seen is whole at every time the
+// The clamped state is written back, even by a refusal (a batch refused
+// by another layer, a request over capacity, a batch spanning several
+// slots refused at its check), so the bound holds at every later
+// decision, counted from the first decision after the step. A key never seen is whole at every time the
 // store accepts.
 //
 // # Policy identity
@@ -183,7 +185,9 @@
 // A batch whose requests span several slots is never sent as one script
 // (that would fail with CROSSSLOT). It is decided in up to three steps:
 // every slot's group is checked without charging (in parallel); if one
-// would refuse, the batch is refused and nothing was written; otherwise
+// would refuse, the batch is refused and nothing was charged (records
+// converted from another policy's or clamped after a clock step are
+// written, as by any refusal); otherwise
 // every group is charged (in parallel), each atomically and only if it
 // still admits; if a group's charge is refused because its state changed
 // since the check, the groups already charged are refunded and the batch

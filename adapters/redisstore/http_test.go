@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 	if skip != "" {
 		fmt.Fprintln(os.Stderr, "redisstore: skipping the examples that need Redis:", skip)
 		if f := flag.Lookup("test.skip"); f != nil && f.Value.String() == "" {
-			f.Value.Set("^(Example|Example_layered)$")
+			f.Value.Set("^(Example|Example_layered|ExampleNewInFlight)$")
 		}
 	} else {
 		redisAddr = addr

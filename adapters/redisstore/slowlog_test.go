@@ -64,8 +64,9 @@ func fillLog(t *testing.T, client *redis.Client, key string, p *core.Policy, sta
 // measures, with SLOWLOG, the server time of the decisions that used to
 // walk it: the whole log just expired, half of it expired, and a refusal
 // whose Retry-After lies deep in the log. Each must take under 1 ms of
-// server time (the test allows 2 ms, a margin for a loaded machine); the log walked one
-// chunk at a time took 174 ms.
+// server time (the test allows 2 ms at the best of up to five runs, a
+// margin for a loaded machine); the log walked one chunk at a time took
+// 174 ms.
 func TestSlidingLogBoundedWork(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fills a 200,000-entry log")
@@ -91,15 +92,25 @@ func TestSlidingLogBoundedWork(t *testing.T) {
 		{"half expired", start.Add(time.Hour + time.Duration(n/2)*time.Millisecond), true},
 		{"full: refused", last, false},
 	} {
-		fillLog(t, client, key, p, start, n)
-		var d core.Decision
-		us := slowlogMicros(t, client, func() { d = take(t, s, c.at, p, "k", 1) })
-		t.Logf("%s: %d us of server time (SLOWLOG)", c.name, us)
-		if d.Allowed != c.allow {
-			t.Fatalf("%s: %+v, want allowed=%v", c.name, d, c.allow)
+		// SLOWLOG counts wall time, which a busy machine inflates when it
+		// preempts the server mid-command: the least of up to five runs
+		// measures the work. Walking the log would exceed the limit on
+		// every run, by two orders of magnitude.
+		best := int64(-1)
+		for run := 0; run < 5 && (best < 0 || best > limit); run++ {
+			fillLog(t, client, key, p, start, n)
+			var d core.Decision
+			us := slowlogMicros(t, client, func() { d = take(t, s, c.at, p, "k", 1) })
+			t.Logf("%s: %d us of server time (SLOWLOG)", c.name, us)
+			if d.Allowed != c.allow {
+				t.Fatalf("%s: %+v, want allowed=%v", c.name, d, c.allow)
+			}
+			if best < 0 || us < best {
+				best = us
+			}
 		}
-		if us > limit {
-			t.Errorf("%s: %d us of server time, want under %d", c.name, us, limit)
+		if best > limit {
+			t.Errorf("%s: %d us of server time at best of five runs, want under %d", c.name, best, limit)
 		}
 	}
 	// The log is exact after the trim: half expired then one more.

@@ -40,8 +40,10 @@ var (
 	ErrUnsupportedRule = errors.New("redisstore: rule not supported by the Redis store")
 
 	// ErrTimeOutOfRange is returned in ClientTime mode for a time before
-	// MinTime or after MaxTime. Nothing is charged.
-	ErrTimeOutOfRange = errors.New("redisstore: time outside the range the Redis store supports")
+	// MinTime or after MaxTime. Nothing is charged. It wraps
+	// core.ErrTimeOutOfRange: the Store contract lets a store refuse an
+	// instant it cannot represent.
+	ErrTimeOutOfRange = fmt.Errorf("redisstore: time outside the range the Redis store supports: %w", core.ErrTimeOutOfRange)
 
 	// ErrUnavailable is returned, when no Fallback is set, while the
 	// circuit breaker is open (or half-open with its probe decisions

@@ -110,8 +110,8 @@ func TestUnsupported(t *testing.T) {
 	}
 	for _, at := range []time.Time{{}, MinTime.Add(-time.Microsecond), MaxTime.Add(time.Microsecond), time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)} {
 		err := s.Take(context.Background(), at, []core.Request{{Policy: good, Key: "k", Cost: 1}}, out[:1])
-		if !errors.Is(err, ErrTimeOutOfRange) {
-			t.Errorf("at %v: err = %v, want ErrTimeOutOfRange", at, err)
+		if !errors.Is(err, ErrTimeOutOfRange) || !errors.Is(err, core.ErrTimeOutOfRange) {
+			t.Errorf("at %v: err = %v, want ErrTimeOutOfRange wrapping core.ErrTimeOutOfRange", at, err)
 		}
 	}
 	if MaxTime.Year() != 2155 {

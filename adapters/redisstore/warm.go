@@ -42,7 +42,9 @@ func (s *Store) Warm(ctx context.Context) error {
 }
 
 // warmNode loads the script on one server and opens up to conns
-// connections to it.
+// connections to it. Each connection is held until all are open (and
+// answered a PING), so the pool ends up holding conns idle connections, not
+// the few that concurrent PINGs would reuse.
 func warmNode(ctx context.Context, c *redis.Client, conns int) error {
 	if err := c.ScriptLoad(ctx, scriptSource).Err(); err != nil {
 		return fmt.Errorf("redisstore: warming up %s: %w", c.Options().Addr, err)
@@ -52,14 +54,19 @@ func warmNode(ctx context.Context, c *redis.Client, conns int) error {
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, conns)
+	held := make([]*redis.Conn, conns)
 	for i := 0; i < conns; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = c.Ping(ctx).Err()
+			held[i] = c.Conn()
+			errs[i] = held[i].Ping(ctx).Err()
 		}()
 	}
 	wg.Wait()
+	for _, cn := range held {
+		cn.Close() // back to the pool, idle
+	}
 	for _, err := range errs {
 		if err != nil {
 			return fmt.Errorf("redisstore: warming up %s: %w", c.Options().Addr, err)

@@ -1,7 +1,9 @@
 -- main.lua: decides a batch of requests, one per key of KEYS.
 --
 -- ARGV[1] mode: 'T' take (decide all; charge all only if all are admitted),
---               'C' check (decide all, charge nothing, report as refused),
+--               'C' check (decide all, charge nothing, report as refused;
+--                   a record converted or clamped is written as a refused
+--                   take writes it),
 --               'R' refund (undo the charges of an earlier 'T').
 -- ARGV[2] now in Unix microseconds, or '' to read the server's TIME.
 -- ARGV[3] 1-based index of a request whose cost exceeds its capacity, or 0.
@@ -167,8 +169,13 @@ end
 
 -- Refused (or only checked): nothing is charged, and the requests that
 -- would have passed report their state without their cost. A refused take
--- still writes the states converted from another policy's.
-if mode == 'T' then
+-- and a check still write the states converted from another policy's and
+-- the states clamped after a clock stepped back, as the memory store's
+-- decision at cost 0 does: neither changes a decision at now, and the
+-- clamp's bound must hold from the first decision after the step, on
+-- whichever path (a request over capacity, a batch spanning several slots)
+-- it came.
+do
   for i = 1, n do
     local r = reqs[i]
     if r.st.rewrite then

@@ -1,0 +1,389 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/core"
+	"github.com/limitry/ratelimit/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// newInFlight returns an InFlight over client with a unique prefix unless
+// cfg sets one, closed when t ends.
+func newInFlight(t *testing.T, client redis.UniversalClient, cfg InFlightConfig) *InFlight {
+	t.Helper()
+	if cfg.Prefix == "" {
+		cfg.Prefix = uniquePrefix(t)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	f, err := NewInFlight(client, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// acquireOne asks f for a slot of key under "conc" with limit n.
+func acquireOne(t *testing.T, f *InFlight, key string, n int64) (func(), core.SlotDecision) {
+	t.Helper()
+	var out [1]core.SlotDecision
+	rel, err := f.Acquire(context.Background(), []core.SlotRequest{{Name: "conc", Key: key, Limit: n}}, out[:])
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	return rel, out[0]
+}
+
+// members returns the number of slot ids in the sorted set of key.
+func members(t *testing.T, c *redis.Client, f *InFlight, name, key string) int64 {
+	t.Helper()
+	n, err := c.ZCard(context.Background(), redisKey(f.prefix, escapeName(name), "", &core.Request{Key: key})).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestInFlightAcquireRelease(t *testing.T) {
+	c := newClient(t, redistest.Server(t))
+	f := newInFlight(t, c, InFlightConfig{})
+	r1, d1 := acquireOne(t, f, "alice", 2)
+	r2, d2 := acquireOne(t, f, "alice", 2)
+	r3, d3 := acquireOne(t, f, "alice", 2)
+	if r1 == nil || r2 == nil || r3 != nil {
+		t.Fatalf("admitted %v %v %v, want true true false", r1 != nil, r2 != nil, r3 != nil)
+	}
+	if d1.InFlight != 1 || d2.InFlight != 2 || d3.InFlight != 2 || d3.Allowed || d3.Limit != 2 {
+		t.Fatalf("decisions %+v %+v %+v", d1, d2, d3)
+	}
+	if f.Held() != 2 {
+		t.Fatalf("Held %d, want 2", f.Held())
+	}
+	r1()
+	r1() // a second call removes nothing
+	if got := members(t, c, f, "conc", "alice"); got != 1 {
+		t.Fatalf("%d slots after one release (called twice), want 1", got)
+	}
+	r4, _ := acquireOne(t, f, "alice", 2)
+	if r4 == nil {
+		t.Fatal("refused after a release")
+	}
+	r2()
+	r4()
+	if got := members(t, c, f, "conc", "alice"); got != 0 || f.Held() != 0 {
+		t.Fatalf("%d slots, %d held after every release", got, f.Held())
+	}
+}
+
+func TestInFlightAllOrNothing(t *testing.T) {
+	c := newClient(t, redistest.Server(t))
+	f := newInFlight(t, c, InFlightConfig{})
+	rb, _ := f.Acquire(context.Background(), []core.SlotRequest{{Name: "b", Key: "k", Limit: 1}}, make([]core.SlotDecision, 1))
+	if rb == nil {
+		t.Fatal("refused")
+	}
+	out := make([]core.SlotDecision, 2)
+	rel, err := f.Acquire(context.Background(), []core.SlotRequest{{Name: "a", Key: "k", Limit: 5}, {Name: "b", Key: "k", Limit: 1}}, out)
+	if err != nil || rel != nil {
+		t.Fatalf("batch with a full key: %v %v, want a refusal", rel != nil, err)
+	}
+	if !out[0].Allowed || out[0].InFlight != 0 || out[1].Allowed || out[1].InFlight != 1 {
+		t.Fatalf("decisions %+v", out)
+	}
+	if got := members(t, c, f, "a", "k"); got != 0 {
+		t.Fatalf("the refused batch took %d slots of a", got)
+	}
+	rb()
+}
+
+// TestInFlightExpiryAfterDeath: a process that dies without releasing (its
+// renewer stopped) frees its slots at their expiry, not before.
+func TestInFlightExpiryAfterDeath(t *testing.T) {
+	c := newClient(t, redistest.Server(t))
+	clk := core.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	prefix := uniquePrefix(t)
+	dead := newInFlight(t, c, InFlightConfig{Prefix: prefix, Clock: clk, Expiry: 30 * time.Second})
+	alive := newInFlight(t, c, InFlightConfig{Prefix: prefix, Clock: clk, Expiry: 30 * time.Second})
+	for range 2 {
+		if rel, _ := acquireOne(t, dead, "alice", 2); rel == nil {
+			t.Fatal("refused")
+		}
+	}
+	dead.Close() // dies: no renewal, no release
+	clk.Advance(30*time.Second - time.Millisecond)
+	if rel, d := acquireOne(t, alive, "alice", 2); rel != nil || d.InFlight != 2 {
+		t.Fatalf("before the expiry: admitted %v, in flight %d; want a refusal", rel != nil, d.InFlight)
+	}
+	clk.Advance(time.Millisecond)
+	rel, d := acquireOne(t, alive, "alice", 2)
+	if rel == nil || d.InFlight != 1 {
+		t.Fatalf("at the expiry: admitted %v, in flight %d; want the dead slots gone", rel != nil, d.InFlight)
+	}
+	rel()
+	if _, err := dead.Acquire(context.Background(), []core.SlotRequest{{Name: "conc", Key: "x", Limit: 1}}, make([]core.SlotDecision, 1)); !errors.Is(err, ErrInFlightClosed) {
+		t.Fatalf("Acquire after Close: %v", err)
+	}
+}
+
+// TestInFlightRenewal: a request running longer than the expiry keeps its
+// slot while it is renewed; one renewed too late is lost, not revived.
+func TestInFlightRenewal(t *testing.T) {
+	c := newClient(t, redistest.Server(t))
+	clk := core.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	prefix := uniquePrefix(t)
+	a := newInFlight(t, c, InFlightConfig{Prefix: prefix, Clock: clk, Expiry: 30 * time.Second})
+	b := newInFlight(t, c, InFlightConfig{Prefix: prefix, Clock: clk, Expiry: 30 * time.Second})
+	rel, _ := acquireOne(t, a, "alice", 1)
+	if rel == nil {
+		t.Fatal("refused")
+	}
+	for range 4 { // 80 s in all, renewed every 20 s
+		clk.Advance(20 * time.Second)
+		a.renewAll()
+	}
+	if r, _ := acquireOne(t, b, "alice", 1); r != nil {
+		t.Fatal("a renewed slot was taken by another process after 80 s")
+	}
+	if a.Lost() != 0 {
+		t.Fatalf("Lost %d", a.Lost())
+	}
+	clk.Advance(31 * time.Second) // the renewer missed its turn
+	rb, _ := acquireOne(t, b, "alice", 1)
+	if rb == nil {
+		t.Fatal("an expired slot still counts")
+	}
+	a.renewAll()
+	if a.Lost() != 1 {
+		t.Fatalf("Lost %d, want 1", a.Lost())
+	}
+	// a's late release removes a's slot id only: b's slot stays.
+	rel()
+	if got := members(t, c, a, "conc", "alice"); got != 1 {
+		t.Fatalf("%d slots after the expired slot's release, want b's 1", got)
+	}
+	if r, _ := acquireOne(t, a, "alice", 1); r != nil {
+		t.Fatal("the late release freed b's slot")
+	}
+	rb()
+}
+
+// TestInFlightRenewerRuns uses a short real expiry: a slot held for several
+// expiries stays held while its renewer runs.
+func TestInFlightRenewerRuns(t *testing.T) {
+	c := newClient(t, redistest.Server(t))
+	prefix := uniquePrefix(t)
+	a := newInFlight(t, c, InFlightConfig{Prefix: prefix, Expiry: 200 * time.Millisecond, RenewEvery: 40 * time.Millisecond})
+	b := newInFlight(t, c, InFlightConfig{Prefix: prefix, Expiry: 200 * time.Millisecond})
+	rel, _ := acquireOne(t, a, "alice", 1)
+	if rel == nil {
+		t.Fatal("refused")
+	}
+	deadline := time.Now().Add(700 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if r, _ := acquireOne(t, b, "alice", 1); r != nil {
+			t.Fatal("a renewed slot expired")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	rel()
+	if r, _ := acquireOne(t, b, "alice", 1); r == nil {
+		t.Fatal("refused after the release")
+	} else {
+		r()
+	}
+}
+
+// TestInFlightExactUnderConcurrency: 64 goroutines of 4 processes on one
+// key with a limit of 5 hold exactly 5 slots.
+func TestInFlightExactUnderConcurrency(t *testing.T) {
+	const goroutines, limit = 64, 5
+	c := newClient(t, redistest.Server(t))
+	prefix := uniquePrefix(t)
+	var stores [4]*InFlight
+	for i := range stores {
+		stores[i] = newInFlight(t, c, InFlightConfig{Prefix: prefix})
+	}
+	var (
+		mu   sync.Mutex
+		rels []func()
+		wg   sync.WaitGroup
+	)
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var out [1]core.SlotDecision
+			rel, err := stores[g%4].Acquire(context.Background(), []core.SlotRequest{{Name: "conc", Key: "k", Limit: limit}}, out[:])
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if rel != nil {
+				mu.Lock()
+				rels = append(rels, rel)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(rels) != limit {
+		t.Fatalf("admitted %d, want %d", len(rels), limit)
+	}
+	for _, rel := range rels {
+		rel()
+	}
+	if got := members(t, c, stores[0], "conc", "k"); got != 0 {
+		t.Fatalf("%d slots after every release", got)
+	}
+}
+
+// TestInFlightLimiter runs a concurrency layer and a rate layer over Redis
+// through the middleware: a request refused by the concurrency layer is
+// answered 429 and charges nothing.
+func TestInFlightLimiter(t *testing.T) {
+	c := newClient(t, redistest.Server(t))
+	slots := newInFlight(t, c, InFlightConfig{})
+	store := newStore(t, c, nil)
+	l, err := ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 10, Window: time.Hour}},
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 1},
+	}, ratelimit.WithStore(store), ratelimit.WithSlotStore(slots), ratelimit.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate, started := make(chan struct{}), make(chan struct{})
+	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			close(started)
+			<-gate
+		}
+	}))
+	done := make(chan int)
+	go func() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/slow", nil))
+		done <- rec.Code
+	}()
+	<-started
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/fast", nil))
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "1" {
+		t.Fatalf("second request: %d Retry-After %q, want 429 and 1", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	close(gate)
+	if code := <-done; code != 200 {
+		t.Fatalf("slow request: %d", code)
+	}
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/fast", nil))
+	if rec.Code != 200 || rec.Header().Get("X-RateLimit-Remaining") != "0" {
+		// in-flight speaks with 0 left (this request holds the only slot).
+		t.Fatalf("after: %d remaining %q", rec.Code, rec.Header().Get("X-RateLimit-Remaining"))
+	}
+	d := take(t, store, time.Now(), core.MustPolicy(core.Rule{Name: "rate", Limit: 10, Window: time.Hour}), "192.0.2.1", 1)
+	if d.Remaining != 7 {
+		t.Fatalf("rate remaining %d after 3 charged requests, want 7 (the refused one charged nothing)", d.Remaining)
+	}
+	if slots.Held() != 0 {
+		t.Fatalf("%d held after every request", slots.Held())
+	}
+}
+
+func TestInFlightConfigErrors(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	for _, cfg := range []InFlightConfig{
+		{Expiry: time.Millisecond},
+		{Expiry: time.Second, RenewEvery: time.Second},
+		{RenewEvery: -1},
+		{Timeout: -1},
+	} {
+		if f, err := NewInFlight(c, &cfg); err == nil {
+			f.Close()
+			t.Errorf("%+v accepted", cfg)
+		}
+	}
+	if _, err := NewInFlight(nil, nil); err == nil {
+		t.Error("nil client accepted")
+	}
+}
+
+// TestInFlightCluster acquires two limits whose keys hash to different
+// Cluster slots: one key after another, all or nothing, never CROSSSLOT.
+func TestInFlightCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starting a cluster takes 2 s")
+	}
+	c := newClusterClient(t, redistest.Cluster(t))
+	f := newInFlight(t, c, InFlightConfig{})
+	a := core.SlotRequest{Name: "a", Key: "k1", Limit: 5}
+	b := core.SlotRequest{Name: "b", Key: "k2", Limit: 1}
+	ka := redisKey(f.prefix, "a", "", &core.Request{Key: "k1"})
+	kb := redisKey(f.prefix, "b", "", &core.Request{Key: "k2"})
+	if slot(ka) == slot(kb) {
+		t.Fatalf("test keys share slot %d", slot(ka))
+	}
+	card := func(k string) int64 {
+		n, err := c.ZCard(context.Background(), k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	out := make([]core.SlotDecision, 2)
+	rel, err := f.Acquire(context.Background(), []core.SlotRequest{a, b}, out)
+	if err != nil || rel == nil {
+		t.Fatalf("first: %v %v", rel != nil, err)
+	}
+	if card(ka) != 1 || card(kb) != 1 || out[0].InFlight != 1 || out[1].InFlight != 1 {
+		t.Fatalf("slots %d %d, decisions %+v", card(ka), card(kb), out)
+	}
+	rel2, err := f.Acquire(context.Background(), []core.SlotRequest{a, b}, out)
+	if err != nil || rel2 != nil {
+		t.Fatalf("second: %v %v, want a refusal", rel2 != nil, err)
+	}
+	if card(ka) != 1 || out[1].Allowed || out[0].InFlight != 1 {
+		t.Fatalf("after the refusal a holds %d, decisions %+v; want a given back", card(ka), out)
+	}
+	rel()
+	rel()
+	if card(ka) != 0 || card(kb) != 0 {
+		t.Fatalf("after release: %d %d", card(ka), card(kb))
+	}
+}
+
+// TestInFlightRedisDown: a failing acquisition is a backend error (never a
+// slot held by nobody), answered by the Limiter's fail policy.
+func TestInFlightRedisDown(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer c.Close()
+	f := newInFlight(t, c, InFlightConfig{Timeout: 200 * time.Millisecond})
+	rel, err := f.Acquire(context.Background(), []core.SlotRequest{{Name: "conc", Key: "k", Limit: 1}}, make([]core.SlotDecision, 1))
+	if err == nil || rel != nil {
+		t.Fatalf("Acquire with Redis down: %v %v, want an error", rel != nil, err)
+	}
+	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 1}},
+		ratelimit.WithSlotStore(f), ratelimit.WithFailClosed(), ratelimit.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	l.Handler(http.NotFoundHandler()).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("fail-closed with Redis down: %d, want 503", rec.Code)
+	}
+	f.Close()
+	if f.Failures() == 0 {
+		t.Fatal("the background releases after the failures were not counted")
+	}
+}

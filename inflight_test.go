@@ -1,0 +1,582 @@
+package ratelimit_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+// watchedSlots is a SlotTable that reports every release on a channel.
+type watchedSlots struct {
+	*core.SlotTable
+	released chan struct{}
+	acquired atomic.Int64
+}
+
+func newWatchedSlots() *watchedSlots {
+	return &watchedSlots{SlotTable: core.NewSlotTable(0), released: make(chan struct{}, 1024)}
+}
+
+func (w *watchedSlots) Acquire(ctx context.Context, reqs []core.SlotRequest, out []core.SlotDecision) (func(), error) {
+	release, err := w.SlotTable.Acquire(ctx, reqs, out)
+	if release == nil {
+		return nil, err
+	}
+	w.acquired.Add(1)
+	return func() {
+		release()
+		w.released <- struct{}{}
+	}, err
+}
+
+// waitReleased waits for one release.
+func (w *watchedSlots) waitReleased(t *testing.T) {
+	t.Helper()
+	select {
+	case <-w.released:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slot was never released")
+	}
+}
+
+// inFlightLayer is a concurrency layer of n per client IP named "in-flight".
+func inFlightLayer(n int64) ratelimit.Layer {
+	return ratelimit.Layer{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: n}
+}
+
+func getFrom(ip string) *http.Request {
+	r := httptest.NewRequest(http.MethodGet, "/slow", nil)
+	r.RemoteAddr = ip + ":1234"
+	return r
+}
+
+func TestInFlightReleasedOnReturn(t *testing.T) {
+	slots := newWatchedSlots()
+	l := mwLimiter(t, []ratelimit.Layer{inFlightLayer(2)}, ratelimit.WithSlotStore(slots),
+		ratelimit.WithHeaders(ratelimit.XRateLimitHeaders|ratelimit.IETFHeaders))
+	gate := make(chan struct{})
+	started := make(chan struct{}, 2)
+	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-gate
+	}))
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, getFrom("192.0.2.1"))
+			codes[i] = rec.Code
+		}()
+	}
+	<-started
+	<-started
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != 2 {
+		t.Fatalf("in flight = %d, want 2", got)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, getFrom("192.0.2.1"))
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("third request: %d, want 429", rec.Code)
+	}
+	for name, want := range map[string]string{
+		"Retry-After":           "1",
+		"X-Ratelimit-Limit":     "2",
+		"X-Ratelimit-Remaining": "0",
+		"Ratelimit-Policy":      `"in-flight";q=2;qu="concurrent-requests"`,
+		"Ratelimit":             `"in-flight";r=0;t=1`,
+	} {
+		if got := rec.Header().Get(name); got != want {
+			t.Errorf("%s = %q, want %q", name, got, want)
+		}
+	}
+	// Another client has slots of its own.
+	other := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() { h.ServeHTTP(other, getFrom("192.0.2.2")); close(done) }()
+	<-started
+	close(gate)
+	wg.Wait()
+	<-done
+	if codes[0] != 200 || codes[1] != 200 || other.Code != 200 {
+		t.Fatalf("codes %v and %d, want 200s", codes, other.Code)
+	}
+	if n := slots.Len(); n != 0 {
+		t.Fatalf("%d keys still hold slots after every request returned", n)
+	}
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, getFrom("192.0.2.1"))
+	if rec.Code != 200 {
+		t.Fatalf("request after the others finished: %d, want 200", rec.Code)
+	}
+}
+
+func TestInFlightReleasedOnPanic(t *testing.T) {
+	slots := newWatchedSlots()
+	l := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithSlotStore(slots))
+	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		panic(http.ErrAbortHandler)
+	}))
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the panic did not propagate")
+			}
+		}()
+		h.ServeHTTP(httptest.NewRecorder(), getFrom("192.0.2.1"))
+	}()
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != 0 {
+		t.Fatalf("in flight after a panic = %d, want 0", got)
+	}
+	rec := httptest.NewRecorder()
+	mwOKHandler := l.Handler(mwOK)
+	mwOKHandler.ServeHTTP(rec, getFrom("192.0.2.1"))
+	if rec.Code != 200 {
+		t.Fatalf("after the panic: %d, want 200", rec.Code)
+	}
+}
+
+// TestInFlightReleasedOnDisconnect serves over a real connection: the client
+// goes away, the handler sees its context end and returns, and the slot is
+// given back.
+func TestInFlightReleasedOnDisconnect(t *testing.T) {
+	slots := newWatchedSlots()
+	l := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 1}},
+		ratelimit.WithSlotStore(slots))
+	started := make(chan struct{})
+	srv := httptest.NewServer(l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-r.Context().Done()
+	})))
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+		resp, err := srv.Client().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-started
+	if got := slots.InFlight("in-flight", "127.0.0.1"); got != 1 {
+		t.Fatalf("in flight = %d, want 1", got)
+	}
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("client: %v, want a cancelled request", err)
+	}
+	slots.waitReleased(t)
+	if got := slots.InFlight("in-flight", "127.0.0.1"); got != 0 {
+		t.Fatalf("in flight after the client went away = %d, want 0", got)
+	}
+}
+
+func TestInFlightReleasedOnHijack(t *testing.T) {
+	slots := newWatchedSlots()
+	l := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithSlotStore(slots))
+	srv := httptest.NewServer(l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Errorf("hijack: %v", err)
+			return
+		}
+		_, _ = rw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+		_ = rw.Flush()
+		go func() { // the connection outlives the handler
+			time.AfterFunc(50*time.Millisecond, func() { conn.Close() })
+		}()
+	})))
+	defer srv.Close()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("hijacked response %d", resp.StatusCode)
+	}
+	slots.waitReleased(t)
+	if got := slots.InFlight("in-flight", "127.0.0.1"); got != 0 {
+		t.Fatalf("in flight after a hijacked request returned = %d, want 0", got)
+	}
+}
+
+// TestInFlightComposes checks both directions: a request the rate layer
+// refuses holds no slot, and one the concurrency layer refuses charges no
+// rate layer.
+func TestInFlightComposes(t *testing.T) {
+	slots := newWatchedSlots()
+	rate := ratelimit.Layer{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 3, Window: time.Hour}}
+	l := mwLimiter(t, []ratelimit.Layer{rate, inFlightLayer(1)}, ratelimit.WithSlotStore(slots))
+	gate := make(chan struct{})
+	started := make(chan struct{})
+	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			close(started)
+			<-gate
+		}
+	}))
+	done := make(chan int)
+	go func() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, getFrom("192.0.2.1"))
+		done <- rec.Code
+	}()
+	<-started
+	// Refused by the concurrency layer: the rate layer is not charged.
+	for range 5 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, getFrom("192.0.2.1"))
+		if rec.Code != http.StatusTooManyRequests {
+			t.Fatalf("while one is in flight: %d, want 429", rec.Code)
+		}
+	}
+	res := l.Decide(getFrom("192.0.2.1"))
+	if res.Proceed || len(res.Layers) != 1 || res.Layers[0].Decision.Policy.Name() != "in-flight" || !res.Layers[0].Refused {
+		t.Fatalf("Decide while one is in flight: %+v, want a refusal by the in-flight layer alone", res)
+	}
+	close(gate)
+	if code := <-done; code != 200 {
+		t.Fatalf("slow request: %d", code)
+	}
+	// The rate layer was charged once: two more pass, then it refuses.
+	fast := func() int {
+		r := getFrom("192.0.2.1")
+		r.URL.Path = "/fast"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec.Code
+	}
+	for i := range 2 {
+		if code := fast(); code != 200 {
+			t.Fatalf("fast request %d: %d, want 200 (the concurrency refusals must not charge the rate layer)", i, code)
+		}
+	}
+	before := slots.acquired.Load()
+	if code := fast(); code != http.StatusTooManyRequests {
+		t.Fatalf("over the rate: %d, want 429", code)
+	}
+	// Refused by the rate layer: it took a slot and gave it back at once.
+	if slots.acquired.Load() != before+1 {
+		t.Fatalf("acquisitions %d, want %d", slots.acquired.Load(), before+1)
+	}
+	slots.waitReleased(t) // the two fast requests' and this one's
+	if n := slots.Len(); n != 0 {
+		t.Fatalf("%d keys hold slots after a rate refusal", n)
+	}
+	// Decide too: a Result the rate layer refused holds nothing.
+	res = l.Decide(getFrom("192.0.2.1"))
+	if res.Proceed || len(res.Layers) != 2 || !res.Layers[0].Refused || res.Layers[1].Refused {
+		t.Fatalf("Decide over the rate: %+v, want the rate layer refusing, in layer order", res)
+	}
+	if n := slots.Len(); n != 0 {
+		t.Fatalf("%d keys hold slots after Decide was refused by the rate layer", n)
+	}
+}
+
+// TestInFlightExactUnderConcurrency: 64 goroutines, one key, a limit of 5:
+// exactly 5 hold a slot at once.
+func TestInFlightExactUnderConcurrency(t *testing.T) {
+	const goroutines, limit = 64, 5
+	slots := core.NewSlotTable(0)
+	l := mwLimiter(t, []ratelimit.Layer{inFlightLayer(limit)}, ratelimit.WithSlotStore(slots))
+	gate := make(chan struct{})
+	var served, refused atomic.Int64
+	allRefused := make(chan struct{})
+	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+		<-gate
+	}))
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, getFrom("192.0.2.1"))
+			if rec.Code == http.StatusTooManyRequests && refused.Add(1) == goroutines-limit {
+				close(allRefused)
+			}
+		}()
+	}
+	select {
+	case <-allRefused:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("refused %d, want %d", refused.Load(), goroutines-limit)
+	}
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != limit {
+		t.Fatalf("in flight %d, want %d", got, limit)
+	}
+	close(gate)
+	wg.Wait()
+	if served.Load() != limit || refused.Load() != goroutines-limit {
+		t.Fatalf("served %d refused %d, want %d and %d", served.Load(), refused.Load(), limit, goroutines-limit)
+	}
+	if slots.Len() != 0 {
+		t.Fatalf("%d keys hold slots after every request", slots.Len())
+	}
+
+	// The same through Decide, with the Results released afterwards.
+	results := make([]ratelimit.Result, goroutines)
+	for i := range goroutines {
+		wg.Add(1)
+		go func() { defer wg.Done(); results[i] = l.Decide(getFrom("192.0.2.1")) }()
+	}
+	wg.Wait()
+	proceeded := 0
+	for i := range results {
+		if results[i].Proceed {
+			proceeded++
+		}
+	}
+	if proceeded != limit {
+		t.Fatalf("Decide admitted %d, want %d", proceeded, limit)
+	}
+	for i := range results {
+		results[i].Release()
+		results[i].Release() // a second release gives nothing back
+	}
+	if slots.Len() != 0 {
+		t.Fatalf("%d keys hold slots after Release", slots.Len())
+	}
+}
+
+func TestInFlightAdmit(t *testing.T) {
+	slots := newWatchedSlots()
+	l := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithSlotStore(slots),
+		ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+			if !errors.Is(err, ratelimit.ErrConfig) || !errors.Is(err, ratelimit.ErrNoRelease) {
+				t.Errorf("error %v, want ErrConfig and ErrNoRelease", err)
+			}
+		}))
+
+	t.Run("context that never ends", func(t *testing.T) {
+		rec := httptest.NewRecorder()
+		if l.Admit(rec, getFrom("192.0.2.1")) {
+			t.Fatal("Admit admitted a request whose slot it could never give back")
+		}
+		if rec.Code != http.StatusInternalServerError {
+			t.Fatalf("code %d, want 500", rec.Code)
+		}
+		if slots.Len() != 0 {
+			t.Fatal("a slot was taken")
+		}
+	})
+	t.Run("released when the context ends", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		r := getFrom("192.0.2.1").WithContext(ctx)
+		if !l.Admit(httptest.NewRecorder(), r) {
+			t.Fatal("refused")
+		}
+		if l.Admit(httptest.NewRecorder(), getFrom("192.0.2.1").WithContext(ctx)) {
+			t.Fatal("a second request was admitted while the first holds the only slot")
+		}
+		cancel()
+		slots.waitReleased(t)
+		if slots.Len() != 0 {
+			t.Fatal("the slot was kept after the context ended")
+		}
+	})
+	t.Run("AdmitFunc", func(t *testing.T) {
+		ok, done := l.AdmitFunc(httptest.NewRecorder(), getFrom("192.0.2.1"))
+		if !ok {
+			t.Fatal("refused")
+		}
+		ok2, done2 := l.AdmitFunc(httptest.NewRecorder(), getFrom("192.0.2.1"))
+		if ok2 {
+			t.Fatal("admitted over the limit")
+		}
+		done2()
+		if got := slots.InFlight("in-flight", "192.0.2.1"); got != 1 {
+			t.Fatalf("in flight %d after the refused request's done, want 1", got)
+		}
+		done()
+		done()
+		if got := slots.InFlight("in-flight", "192.0.2.1"); got != 0 {
+			t.Fatalf("in flight %d after done, want 0", got)
+		}
+	})
+}
+
+func TestInFlightConfig(t *testing.T) {
+	cases := []struct {
+		name  string
+		layer ratelimit.Layer
+		want  string
+	}{
+		{"negative", ratelimit.Layer{Key: ratelimit.MustClientIP(), InFlight: -1}, "InFlight must not be negative"},
+		{"with a rate", ratelimit.Layer{Key: ratelimit.MustClientIP(), Rule: core.Rule{Limit: 5, Window: time.Second}, InFlight: 1}, "takes only Rule.Name"},
+		{"with a cost", ratelimit.Layer{Key: ratelimit.MustClientIP(), InFlight: 1, Cost: func(*http.Request) int64 { return 2 }}, "takes no Cost"},
+		{"too large", ratelimit.Layer{Key: ratelimit.MustClientIP(), InFlight: core.MaxLimit + 1}, "exceeds core.MaxLimit"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ratelimit.New([]ratelimit.Layer{c.layer})
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "ratelimit: layer ") {
+				t.Fatalf("err = %v, want one containing %q", err, c.want)
+			}
+		})
+	}
+	l := mwLimiter(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 5, Window: time.Second}},
+		inFlightLayer(2),
+	})
+	if err := l.SetRules(map[string]core.Rule{"in-flight": {Limit: 9, Window: time.Second}}); err == nil {
+		t.Fatal("SetRules changed a concurrency layer")
+	}
+	if rules := l.Rules(); len(rules) != 1 || rules["rate"].Limit != 5 {
+		t.Fatalf("Rules() = %v, want the rate layer only", rules)
+	}
+	if _, err := ratelimit.New([]ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithSlotStore(nil)); err == nil {
+		t.Fatal("New accepted a nil SlotStore")
+	}
+}
+
+// failingSlots fails every acquisition.
+type failingSlots struct{}
+
+func (failingSlots) Acquire(context.Context, []core.SlotRequest, []core.SlotDecision) (func(), error) {
+	return nil, errors.New("backend down")
+}
+
+func TestInFlightStoreFailure(t *testing.T) {
+	closed := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithSlotStore(failingSlots{}), ratelimit.WithFailClosed())
+	rec := httptest.NewRecorder()
+	closed.Handler(mwOK).ServeHTTP(rec, getFrom("192.0.2.1"))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("fail-closed: %d, want 503", rec.Code)
+	}
+	full := mwLimiter(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "a"}, InFlight: 1},
+	}, ratelimit.WithSlotStore(core.NewSlotTable(1)))
+	gate := make(chan struct{})
+	started := make(chan struct{})
+	h := full.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { close(started); <-gate }))
+	go h.ServeHTTP(httptest.NewRecorder(), getFrom("192.0.2.1"))
+	<-started
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, getFrom("192.0.2.2"))
+	close(gate)
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "1" {
+		t.Fatalf("a new key in a full table: %d Retry-After %q, want 429 and 1", rec.Code, rec.Header().Get("Retry-After"))
+	}
+}
+
+// inFlightObserver records the decisions of the in-flight policy.
+type inFlightObserver struct {
+	core.NopObserver
+	mu       sync.Mutex
+	admitted []bool
+	errs     int
+}
+
+func (o *inFlightObserver) ObserveDecision(e core.DecisionEvent) {
+	if e.Decision.Policy.Name() != "in-flight" {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.admitted = append(o.admitted, e.Admitted)
+}
+
+func (o *inFlightObserver) ObserveError(core.ErrorEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.errs++
+}
+
+func TestInFlightObserved(t *testing.T) {
+	obs := &inFlightObserver{}
+	l := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithObserver(obs))
+	ok, done := l.AdmitFunc(httptest.NewRecorder(), getFrom("192.0.2.1"))
+	ok2, _ := l.AdmitFunc(httptest.NewRecorder(), getFrom("192.0.2.1"))
+	done()
+	if !ok || ok2 {
+		t.Fatalf("admitted %v %v", ok, ok2)
+	}
+	if len(obs.admitted) != 2 || !obs.admitted[0] || obs.admitted[1] {
+		t.Fatalf("observed %v, want [true false]", obs.admitted)
+	}
+	failing := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithObserver(obs), ratelimit.WithSlotStore(failingSlots{}))
+	failing.AdmitFunc(httptest.NewRecorder(), getFrom("192.0.2.1"))
+	if obs.errs != 1 {
+		t.Fatalf("observed %d errors, want 1", obs.errs)
+	}
+}
+
+// TestInFlightWithResult checks that the Result-carrying entry points give
+// the slots back: HandlerWithResult when the handler returns (a panic
+// included), AdmitWithResult when the request's context ends, and at once
+// for a request they refuse.
+func TestInFlightWithResult(t *testing.T) {
+	slots := newWatchedSlots()
+	l := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithSlotStore(slots))
+	var seen bool
+	h := l.HandlerWithResult(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, seen = ratelimit.ResultFromContext(r.Context())
+		if r.Header.Get("X-Panic") != "" {
+			panic(http.ErrAbortHandler)
+		}
+	}))
+	h.ServeHTTP(httptest.NewRecorder(), getFrom("192.0.2.1"))
+	if !seen {
+		t.Fatal("the handler saw no Result")
+	}
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != 0 {
+		t.Fatalf("after HandlerWithResult returned: %d in flight, want 0", got)
+	}
+	func() {
+		defer func() { _ = recover() }()
+		r := getFrom("192.0.2.1")
+		r.Header.Set("X-Panic", "1")
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}()
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != 0 {
+		t.Fatalf("after a panic: %d in flight, want 0", got)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	r := getFrom("192.0.2.1").WithContext(ctx)
+	if _, ok := l.AdmitWithResult(httptest.NewRecorder(), r); !ok {
+		t.Fatal("AdmitWithResult refused a free slot")
+	}
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != 1 {
+		t.Fatalf("while the request runs: %d in flight, want 1", got)
+	}
+	if _, ok := l.AdmitWithResult(httptest.NewRecorder(), getFrom("192.0.2.1").WithContext(ctx)); ok {
+		t.Fatal("AdmitWithResult admitted a second request for one slot")
+	}
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != 1 {
+		t.Fatalf("after a refusal: %d in flight, want 1", got)
+	}
+	for len(slots.released) > 0 {
+		<-slots.released // the releases above
+	}
+	cancel()
+	slots.waitReleased(t)
+	if got := slots.InFlight("in-flight", "192.0.2.1"); got != 0 {
+		t.Fatalf("after the context ended: %d in flight, want 0", got)
+	}
+}
