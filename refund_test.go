@@ -410,3 +410,31 @@ func TestLimiterRefund(t *testing.T) {
 		t.Fatalf("Refund without a Refunder: %v", err)
 	}
 }
+
+// TestRefundWithConcurrencyLayer: a refund gives back the rate layers and
+// leaves the concurrency layer's slot to be given back as usual; Peek
+// reports the rate layers only and takes no slot.
+func TestRefundWithConcurrencyLayer(t *testing.T) {
+	var inside *ratelimit.Limiter
+	var peekInside ratelimit.Result
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peekInside = inside.Peek(r) // while this request holds the only slot
+	})
+	l, h, _ := refundEnv(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(3).Named("per-ip")},
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 1},
+	}, next, ratelimit.WithRefund(ratelimit.RefundSuccessful))
+	inside = l
+	r := mwReq("192.0.2.1:1")
+	for i := 0; i < 5; i++ {
+		if rec := serve(h, r); rec.Code != 200 {
+			t.Fatalf("request %d: %d (the slot or the rate not given back)", i, rec.Code)
+		}
+	}
+	if len(peekInside.Layers) != 1 || peekInside.Layers[0].Decision.Policy.Name() != "per-ip" || !peekInside.Proceed {
+		t.Fatalf("Peek inside the handler: %+v, want the per-ip layer only, proceeding", peekInside)
+	}
+	if res := l.Peek(r); res.Layers[0].Decision.Remaining != 2 {
+		t.Fatalf("after 5 refunded requests: %+v, want 2 left after one more", res.Layers)
+	}
+}
