@@ -235,17 +235,21 @@ func testRefund(t *testing.T, newStore func(*testing.T) core.Store) {
 			}
 			// Never above capacity: a refund larger than the use makes the
 			// key whole, no more.
-			key := uniqueKey(t, "cap")
-			h.Take(p, key, 2, 0)
-			refund(key, 6, ms)
-			if d, err := h.Take(p, key, 6, ms); err != nil || !d.Allowed || d.Remaining != 0 {
-				t.Fatalf("after an over-refund: %+v %v, want exactly the capacity of 6", d, err)
-			}
-			if d, err := h.Take(p, key, 1, ms); err != nil || d.Allowed {
-				t.Fatalf("a 7th unit after an over-refund: %+v %v, want refused", d, err)
+			for k := int64(1); k <= 5; k++ {
+				for _, extra := range []int64{1, 6 - k} {
+					key := uniqueKey(t, "cap")
+					h.Take(p, key, k, 0)
+					refund(key, k+extra, ms)
+					if d, err := h.Take(p, key, 6, ms); err != nil || !d.Allowed || d.Remaining != 0 {
+						t.Fatalf("%d charged, %d refunded: %+v %v, want exactly the capacity of 6", k, k+extra, d, err)
+					}
+					if d, err := h.Take(p, key, 1, ms); err != nil || d.Allowed {
+						t.Fatalf("%d charged, %d refunded, a 7th unit: %+v %v, want refused", k, k+extra, d, err)
+					}
+				}
 			}
 			// A never-seen key stays whole.
-			key = uniqueKey(t, "new")
+			key := uniqueKey(t, "new")
 			refund(key, 3, 0)
 			if d, err := h.Take(p, key, 6, 0); err != nil || !d.Allowed || d.Remaining != 0 {
 				t.Fatalf("refund of a new key: %+v %v", d, err)
@@ -293,6 +297,21 @@ func testRefund(t *testing.T, newStore func(*testing.T) core.Store) {
 		}
 		if d, _ := h.Take(sw, key, 3, 15*time.Second); !d.Allowed || d.Remaining != 0 {
 			t.Fatalf("sliding counter: %+v, want 3 admitted", d)
+		}
+		// A refund larger than the current window's count takes the rest
+		// from the previous window's: 4 then, at +15s, 1 in this window;
+		// a refund of 2 leaves 3 before, weighing 2.
+		key = uniqueKey(t, "sw2")
+		h.Take(sw, key, 4, 0)
+		h.Take(sw, key, 1, 15*time.Second)
+		if err := h.Refund([]core.Request{{Policy: sw, Key: key, Cost: 2}}, 15*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if d, _ := h.Take(sw, key, 3, 15*time.Second); d.Allowed {
+			t.Fatalf("sliding counter, refund across windows: %+v, want 3 refused", d)
+		}
+		if d, _ := h.Take(sw, key, 2, 15*time.Second); !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("sliding counter, refund across windows: %+v, want 2 admitted", d)
 		}
 		sl := mustPolicy(t, core.Rule{Name: "rf-sl", Algorithm: core.SlidingWindowLog, Limit: 4, Window: 10 * time.Second})
 		key = uniqueKey(t, "sl")
