@@ -251,3 +251,27 @@ func TestRefundSlidingLogLong(t *testing.T) {
 		}
 	}
 }
+
+// TestPeekFallback: a Peek that cannot reach Redis asks the Fallback when
+// it can peek, and returns the error otherwise; Refund and Reset return it.
+func TestPeekFallback(t *testing.T) {
+	ctx := context.Background()
+	p := mustPolicy(t, core.Rule{Name: "fb", Limit: 3, Window: time.Minute})
+	mem := core.MustMemoryStore(nil)
+	take(t, mem, storetest.T0, p, "k", 2)
+	s := newStore(t, deadClient(t), &Config{ClientTime: true, Fallback: mem, Timeout: time.Second})
+	out := make([]core.Decision, 1)
+	if err := s.Peek(ctx, storetest.T0, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out); err != nil || !out[0].Allowed || out[0].Remaining != 0 {
+		t.Fatalf("peek through the Fallback: %+v %v, want its decision (1 left, then 0)", out[0], err)
+	}
+	bare := newStore(t, deadClient(t), &Config{ClientTime: true, Timeout: time.Second})
+	if err := bare.Peek(ctx, storetest.T0, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out); err == nil || out[0].Allowed {
+		t.Fatalf("peek without Redis or Fallback: %+v %v, want an error", out[0], err)
+	}
+	if err := s.Refund(ctx, storetest.T0, []core.Request{{Policy: p, Key: "k", Cost: 1}}); err == nil {
+		t.Fatal("refund without Redis: no error")
+	}
+	if err := s.Reset(ctx, p, "k"); err == nil {
+		t.Fatal("reset without Redis: no error")
+	}
+}
