@@ -84,6 +84,19 @@ func (l *Limiter) AdmitWithResult(w http.ResponseWriter, r *http.Request) (*http
 	return r2, ok
 }
 
+// AdmitWithResultFunc is [Limiter.AdmitWithResult] for callers that serve
+// the request themselves, as [Limiter.AdmitFunc] is for Admit: it also
+// returns done, which gives back the in-flight slots an admitted request
+// holds (see [Layer.InFlight]). Call done once the request has been served,
+// with defer; it is never nil, and calls after the first do nothing.
+func (l *Limiter) AdmitWithResultFunc(w http.ResponseWriter, r *http.Request) (*http.Request, bool, func()) {
+	r2, ok, done := l.admitWithResult(w, r)
+	if done == nil {
+		done = noRelease
+	}
+	return r2, ok, done
+}
+
 // admitWithResult is AdmitWithResult returning done, which gives back the
 // in-flight slots an admitted request holds (see AdmitFunc), or nil when it
 // holds none.

@@ -68,7 +68,10 @@ import (
 // Slots live in a core.SlotTable of the Limiter's own unless
 // [WithSlotStore] gives another store (redisstore.InFlight shares them in a
 // fleet). A failing slot store is a store failure: the fail policy applies
-// (see [WithFailClosed]). [Limiter.SetRules] cannot change a concurrency
+// (see [WithFailClosed]) to the concurrency layers alone. Fail-closed
+// answers 503; fail-open (the default) drops the concurrency layers for that
+// request, logs it once and tells the Observer, while the rate layers still
+// decide and charge it: a slot-store outage never lifts the rate limits. [Limiter.SetRules] cannot change a concurrency
 // layer, and [Limiter.Rules] omits it.
 
 // InFlightRetryAfter is the retry time of a request refused by a
@@ -205,6 +208,12 @@ func (l *Limiter) acquireWith(ctx context.Context, res *Result, buf []LayerResul
 		case errors.Is(err, core.ErrStoreFull):
 			l.failed(res, outcomeStoreFull, prefixed("refused", err))
 			res.Delay = InFlightRetryAfter
+		case m > 0 && !l.cfg.failClosed && !l.cfg.dryRun:
+			// Fail-open for the concurrency layers alone: the rate
+			// layers, whose store answers, still decide the request.
+			l.logOnce(logFailOpen, msgFailOpen, "error", wrap(ErrStoreFailure, "in-flight slots", err).Error())
+			res.slotsFailed = true
+			return m, false
 		default:
 			l.failed(res, outcomeStore, wrap(ErrStoreFailure, "", err))
 		}

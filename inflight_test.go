@@ -580,3 +580,25 @@ func TestInFlightWithResult(t *testing.T) {
 		t.Fatalf("after the context ended: %d in flight, want 0", got)
 	}
 }
+
+// TestInFlightStoreFailureKeepsRateLayers checks that a failing slot store
+// under fail-open drops only the concurrency layers: the rate layer still
+// limits every request.
+func TestInFlightStoreFailureKeepsRateLayers(t *testing.T) {
+	l := mwLimiter(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 2, Window: time.Hour}},
+		inFlightLayer(5),
+	}, ratelimit.WithSlotStore(failingSlots{}), ratelimit.WithLogger(nil))
+	served := 0
+	h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served++ }))
+	for range 50 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, getFrom("192.0.2.1"))
+		if served <= 2 && rec.Code == http.StatusOK && rec.Header().Get("X-Ratelimit-Limit") != "2" {
+			t.Fatalf("an admitted request has X-RateLimit-Limit %q, want the rate layer's 2", rec.Header().Get("X-Ratelimit-Limit"))
+		}
+	}
+	if served != 2 {
+		t.Fatalf("served %d of 50 requests with the slot store down, want 2 (the rate layer still limits)", served)
+	}
+}

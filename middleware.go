@@ -164,11 +164,14 @@ type Result struct {
 	Err error
 
 	kind     outcome
-	at       int64    // Unix ns of the decision, 0 before one was made
-	reserved bool     // holds a waiting-room slot that wait releases
-	held     func()   // gives back the in-flight slots the request holds
-	rs       *ruleSet // the rules the request was decided under
-	refunded bool     // Limiter.Refund gave the charge back
+	at       int64  // Unix ns of the decision, 0 before one was made
+	reserved bool   // holds a waiting-room slot that wait releases
+	held     func() // gives back the in-flight slots the request holds
+	// slotsFailed reports that the slot store failed and, under fail-open,
+	// the request was decided by its rate layers alone.
+	slotsFailed bool
+	rs          *ruleSet // the rules the request was decided under
+	refunded    bool     // Limiter.Refund gave the charge back
 }
 
 // LayerResult is the decision of one applied layer.
@@ -860,6 +863,9 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		if m, stop = l.acquire(ctx, res, buf[:n], reqs[:n], out[:n]); stop {
 			l.release(res)
 			return m
+		}
+		if res.slotsFailed {
+			n = m // the concurrency layers failed open: the rate layers decide
 		}
 		defer l.settle(res, buf[:n])
 	}

@@ -97,13 +97,19 @@ func Middleware(l *ratelimit.Limiter, opts ...Option) func(http.Handler) http.Ha
 			if route, ok := RouteOf(r); ok {
 				dr = r.WithContext(ratelimit.WithRoute(r.Context(), route))
 			}
+			// done gives back in-flight slots (Layer.InFlight) when the
+			// handler returns, a panic included.
 			if o.result {
-				if dr, ok := l.AdmitWithResult(w, dr); ok {
+				dr, ok, done := l.AdmitWithResultFunc(w, dr)
+				defer done()
+				if ok {
 					next.ServeHTTP(w, dr)
 				}
 				return
 			}
-			if l.Admit(w, dr) {
+			ok, done := l.AdmitFunc(w, dr)
+			defer done()
+			if ok {
 				next.ServeHTTP(w, r)
 			}
 		})

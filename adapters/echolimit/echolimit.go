@@ -117,15 +117,21 @@ func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc 
 			r := c.Request()
 			kc := &keyContext{Context: ratelimit.WithRoute(r.Context(), RouteOf(c)), c: c}
 			r = r.WithContext(kc)
+			// done gives back in-flight slots (Layer.InFlight) when the
+			// handler returns, a panic included.
 			if !cfg.HTTPError {
-				if !admit(l, cfg.Result, c.Response(), kc, r) {
+				ok, done := admit(l, cfg.Result, c.Response(), kc, r)
+				defer done()
+				if !ok {
 					return nil
 				}
 				return next(c)
 			}
 			h := c.Response().Header()
 			rw := &captureWriter{header: h}
-			if !admit(l, cfg.Result, rw, kc, r) {
+			ok, done := admit(l, cfg.Result, rw, kc, r)
+			defer done()
+			if !ok {
 				h.Del(echo.HeaderContentType)
 				h.Del(echo.HeaderContentLength)
 				code := rw.code
@@ -144,19 +150,20 @@ func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc 
 
 // admit decides r, whose context is kc, with l, writing to w; with result,
 // an admitted request replaces kc.c's request with its Result in the
-// context. It clears kc.c: echo reuses the Context once the request is
-// served.
-func admit(l *ratelimit.Limiter, result bool, w http.ResponseWriter, kc *keyContext, r *http.Request) bool {
+// context. It returns done, which gives back the in-flight slots r holds
+// (see ratelimit.Limiter.AdmitFunc). It clears kc.c: echo reuses the
+// Context once the request is served.
+func admit(l *ratelimit.Limiter, result bool, w http.ResponseWriter, kc *keyContext, r *http.Request) (bool, func()) {
 	c := kc.c
 	defer func() { kc.c = nil }()
 	if !result {
-		return l.Admit(w, r)
+		return l.AdmitFunc(w, r)
 	}
-	r2, ok := l.AdmitWithResult(w, r)
+	r2, ok, done := l.AdmitWithResultFunc(w, r)
 	if ok {
 		c.SetRequest(r2)
 	}
-	return ok
+	return ok, done
 }
 
 // RouteOf returns the route echo matches for c's request, as

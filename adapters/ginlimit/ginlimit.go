@@ -118,13 +118,19 @@ func middleware(ar *anyRoutes, l *ratelimit.Limiter, opts []Option) gin.HandlerF
 		}
 		kc := &keyContext{Context: ratelimit.WithRoute(r.Context(), route), c: c}
 		r = r.WithContext(kc)
-		var admitted bool
+		var (
+			admitted bool
+			done     func()
+		)
 		if o.result {
-			r, admitted = l.AdmitWithResult(c.Writer, r)
+			r, admitted, done = l.AdmitWithResultFunc(c.Writer, r)
 		} else {
-			admitted = l.Admit(c.Writer, r)
+			admitted, done = l.AdmitFunc(c.Writer, r)
 		}
 		kc.c = nil // gin reuses c once the request is served
+		// done gives back in-flight slots (Layer.InFlight) once the rest of
+		// the chain has run, a panic included.
+		defer done()
 		if !admitted {
 			c.Abort()
 			return
