@@ -25,6 +25,7 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 const (
 	DefaultIdempotencyTTL      = 24 * time.Hour
 	DefaultIdempotencyMaxWait  = time.Second
+	DefaultMaxReplays          = 100
 	DefaultReplayStoreCapacity = 100_000
 )
 
@@ -38,12 +39,14 @@ var ErrReplayPending = errors.New("ratelimit: idempotency key is being decided b
 // ReplayStore is safe for concurrent use. The memory implementation is
 // [MemoryReplayStore]; adapters/redisstore has one for fleets.
 type ReplayStore interface {
-	// Claim looks key up. When it holds a committed record, Claim returns
-	// the record (token empty). When it holds nothing, Claim claims it for
-	// hold and returns a non-empty token, the proof of the claim for Commit
-	// or Release. When another claim on it is live, Claim returns
-	// ErrReplayPending. Any other error is a store failure.
-	Claim(ctx context.Context, key string, hold time.Duration) (rec []byte, token string, err error)
+	// Claim looks key up. When it holds a committed record replayed fewer
+	// than maxReplays times, Claim counts one more replay and returns the
+	// record (token empty). When it holds nothing, or a record replayed
+	// maxReplays times already, Claim claims it for hold and returns a
+	// non-empty token, the proof of the claim for Commit or Release. When
+	// another claim on it is live, Claim returns ErrReplayPending. Any
+	// other error is a store failure.
+	Claim(ctx context.Context, key string, hold time.Duration, maxReplays int) (rec []byte, token string, err error)
 
 	// Commit replaces the claim token holds on key by rec, kept for ttl. It
 	// does nothing when the claim has expired or was taken over.
@@ -78,6 +81,13 @@ type IdempotencyConfig struct {
 	// DefaultIdempotencyTTL.
 	TTL time.Duration
 
+	// MaxReplays is how many times one admitted key is replayed before a
+	// request with it is decided (and charged) afresh: a client gets at most
+	// 1 + MaxReplays handler runs for each charge, however it picks its
+	// keys. The default value, DefaultMaxReplays, leaves room for bursts of
+	// concurrent retries; lower it where each handler run is costly.
+	MaxReplays int
+
 	// MaxWait bounds how long a request waits for a concurrent request with
 	// the same key to be decided before it is answered 409 Conflict, as the
 	// idempotency-key draft advises. The default value is
@@ -95,7 +105,9 @@ type IdempotencyConfig struct {
 // header by default) that was already admitted within the TTL gets the same
 // decision again, with the same rate-limit headers, and is charged nothing;
 // the handler runs again (making the handler itself idempotent is the
-// application's business). A key whose request was refused, skipped or
+// application's business). A key is replayed at most MaxReplays times;
+// after that a request with it is decided and charged afresh, so replays
+// multiply a client's handler runs by at most 1 + MaxReplays. A key whose request was refused, skipped or
 // failed is not remembered: a refusal is not a promise, and the next request
 // with it is decided afresh.
 //
@@ -113,6 +125,12 @@ type IdempotencyConfig struct {
 //
 // A shaped request (a LeakyBucket layer with MaxDelay) waits its delay the
 // first time only. Requests without a key go through the Limiter unchanged.
+//
+// Mount it only where a handler run per key is what a retry should cost:
+// payments and other writes that carry an idempotency key. Never mount it on
+// authentication or other endpoints where a client gains by running the
+// handler many times: the key is the client's choice, so a replayed key runs
+// the handler without a charge (at most MaxReplays times per charge).
 type Idempotency struct {
 	l       *Limiter
 	key     KeyFunc
@@ -120,6 +138,7 @@ type Idempotency struct {
 	store   ReplayStore
 	ttl     time.Duration
 	maxWait time.Duration
+	replays int
 	onError func(*http.Request, error)
 	sleep   func(ctx context.Context, d time.Duration) error
 }
@@ -142,10 +161,10 @@ func NewIdempotency(l *Limiter, cfg *IdempotencyConfig) (*Idempotency, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.TTL < 0 || c.MaxWait < 0 {
-		return nil, fmt.Errorf("ratelimit: idempotency TTL (%v) and MaxWait (%v) must not be negative", c.TTL, c.MaxWait)
+	if c.TTL < 0 || c.MaxWait < 0 || c.MaxReplays < 0 {
+		return nil, fmt.Errorf("ratelimit: idempotency TTL (%v), MaxWait (%v) and MaxReplays (%d) must not be negative", c.TTL, c.MaxWait, c.MaxReplays)
 	}
-	f := &Idempotency{l: l, key: c.Key, client: c.Client, store: c.Store, ttl: c.TTL, maxWait: c.MaxWait, onError: c.OnError, sleep: waitTimer}
+	f := &Idempotency{l: l, key: c.Key, client: c.Client, store: c.Store, ttl: c.TTL, maxWait: c.MaxWait, replays: c.MaxReplays, onError: c.OnError, sleep: waitTimer}
 	if f.key == nil {
 		f.key = Header(IdempotencyKeyHeader)
 	}
@@ -164,6 +183,9 @@ func NewIdempotency(l *Limiter, cfg *IdempotencyConfig) (*Idempotency, error) {
 	}
 	if f.maxWait == 0 {
 		f.maxWait = DefaultIdempotencyMaxWait
+	}
+	if f.replays == 0 {
+		f.replays = DefaultMaxReplays
 	}
 	return f, nil
 }
@@ -202,7 +224,9 @@ func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
 	// shaping delays), not by the Limiter's clock, which may be a fake one.
 	var waited time.Duration
 	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
-		rec, token, err = f.store.Claim(ctx, skey, f.maxWait)
+		// The claim outlives the decision and a shaping delay, so that a
+		// concurrent retry waits for the outcome rather than re-claiming.
+		rec, token, err = f.store.Claim(ctx, skey, f.maxWait+f.l.rules.Load().maxDelay, f.replays)
 		if !errors.Is(err, ErrReplayPending) {
 			break
 		}
@@ -227,17 +251,25 @@ func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	res := f.l.Decide(r)
+	rec = nil
 	if admittedResult(&res) {
 		h := make(http.Header, 4)
 		f.l.WriteHeaders(h, &res)
-		err = f.store.Commit(ctx, skey, token, encodeHeaders(h), f.ttl)
+		rec = encodeHeaders(h)
+	}
+	ok = f.l.serve(w, r, &res, res.Layers)
+	// Only a request that will be served is remembered: one refused
+	// after its decision (a full waiting room, a client gone during a
+	// shaping delay) is decided afresh next time.
+	if ok && rec != nil {
+		err = f.store.Commit(ctx, skey, token, rec, f.ttl)
 	} else {
 		err = f.store.Release(ctx, skey, token)
 	}
 	if err != nil && f.onError != nil {
 		f.onError(r, fmt.Errorf("ratelimit: idempotency store: %w", err))
 	}
-	return f.l.serve(w, r, &res, res.Layers)
+	return ok
 }
 
 // admittedResult reports whether res charged every applied layer: the only
@@ -321,6 +353,7 @@ var _ ReplayStore = (*MemoryReplayStore)(nil)
 type replayEntry struct {
 	token   string // non-empty while claimed
 	rec     []byte
+	replays int   // times rec was replayed
 	expires int64 // Unix ns
 }
 
@@ -347,7 +380,7 @@ func (m *MemoryReplayStore) Len() int {
 }
 
 // Claim implements ReplayStore.
-func (m *MemoryReplayStore) Claim(_ context.Context, key string, hold time.Duration) ([]byte, string, error) {
+func (m *MemoryReplayStore) Claim(_ context.Context, key string, hold time.Duration, maxReplays int) ([]byte, string, error) {
 	now := m.clock.Now().UnixNano()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -355,7 +388,11 @@ func (m *MemoryReplayStore) Claim(_ context.Context, key string, hold time.Durat
 		if e.token != "" {
 			return nil, "", ErrReplayPending
 		}
-		return e.rec, "", nil
+		if e.replays < maxReplays {
+			e.replays++
+			m.lru.Add(key, e)
+			return e.rec, "", nil
+		}
 	}
 	tok := newToken()
 	m.lru.Add(key, replayEntry{token: tok, expires: now + int64(hold)})

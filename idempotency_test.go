@@ -3,6 +3,7 @@ package ratelimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -164,11 +165,11 @@ type recordingStore struct {
 	keys []string
 }
 
-func (s *recordingStore) Claim(ctx context.Context, key string, hold time.Duration) ([]byte, string, error) {
+func (s *recordingStore) Claim(ctx context.Context, key string, hold time.Duration, maxReplays int) ([]byte, string, error) {
 	s.mu.Lock()
 	s.keys = append(s.keys, key)
 	s.mu.Unlock()
-	return s.ReplayStore.Claim(ctx, key, hold)
+	return s.ReplayStore.Claim(ctx, key, hold, maxReplays)
 }
 
 func TestIdempotencyKeyIsHashed(t *testing.T) {
@@ -187,7 +188,7 @@ func TestIdempotencyKeyIsHashed(t *testing.T) {
 // pendingStore always reports another request holding the claim.
 type pendingStore struct{ ratelimit.ReplayStore }
 
-func (pendingStore) Claim(context.Context, string, time.Duration) ([]byte, string, error) {
+func (pendingStore) Claim(context.Context, string, time.Duration, int) ([]byte, string, error) {
 	return nil, "", ratelimit.ErrReplayPending
 }
 
@@ -210,7 +211,7 @@ func TestIdempotencyPendingTooLongIsConflict(t *testing.T) {
 // failingStore fails every call.
 type failingStore struct{ ratelimit.ReplayStore }
 
-func (failingStore) Claim(context.Context, string, time.Duration) ([]byte, string, error) {
+func (failingStore) Claim(context.Context, string, time.Duration, int) ([]byte, string, error) {
 	return nil, "", errors.New("backend down")
 }
 
@@ -245,7 +246,7 @@ func TestMemoryReplayStoreBounded(t *testing.T) {
 	m := ratelimit.NewMemoryReplayStore(2, clock)
 	ctx := context.Background()
 	for _, k := range []string{"a", "b", "c"} {
-		_, tok, err := m.Claim(ctx, k, time.Second)
+		_, tok, err := m.Claim(ctx, k, time.Second, 3)
 		if err != nil || tok == "" {
 			t.Fatalf("claim %s: %q %v", k, tok, err)
 		}
@@ -256,19 +257,19 @@ func TestMemoryReplayStoreBounded(t *testing.T) {
 	if m.Len() != 2 {
 		t.Fatalf("Len %d, want 2", m.Len())
 	}
-	if rec, _, _ := m.Claim(ctx, "c", time.Second); string(rec) != "c" {
+	if rec, _, _ := m.Claim(ctx, "c", time.Second, 3); string(rec) != "c" {
 		t.Errorf("newest key: record %q, want c", rec)
 	}
 	// A stale token neither commits nor releases.
-	_, tok, _ := m.Claim(ctx, "d", time.Second)
+	_, tok, _ := m.Claim(ctx, "d", time.Second, 3)
 	if err := m.Release(ctx, "d", tok+"x"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := m.Claim(ctx, "d", time.Second); !errors.Is(err, ratelimit.ErrReplayPending) {
+	if _, _, err := m.Claim(ctx, "d", time.Second, 3); !errors.Is(err, ratelimit.ErrReplayPending) {
 		t.Errorf("claim after a release with a wrong token: %v, want ErrReplayPending", err)
 	}
 	clock.Advance(time.Second)
-	if _, tok2, err := m.Claim(ctx, "d", time.Second); err != nil || tok2 == "" {
+	if _, tok2, err := m.Claim(ctx, "d", time.Second, 3); err != nil || tok2 == "" {
 		t.Errorf("claim after the hold expired: %q %v, want a new claim", tok2, err)
 	}
 }
@@ -279,5 +280,80 @@ func TestIdempotencyRefusesConcurrencyLayers(t *testing.T) {
 	}}))
 	if _, err := ratelimit.NewIdempotency(l, nil); err == nil || !strings.Contains(err.Error(), "InFlight") {
 		t.Fatalf("NewIdempotency over a concurrency layer: %v, want an error naming Layer.InFlight", err)
+	}
+}
+
+// TestIdempotencyReplaysBounded checks that one key is replayed at most
+// MaxReplays times: a client that keeps one key gets 1 + MaxReplays handler
+// runs per charge, not unlimited ones.
+func TestIdempotencyReplaysBounded(t *testing.T) {
+	s := newIdemSetup(t, 3, &ratelimit.IdempotencyConfig{MaxReplays: 2})
+	codes := ""
+	for range 12 {
+		codes += fmt.Sprint(s.do("POST", "/login", "192.0.2.1", "k").Code, " ")
+	}
+	// Each charge buys three runs (one decided, two replayed); the fourth
+	// charge is refused, and a refusal is not remembered.
+	want := strings.Repeat("200 ", 9) + strings.Repeat("429 ", 3)
+	if codes != want {
+		t.Fatalf("statuses %q, want %q", codes, want)
+	}
+	if s.served != 9 {
+		t.Fatalf("handler ran %d times, want 9 (3 charges x 3 runs)", s.served)
+	}
+}
+
+// TestIdempotencyRefusedAfterDecisionIsNotRemembered: a request admitted by
+// the store but refused before it is served (a full shaping waiting room)
+// is not remembered, so its retry is decided afresh.
+func TestIdempotencyRefusedAfterDecisionIsNotRemembered(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "shaped", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute},
+	}}, ratelimit.WithClock(clock), ratelimit.WithMaxWaiting(1)))
+	hold := make(chan struct{})
+	waiting := make(chan struct{}, 4)
+	ratelimit.SetWaitFunc(l, func(ctx context.Context, d time.Duration) error {
+		waiting <- struct{}{}
+		<-hold
+		return nil
+	})
+	f, err := ratelimit.NewIdempotency(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := 0
+	h := f.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served++ }))
+	do := func(key string) int {
+		r := httptest.NewRequest("POST", "/x", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if c := do("a"); c != 200 { // the bucket's one unit, no delay
+		t.Fatalf("first: %d", c)
+	}
+	done := make(chan int)
+	go func() { done <- do("b") }() // delayed: takes the one waiting slot
+	<-waiting
+	if c := do("c"); c != http.StatusTooManyRequests {
+		t.Fatalf("with the waiting room full: %d, want 429", c)
+	}
+	close(hold)
+	<-done
+	// "c" was refused after its decision: its retry is decided again (and
+	// delayed like any new request), not replayed as an admission.
+	before := served
+	if c := do("c"); c != 200 {
+		t.Fatalf("retry of c: %d, want 200 after its own delay", c)
+	}
+	if len(waiting) == 0 {
+		t.Fatal("the retry of c was replayed without its shaping delay")
+	}
+	if served != before+1 {
+		t.Fatalf("handler ran %d times for the retry, want 1", served-before)
 	}
 }

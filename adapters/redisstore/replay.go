@@ -15,8 +15,8 @@ import (
 
 // ReplayStore is a ratelimit.ReplayStore on Redis, so that every process of
 // a fleet replays the same idempotency keys (see ratelimit.Idempotency).
-// Each key is one Redis string, "p:<token>" while claimed and "d:<record>"
-// once committed, written by short Lua scripts (one round trip per call) and
+// Each key is one Redis string, "p:<token>" while claimed and
+// "d:<replays>:<record>" once committed, written by short Lua scripts (one round trip per call) and
 // expiring with PEXPIRE: a claim after its hold, a record after its TTL.
 // Keys are single-key operations, so any Cluster slot will do.
 type ReplayStore struct {
@@ -43,13 +43,19 @@ var (
 local v = redis.call('GET', KEYS[1])
 if v then
   if string.sub(v, 1, 2) == 'p:' then return {2} end
-  return {1, string.sub(v, 3)}
+  local sep = string.find(v, ':', 3, true)
+  local n = tonumber(string.sub(v, 3, sep - 1))
+  if n < tonumber(ARGV[3]) then
+    local rec = string.sub(v, sep + 1)
+    redis.call('SET', KEYS[1], 'd:' .. (n + 1) .. ':' .. rec, 'KEEPTTL')
+    return {1, rec}
+  end
 end
 redis.call('SET', KEYS[1], 'p:' .. ARGV[1], 'PX', ARGV[2])
 return {0}`)
 	commitScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
-  redis.call('SET', KEYS[1], 'd:' .. ARGV[2], 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], 'd:0:' .. ARGV[2], 'PX', ARGV[3])
 end
 return 0`)
 	releaseScript = redis.NewScript(`
@@ -63,11 +69,11 @@ return 0`)
 func millis(d time.Duration) int64 { return max(int64((d+time.Millisecond-1)/time.Millisecond), 1) }
 
 // Claim implements ratelimit.ReplayStore.
-func (s *ReplayStore) Claim(ctx context.Context, key string, hold time.Duration) ([]byte, string, error) {
+func (s *ReplayStore) Claim(ctx context.Context, key string, hold time.Duration, maxReplays int) ([]byte, string, error) {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	tok := hex.EncodeToString(b[:])
-	v, err := claimScript.Run(ctx, s.client, []string{s.prefix + key}, tok, millis(hold)).Slice()
+	v, err := claimScript.Run(ctx, s.client, []string{s.prefix + key}, tok, millis(hold), maxReplays).Slice()
 	if err != nil {
 		return nil, "", fmt.Errorf("ratelimit: redisstore: idempotency claim: %w", err)
 	}

@@ -22,14 +22,14 @@ func TestReplayStoreClaimCommitRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	rec, tok, err := s.Claim(ctx, "a", 5*time.Second)
+	rec, tok, err := s.Claim(ctx, "a", 5*time.Second, 3)
 	if err != nil || tok == "" || rec != nil {
 		t.Fatalf("first claim: %q %q %v, want a token", rec, tok, err)
 	}
 	if ttl := client.PTTL(ctx, prefix+"idem:a").Val(); ttl <= 0 || ttl > 5*time.Second {
 		t.Errorf("claim PTTL %v, want within (0, 5s]", ttl)
 	}
-	if _, _, err := s.Claim(ctx, "a", 5*time.Second); !errors.Is(err, ratelimit.ErrReplayPending) {
+	if _, _, err := s.Claim(ctx, "a", 5*time.Second, 3); !errors.Is(err, ratelimit.ErrReplayPending) {
 		t.Fatalf("second claim: %v, want ErrReplayPending", err)
 	}
 	// A stale token changes nothing.
@@ -39,7 +39,7 @@ func TestReplayStoreClaimCommitRelease(t *testing.T) {
 	if err := s.Release(ctx, "a", tok+"x"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Claim(ctx, "a", 5*time.Second); !errors.Is(err, ratelimit.ErrReplayPending) {
+	if _, _, err := s.Claim(ctx, "a", 5*time.Second, 3); !errors.Is(err, ratelimit.ErrReplayPending) {
 		t.Fatalf("claim after stale calls: %v, want ErrReplayPending", err)
 	}
 	if err := s.Commit(ctx, "a", tok, []byte("X-Ratelimit-Remaining: 1\n"), time.Hour); err != nil {
@@ -48,16 +48,25 @@ func TestReplayStoreClaimCommitRelease(t *testing.T) {
 	if ttl := client.PTTL(ctx, prefix+"idem:a").Val(); ttl <= 59*time.Minute || ttl > time.Hour {
 		t.Errorf("record PTTL %v, want about 1h", ttl)
 	}
-	rec, tok2, err := s.Claim(ctx, "a", 5*time.Second)
+	rec, tok2, err := s.Claim(ctx, "a", 5*time.Second, 3)
 	if err != nil || tok2 != "" || string(rec) != "X-Ratelimit-Remaining: 1\n" {
 		t.Fatalf("claim of a committed key: %q %q %v, want its record", rec, tok2, err)
 	}
+	// A record is replayed at most maxReplays times, then claimed anew.
+	for i := range 2 {
+		if rec, tok, err := s.Claim(ctx, "a", 5*time.Second, 3); err != nil || tok != "" || rec == nil {
+			t.Fatalf("replay %d: %q %q %v, want the record", i+2, rec, tok, err)
+		}
+	}
+	if rec, tok, err := s.Claim(ctx, "a", 5*time.Second, 3); err != nil || tok == "" || rec != nil {
+		t.Fatalf("after 3 replays: %q %q %v, want a new claim", rec, tok, err)
+	}
 	// Release frees a claim for the next request.
-	_, tok, _ = s.Claim(ctx, "b", 5*time.Second)
+	_, tok, _ = s.Claim(ctx, "b", 5*time.Second, 3)
 	if err := s.Release(ctx, "b", tok); err != nil {
 		t.Fatal(err)
 	}
-	if _, tok, err := s.Claim(ctx, "b", 5*time.Second); err != nil || tok == "" {
+	if _, tok, err := s.Claim(ctx, "b", 5*time.Second, 3); err != nil || tok == "" {
 		t.Fatalf("claim after release: %q %v, want a new claim", tok, err)
 	}
 }
