@@ -156,6 +156,9 @@ func (l *Limiter) HandlerWithResult(next http.Handler) http.Handler {
 	if next == nil {
 		panic("ratelimit: HandlerWithResult called with a nil http.Handler")
 	}
+	if l.cfg.refund != nil {
+		return l.refundResultHandler(next) // see WithRefund
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r, ok, done := l.admitWithResult(w, r)
 		if done != nil {

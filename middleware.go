@@ -171,6 +171,7 @@ type Result struct {
 	// the request was decided by its rate layers alone.
 	slotsFailed bool
 	rs          *ruleSet // the rules the request was decided under
+	refunded    bool     // Limiter.Refund gave the charge back
 }
 
 // LayerResult is the decision of one applied layer.
@@ -459,6 +460,9 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		}
 		store = m
 	}
+	if err := checkRefund(&cfg, store); err != nil {
+		return nil, err
+	}
 	coreOpts = append(coreOpts, core.WithStore(store))
 	if cfg.clock != nil {
 		coreOpts = append(coreOpts, core.WithClock(cfg.clock))
@@ -550,6 +554,9 @@ func Middleware(layers []Layer, opts ...Option) (func(http.Handler) http.Handler
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	if next == nil {
 		panic("ratelimit: Handler called with a nil http.Handler")
+	}
+	if l.cfg.refund != nil {
+		return l.refundHandler(next) // see WithRefund
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if l.slots != nil {
@@ -716,6 +723,11 @@ func (l *Limiter) Decide(r *http.Request) Result {
 // meeting a shaping layer takes a waiting-room slot before anything is
 // charged (see [WithMaxWaiting]); the slot stays with res when it must wait.
 func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve bool) int {
+	return l.decideOrPeek(r, res, buf, reqs, out, reserve, false)
+}
+
+// decideOrPeek is decide, or with peek, its dry form for [Limiter.Peek].
+func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve, peek bool) int {
 	res.DryRun = l.cfg.dryRun
 	rs := l.rules.Load()
 	res.rs = rs
@@ -831,7 +843,22 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 	}
 	res.at = l.cl.NowUnixNano()
 	m := n
-	if l.slots != nil {
+	if peek && l.slots != nil {
+		// Peek asks the rate layers only: a concurrency layer's slots are
+		// not taken, and the layer is left out of the Result.
+		m = 0
+		for j := 0; j < n; j++ {
+			if l.layers[buf[j].index].inFlight == 0 {
+				buf[m], reqs[m] = buf[j], reqs[j]
+				m++
+			}
+		}
+		if n = m; n == 0 {
+			res.Proceed = true
+			return 0
+		}
+	}
+	if l.slots != nil && !peek {
 		var stop bool
 		if m, stop = l.acquire(ctx, res, buf[:n], reqs[:n], out[:n]); stop {
 			l.release(res)
@@ -843,7 +870,10 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 		defer l.settle(res, buf[:n])
 	}
 	ok, err := true, error(nil)
-	if m > 0 {
+	switch {
+	case m > 0 && peek:
+		ok, err = l.cl.PeekAt(ctx, time.Unix(0, res.at), reqs[:m], out[:m]) // charges nothing
+	case m > 0:
 		ok, err = l.cl.TakeAtUnixNano(ctx, res.at, reqs[:m], out[:m])
 	}
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {

@@ -39,6 +39,7 @@ type config struct {
 	logger       *slog.Logger // nil: silent
 	mux          *http.ServeMux
 	slots        core.SlotStore
+	refund       *refundConfig // nil: no refunds (see WithRefund)
 	errs         []error
 }
 

@@ -140,3 +140,31 @@ func gcraRemaining(p *Policy, dq int64, dr uint64) int64 {
 	}
 	return p.capacity - used
 }
+
+func (tokenBucket) Refund(p *Policy, s *State, cost, now int64) { gcraRefund(p, s, cost, now) }
+
+func (leakyBucket) Refund(p *Policy, s *State, cost, now int64) { gcraRefund(p, s, cost, now) }
+
+// gcraRefund moves the theoretical arrival time back by cost x Window/Limit,
+// never before now: the bucket regains cost units, never more than it has
+// in use. A TAT left ahead of a clock that stepped back is first clamped as
+// Decide clamps it.
+func gcraRefund(p *Policy, s *State, cost, now int64) {
+	if s.B == 0 || s.A < now || (s.A == now && s.B == 1) {
+		return // whole at now: nothing is in use
+	}
+	aq, ar := s.A, uint64(s.B-1)
+	if lq := now + p.tauQ + p.maxDelay; !lessEq(aq, ar, lq, p.tauR) {
+		aq, ar = lq, p.tauR
+	}
+	q, r := mulAddDiv(uint64(cost), uint64(p.window), 0, p.limit)
+	nq := aq - int64(q)
+	if ar < r {
+		nq, ar = nq-1, ar+p.limit
+	}
+	nr := ar - r
+	if lessEq(nq, nr, now, 0) {
+		nq, nr = now, 0
+	}
+	s.A, s.B = nq, int64(nr)+1
+}

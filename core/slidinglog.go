@@ -160,3 +160,30 @@ func (slidingWindowLog) Expiry(p *Policy, s *State) int64 {
 	}
 	return s.log.newest() + p.window
 }
+
+// Refund removes up to cost units from the most recent entries of the
+// trailing window. Entries recorded after now (the clock stepped back)
+// count as made at now, as in Decide; expired entries are dropped.
+func (slidingWindowLog) Refund(p *Policy, s *State, cost, now int64) {
+	l := s.log
+	if l == nil || l.len == 0 {
+		return
+	}
+	l.drop(l.expired(now - p.window))
+	if l.len > 0 && l.newest() > now {
+		l.clampFuture(now)
+	}
+	for cost > 0 && l.len > 0 {
+		e := l.at(l.len - 1)
+		k := min(e.n, cost)
+		e.n -= k
+		l.total -= k
+		cost -= k
+		if e.n == 0 {
+			l.len--
+		}
+	}
+	if l.len == 0 {
+		l.head = 0
+	}
+}

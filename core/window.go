@@ -193,3 +193,30 @@ func (slidingWindowCounter) Expiry(p *Policy, s *State) int64 {
 	}
 	return math.MinInt64
 }
+
+// Refund gives back up to cost units of the current window's count; a
+// charge made in an earlier window has already expired.
+func (fixedWindow) Refund(p *Policy, s *State, cost, now int64) {
+	idx := windowIndex(now, p.window)
+	if s.B == 0 || s.A < idx {
+		return
+	}
+	// A window that lies in the future counts as this one (see Decide).
+	s.A, s.B = idx, s.B-min(s.B, cost)
+}
+
+// Refund gives back up to cost units, from the current window's count
+// first (the most recent charges), then from the previous window's.
+func (slidingWindowCounter) Refund(p *Policy, s *State, cost, now int64) {
+	idx, prev, curr, _ := swcCounts(p, s, now)
+	if prev == 0 && curr == 0 {
+		if s.B != 0 {
+			s.A, s.B = idx, 0
+		}
+		return
+	}
+	k := min(curr, cost)
+	curr -= k
+	prev -= min(prev, cost-k)
+	s.A, s.B = idx, int64(uint64(prev)<<32|uint64(curr))
+}

@@ -21,7 +21,11 @@
 // any instant (before 1970 and the zero time.Time included), that a record
 // written under one policy is never read under another policy of the same
 // Name (the units in use carry over), huge and tiny windows, cost
-// validation, and exact admitted counts under concurrency.
+// validation, and exact admitted counts under concurrency. For a store that
+// implements core.Peeker, core.Resetter or core.Refunder, it also checks
+// that Peek decides exactly as Take without charging, that Reset makes a
+// key whole, and that Refund gives back exactly the refunded units per
+// algorithm, never above capacity, atomically per batch.
 package storetest
 
 import (
@@ -57,6 +61,7 @@ func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
 	t.Run("HugeAndTinyWindows", func(t *testing.T) { testWindows(t, newStore) })
 	t.Run("CostValidation", func(t *testing.T) { testCost(t, newStore) })
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, newStore) })
+	runOps(t, newStore)
 }
 
 // Step is one request of a trace and the decision expected for it.

@@ -1,0 +1,236 @@
+-- ops.lua: peeks at and refunds a batch of requests, one per key of KEYS,
+-- with the algorithm modules of the take script (see ops.go).
+--
+-- ARGV[1] mode: 'P' peek (decide every request at its cost and at cost 0,
+--               write nothing),
+--               'F' refund (give back each request's cost, as defined per
+--               algorithm in refunders below; never more than is in use).
+-- ARGV[2] now in Unix microseconds, or '' to read the server's TIME.
+-- ARGV[3] milliseconds added to every key's expiry.
+-- Then two arguments per request: the policy (as for the take script, see
+-- policyargs) and the cost.
+--
+-- A record written under another policy (another identity tag) is read as
+-- the take script reads it: the units in use under its own policy carry
+-- over to a fresh state of the request's policy. A peek writes nothing; a
+-- refund converts the record, then gives back.
+--
+-- The reply is one string of integers separated by spaces: now, then, for
+-- 'P', per request allowed (0/1), remaining, resetAfter, retryAfter and
+-- delay at the request's cost, then remaining, resetAfter and delay at
+-- cost 0 (times in microseconds).
+
+if redis.replicate_commands then redis.replicate_commands() end
+
+local codes = { g = 'gcra', f = 'fixed', c = 'counter', l = 'swlog' }
+local made = {}
+local function algorithm(code)
+  local name = codes[code]
+  if name == nil then
+    return nil
+  end
+  local m = made[name]
+  if m == nil then
+    m = modules[name]()
+    made[name] = m
+  end
+  return m
+end
+
+local mode, nowArg, slack = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local now
+if nowArg == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(nowArg)
+end
+
+-- load returns the state of key under the policy P of algorithm module
+-- alg (code kind), converting a record written under another policy, as
+-- the take script's load does.
+local function load(key, alg, kind, P)
+  local v, rkind, rtag = record(key)
+  if rkind == nil then
+    if v then
+      local st = alg.fresh(P, 0, now)
+      st.bad = true
+      return st
+    end
+    return alg.load(key, v)
+  end
+  if rtag == P.tag or (rtag == '' and rkind == kind) then
+    return alg.load(key, v)
+  end
+  local st
+  local oldP, okind = tagparams(rtag)
+  if oldP == nil or okind ~= rkind then
+    st = alg.fresh(P, 0, now)
+  else
+    local old = algorithm(okind)
+    local od = old.decide(old.load(key, v), oldP, 0, now)
+    local used = oldP.cap - od.rem
+    if used > P.cap then used = P.cap end
+    st = alg.fresh(P, used, now)
+  end
+  st.rewrite = true
+  if rkind == 'l' and kind ~= 'l' then st.bad = true end
+  return st
+end
+
+-- The sliding log's entries "t:n:c" (see sliding_log.lua).
+local LOGM = 4503599627370496 -- 2^52, the modulus of the running counts
+local function parse_log_entry(s)
+  if type(s) ~= 'string' then
+    return nil
+  end
+  local t, n, c = smatch(s, '^(%-?%d+):(%d+):(%d+)$')
+  return tonumber(t), tonumber(n), tonumber(c)
+end
+local function log_entry_string(t, n, c)
+  return sformat(I64 and '%d:%d:%d' or '%.0f:%.0f:%.0f', t, n, c)
+end
+
+-- refunders give back up to cost units of st at now and write the result
+-- (deleting a key left whole), mirroring the Refund methods of core.
+local refunders = {}
+
+-- The buckets move TAT back by cost x W/L, never before now; a TAT beyond
+-- now + tau + MaxDelay (the clock stepped back) is first clamped there.
+function refunders.g(alg, key, st, P, cost)
+  if st.fresh or st.A < now or (st.A == now and st.B == 0) then
+    if st.rewrite or st.bad then alg.save(key, st, P, now, slack) end
+    return
+  end
+  local aq, ar = st.A, st.B
+  local mq = now + P.tauQ + P.maxDelay
+  if not lesseq(aq, ar, mq, P.tauR) then
+    aq, ar = mq, P.tauR
+  end
+  local q, r = muldiv(cost, P.W, 0, P.L)
+  local A, B = aq - q, ar - r
+  if B < 0 then
+    A, B = A - 1, B + P.L
+  end
+  if lesseq(A, B, now, 0) then
+    alg.save(key, { A = 0, B = 0, fresh = true }, P, now, slack)
+    return
+  end
+  alg.save(key, { A = A, B = B }, P, now, slack)
+end
+
+-- A fixed window gives back from the current window's count; a window in
+-- the future (the clock stepped back) counts as the current one.
+function refunders.f(alg, key, st, P, cost)
+  local idx = floordiv(now, P.W)
+  if st.B > 0 and idx <= st.A then
+    local b = st.B - cost
+    if b < 0 then b = 0 end
+    alg.save(key, { A = idx, B = b }, P, now, slack)
+  elseif st.rewrite or st.bad then
+    alg.save(key, st, P, now, slack)
+  end
+end
+
+-- A sliding counter gives back from the current window's count, then the
+-- previous one's.
+function refunders.c(alg, key, st, P, cost)
+  local idx = floordiv(now, P.W)
+  local prev, curr = 0, 0
+  if idx <= st.A then
+    prev, curr = st.prev, st.curr
+  elseif idx == st.A + 1 then
+    prev = st.curr
+  end
+  if prev == 0 and curr == 0 then
+    if st.rewrite or st.bad or st.prev > 0 or st.curr > 0 then
+      redis.call('DEL', key)
+    end
+    return
+  end
+  local k = cost
+  if k > curr then k = curr end
+  curr = curr - k
+  k = cost - k
+  if k > prev then k = prev end
+  prev = prev - k
+  alg.save(key, { A = idx, prev = prev, curr = curr }, P, now, slack)
+end
+
+-- A sliding log removes its most recent entries inside the window (those
+-- recorded after now count as made at now), up to cost units.
+function refunders.l(alg, key, st, P, cost)
+  if st.len == 0 then
+    if st.bad then redis.call('DEL', key) end
+    return
+  end
+  local cutoff = now - P.W
+  if st.virt or st.bad then
+    -- a converted or previous-version state: at most one entry, rewritten
+    local t, n = st.t[1], st.n[1]
+    if t <= cutoff then
+      n = 0
+    else
+      n = n - cost
+      if n < 0 then n = 0 end
+    end
+    if n == 0 then
+      redis.call('DEL', key)
+      return
+    end
+    alg.save(key, { len = 1, base = 0, virt = true, t = { t }, n = { n }, c = { n },
+      newest = t, newestN = n, newestC = n, rewrite = true }, P, now, slack)
+    return
+  end
+  local left = st.len
+  while cost > 0 and left > 0 do
+    local t, n, c = parse_log_entry(redis.call('LINDEX', key, -1))
+    if t == nil or t <= cutoff then break end
+    if n > cost then
+      c = c - cost
+      if c < 0 then c = c + LOGM end
+      redis.call('LSET', key, -1, log_entry_string(t, n - cost, c))
+      cost = 0
+    else
+      redis.call('RPOP', key)
+      cost = cost - n
+      left = left - 1
+    end
+  end
+  if left == 0 then
+    redis.call('DEL', key)
+  end
+end
+
+-- Read every request's arguments before touching anything, so that a bad
+-- argument refunds nothing.
+local n = #KEYS
+local reqs = {}
+for i = 1, n do
+  local base = 4 + 2 * (i - 1)
+  local a, tag, w, l, cap, md, tq, tr = policyargs(ARGV[base])
+  local alg = algorithm(a)
+  local cost = tonumber(ARGV[base + 1])
+  if alg == nil or tr == nil or cost == nil then
+    return redis.error_reply('ERR ratelimit: bad argument for request ' .. i)
+  end
+  reqs[i] = { alg = alg, kind = a, cost = cost,
+    P = { W = w, L = l, cap = cap, maxDelay = md, tauQ = tq, tauR = tr, tag = tag } }
+end
+
+local parts = { fmt(now) }
+for i = 1, n do
+  local r = reqs[i]
+  local st = load(KEYS[i], r.alg, r.kind, r.P)
+  if mode == 'P' then
+    local d = r.alg.decide(st, r.P, r.cost, now)
+    local z = r.alg.decide(st, r.P, 0, now)
+    local ok = 0
+    if d.allowed then ok = 1 end
+    parts[i + 1] = sformat(I64 and '%d %d %d %d %d %d %d %d' or '%d %.0f %.0f %.0f %.0f %.0f %.0f %.0f',
+      ok, d.rem, d.reset, d.retry, d.delay, z.rem, z.reset, z.delay)
+  else
+    refunders[r.kind](r.alg, KEYS[i], st, r.P, r.cost)
+  end
+end
+return table.concat(parts, ' ')

@@ -1,0 +1,315 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+	"github.com/redis/go-redis/v9"
+)
+
+// The Store peeks, resets and refunds as core.MemoryStore does (see
+// core.Peeker, core.Resetter and core.Refunder), each in one round trip
+// (per Cluster slot of a batch): Peek and Refund run a second script, made
+// of the take script's arithmetic and algorithm modules and lua/ops.lua,
+// so a peek decides with the very code a take runs; Reset is one DEL.
+// Each is bounded by Config.Timeout (through the context, so the client
+// needs ContextTimeoutEnabled for the bound to cut a call short), counts as
+// a running call for Close, and does not go through the circuit breaker:
+// these are occasional calls whose failure the caller sees.
+var (
+	_ core.Peeker   = (*Store)(nil)
+	_ core.Resetter = (*Store)(nil)
+	_ core.Refunder = (*Store)(nil)
+)
+
+var opsParts = []string{
+	"lua/prelude.lua",
+	"lua/helpers.lua",
+	"lua/gcra.lua",
+	"lua/fixed_window.lua",
+	"lua/sliding_counter.lua",
+	"lua/sliding_log.lua",
+	"lua/ops.lua",
+}
+
+func composeOps() string {
+	var b strings.Builder
+	for _, name := range opsParts {
+		src, err := luaFiles.ReadFile(name)
+		if err != nil {
+			panic("redisstore: missing embedded " + name)
+		}
+		b.WriteString("-- ")
+		b.WriteString(name)
+		b.WriteString("\n")
+		b.Write(src)
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+var (
+	opsScriptSource = composeOps()
+	// opsScript gives the ops script's SHA1 (run with EVALSHA, then EVAL
+	// on NOSCRIPT, as the take script).
+	opsScript = redis.NewScript(opsScriptSource)
+)
+
+// Modes of the ops script (see lua/ops.lua).
+const (
+	modePeek     = "P"
+	modeGiveBack = "F"
+)
+
+// Peek implements core.Peeker: it decides reqs at now exactly as Take
+// would, the same decisions and errors, and writes nothing to Redis (a key
+// never seen stays absent; a record of another policy is read through the
+// carry-over of units in use, and left as it is). One script call per
+// Cluster slot of the batch (per hash tag for other clients). A backend
+// failure goes to the Fallback's Peek when the Fallback is a core.Peeker,
+// and is returned otherwise.
+func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	if !s.gate.enter() {
+		return ErrClosed
+	}
+	defer s.gate.leave()
+	over, err := core.CheckBatch(reqs, out)
+	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
+		return err
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	infos, nowArg, err := s.opsPrepare(now, reqs)
+	if err != nil {
+		return err
+	}
+	var keys [core.MaxBatch]string
+	s.keysOf(reqs, infos, keys[:len(reqs)])
+	var zero [core.MaxBatch]core.Decision
+	err = s.opsBounded(ctx, func(ctx context.Context) error {
+		return s.forGroups(keys[:len(reqs)], func(idx []int) error {
+			reply, err := s.opsCall(ctx, modePeek, nowArg, reqs, infos, keys[:], idx, over)
+			if err != nil {
+				return err
+			}
+			return parsePeek(reply, reqs, idx, out, zero[:])
+		})
+	})
+	if err != nil {
+		for i := range reqs {
+			out[i] = core.Decision{Limit: reqs[i].Policy.Capacity(), Policy: reqs[i].Policy}
+		}
+		if pk, ok := s.fallback.(core.Peeker); ok && !IsCallerGone(err) {
+			s.observe(reqs, err, 0)
+			return pk.Peek(ctx, now, reqs, out)
+		}
+		return err
+	}
+	all := over < 0
+	for i := range reqs {
+		all = all && out[i].Allowed
+	}
+	if !all {
+		// As a refused batch reports them: the requests that would have
+		// passed without their cost; the one over capacity refused with no
+		// retry time.
+		for i := range reqs {
+			if i == over || out[i].Allowed {
+				out[i] = zero[i]
+				out[i].Allowed = i != over
+			}
+		}
+	}
+	if over >= 0 {
+		r := &reqs[over]
+		return fmt.Errorf("%w: %q capacity %d, cost %d", core.ErrCostExceedsCapacity, r.Policy.Name(), r.Policy.Capacity(), r.Cost)
+	}
+	return nil
+}
+
+// Refund implements core.Refunder: it gives back each request's cost as
+// core.Refunder defines per algorithm, never more than the key has in use,
+// converting a record of another policy first. The batch is validated
+// (core.CheckRefund, and the policies the store cannot run) before Redis
+// is contacted, and refunded in one atomic script call when its keys share
+// a Cluster slot (always on a single node; on a Cluster, with a
+// Config.HashTag such as TagByKey). A batch spanning several slots is
+// refunded one slot at a time, each atomically: after a failure, the
+// slots not reached keep their charges (a refund that fails limits more,
+// never less). A failure is not sent to the Fallback, which did not make
+// the charges.
+func (s *Store) Refund(ctx context.Context, now time.Time, reqs []core.Request) error {
+	if !s.gate.enter() {
+		return ErrClosed
+	}
+	defer s.gate.leave()
+	if err := core.CheckRefund(reqs); err != nil {
+		return err
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	infos, nowArg, err := s.opsPrepare(now, reqs)
+	if err != nil {
+		return err
+	}
+	var keys [core.MaxBatch]string
+	s.keysOf(reqs, infos, keys[:len(reqs)])
+	return s.opsBounded(ctx, func(ctx context.Context) error {
+		return s.forGroups(keys[:len(reqs)], func(idx []int) error {
+			_, err := s.opsCall(ctx, modeGiveBack, nowArg, reqs, infos, keys[:], idx, -1)
+			return err
+		})
+	})
+}
+
+// Reset implements core.Resetter: it deletes the key's record under the
+// policy's Name (whatever policy wrote it), with one DEL. It does not
+// reset the Fallback.
+func (s *Store) Reset(ctx context.Context, p *core.Policy, key string) error {
+	if p == nil {
+		return errors.New("redisstore: reset without a policy")
+	}
+	if !s.gate.enter() {
+		return ErrClosed
+	}
+	defer s.gate.leave()
+	r := core.Request{Policy: p, Key: key}
+	tag := ""
+	if s.hashTag != nil {
+		tag = s.hashTag(p.Name(), key)
+	}
+	k := redisKey(s.prefix, escapeName(p.Name()), tag, &r)
+	return s.opsBounded(ctx, func(ctx context.Context) error {
+		return s.client.Del(ctx, k).Err()
+	})
+}
+
+// opsPrepare returns the batch's policy infos and the script's time
+// argument, or the error that refuses the batch before Redis is asked.
+func (s *Store) opsPrepare(now time.Time, reqs []core.Request) ([]*policyInfo, any, error) {
+	infos := make([]*policyInfo, len(reqs))
+	for i := range reqs {
+		infos[i] = infoOf(reqs[i].Policy)
+		if infos[i].err != nil {
+			return nil, nil, infos[i].err
+		}
+	}
+	var nowArg any = ""
+	if s.clientTime {
+		us := now.UnixMicro()
+		if us < -maxNowMicros || us > maxNowMicros {
+			return nil, nil, fmt.Errorf("%w: %v", ErrTimeOutOfRange, now)
+		}
+		nowArg = strconv.FormatInt(us, 10)
+	}
+	return infos, nowArg, nil
+}
+
+// opsBounded runs f within the store's Timeout and wraps its error as Take
+// does: a caller whose own context ended gets an IsCallerGone error.
+func (s *Store) opsBounded(ctx context.Context, f func(ctx context.Context) error) error {
+	if ctx.Err() != nil {
+		return callerGone(ctx, nil)
+	}
+	tctx, cancel := ctx, context.CancelFunc(func() {})
+	if s.timeout > 0 {
+		tctx, cancel = context.WithTimeout(ctx, s.timeout)
+	}
+	defer cancel()
+	err := f(tctx)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return callerGone(ctx, err)
+	case tctx.Err() != nil:
+		return fmt.Errorf("redisstore: timed out after %v: %w: %w", s.timeout, context.DeadlineExceeded, err)
+	}
+	return fmt.Errorf("redisstore: %w", err)
+}
+
+// forGroups calls f with the indices of each group of keys one script
+// call can see (see Store.groups), in order, stopping at an error.
+func (s *Store) forGroups(keys []string, f func(idx []int) error) error {
+	gs := s.groups(keys)
+	if gs == nil {
+		var all [core.MaxBatch]int
+		for i := range keys {
+			all[i] = i
+		}
+		return f(all[:len(keys)])
+	}
+	for _, idx := range gs {
+		if err := f(idx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// opsCall runs the ops script in mode for the requests idx of the batch;
+// the request over (its cost above capacity) is peeked at cost 0.
+func (s *Store) opsCall(ctx context.Context, mode string, nowArg any, reqs []core.Request, infos []*policyInfo, keys []string, idx []int, over int) (string, error) {
+	args := make([]any, 0, 3+len(idx)+3+2*len(idx))
+	args = append(args, nil, nil, len(idx))
+	for _, i := range idx {
+		args = append(args, keys[i])
+	}
+	args = append(args, mode, nowArg, s.slackArg)
+	for _, i := range idx {
+		cost := reqs[i].Cost
+		if i == over {
+			cost = 0
+		}
+		args = append(args, infos[i].args, cost)
+	}
+	args[0], args[1] = "evalsha", opsScript.Hash()
+	cmd := redis.NewStringCmd(ctx, args...)
+	_ = s.client.Process(ctx, noRetryCmd{cmd})
+	err := cmd.Err()
+	if err != nil && isNoScript(err) {
+		args[0], args[1] = "eval", opsScriptSource
+		cmd = redis.NewStringCmd(ctx, args...)
+		_ = s.client.Process(ctx, noRetryCmd{cmd})
+		err = cmd.Err()
+	}
+	return cmd.Val(), err
+}
+
+// parsePeek reads a peek's reply: now, then per request the decision at
+// its cost (to out) and at cost 0 (to zero).
+func parsePeek(reply string, reqs []core.Request, idx []int, out, zero []core.Decision) error {
+	p := replyParser{s: reply}
+	p.next() // the time decided at
+	for _, i := range idx {
+		pol := reqs[i].Policy
+		out[i] = core.Decision{
+			Allowed:    p.next() == 1,
+			Limit:      pol.Capacity(),
+			Remaining:  p.next(),
+			ResetAfter: micros(p.next()),
+			RetryAfter: micros(p.next()),
+			Delay:      micros(p.next()),
+			Policy:     pol,
+		}
+		zero[i] = core.Decision{
+			Allowed:    true,
+			Limit:      pol.Capacity(),
+			Remaining:  p.next(),
+			ResetAfter: micros(p.next()),
+			Delay:      micros(p.next()),
+			Policy:     pol,
+		}
+	}
+	if p.err || p.pos != len(p.s) {
+		return fmt.Errorf("unexpected script reply %q", reply)
+	}
+	return nil
+}

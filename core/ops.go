@@ -1,0 +1,387 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Peeker is implemented by a Store that can report decisions without
+// charging them.
+//
+// Peek decides reqs at now exactly as Take would (the same decisions, the
+// same errors, and the same all-or-nothing reporting of a batch), but
+// charges nothing and writes no state: a key never seen stays unstored, and
+// a record written under another policy is read through the carry-over of
+// Store without being rewritten.
+type Peeker interface {
+	Peek(ctx context.Context, now time.Time, reqs []Request, out []Decision) error
+}
+
+// Resetter is implemented by a Store that can forget a key.
+//
+// Reset forgets the state of key under the Name of p, whatever policy wrote
+// it, so that the key's next request finds its quota whole, as after a
+// successful login. Resetting a key the store does not hold is not an
+// error.
+type Resetter interface {
+	Reset(ctx context.Context, p *Policy, key string) error
+}
+
+// Refunder is implemented by a Store that can give back units charged
+// earlier.
+//
+// Refund gives back Cost units to every request of reqs at now, atomically:
+// either every request is refunded or, on an error, none is. What a refund
+// gives back depends on the algorithm, and is never more than the key has
+// in use, so a key never holds more than its capacity:
+//
+//   - TokenBucket and LeakyBucket: the theoretical arrival time moves back
+//     by Cost x Window / Limit, never before now (Cost tokens come back).
+//   - FixedWindow: Cost is subtracted from the current window's count; a
+//     charge made in an earlier window has expired and gives back nothing.
+//   - SlidingWindowCounter: Cost is subtracted from the current window's
+//     count, then what is left of it from the previous window's.
+//   - SlidingWindowLog: the most recent entries of the trailing window
+//     lose up to Cost units.
+//   - A custom Algorithm implementing AlgorithmRefunder: its Refund.
+//
+// A refund of a key the store does not hold does nothing. A record written
+// under another policy of the same Name is first carried over (see Store)
+// and then refunded under the request's policy. A store cannot tell which
+// charges a refund stands for: give back only what was charged.
+//
+// Refund validates the batch as Take does (ErrInvalidCost,
+// ErrCostExceedsCapacity, ErrDuplicateRequest, ErrBatchTooLarge) and returns
+// an error wrapping ErrRefundUnsupported, refunding nothing, when a
+// request's algorithm cannot refund.
+type Refunder interface {
+	Refund(ctx context.Context, now time.Time, reqs []Request) error
+}
+
+// AlgorithmRefunder is implemented by an Algorithm that can give back units
+// charged earlier; every built-in algorithm does. Refund updates s to give
+// back up to cost units at now (1 <= cost <= p.Capacity(), now in
+// [MinTime, MaxTime]), never more than the state has in use. It is called
+// with the state locked, like Decide.
+type AlgorithmRefunder interface {
+	Refund(p *Policy, s *State, cost, now int64)
+}
+
+var (
+	// ErrUnsupported is returned by a Limiter's Peek, Reset and Refund when
+	// its Store does not implement Peeker, Resetter or Refunder.
+	ErrUnsupported = errors.New("ratelimit: the store does not support this operation")
+	// ErrRefundUnsupported is returned by Refund for a request whose
+	// Algorithm does not implement AlgorithmRefunder.
+	ErrRefundUnsupported = errors.New("ratelimit: the algorithm cannot refund")
+)
+
+var (
+	_ Peeker   = (*MemoryStore)(nil)
+	_ Resetter = (*MemoryStore)(nil)
+	_ Refunder = (*MemoryStore)(nil)
+)
+
+// CheckRefund validates a batch for Refunder.Refund the way every Store
+// must before touching state: its size, costs (at least 1, at most the
+// capacity), duplicates, and that every algorithm can refund.
+func CheckRefund(reqs []Request) error {
+	if len(reqs) > MaxBatch {
+		return ErrBatchTooLarge
+	}
+	var out [MaxBatch]Decision
+	if over, err := CheckBatch(reqs, out[:len(reqs)]); err != nil {
+		if over >= 0 {
+			r := &reqs[over]
+			return fmt.Errorf("%w: refund of %q capacity %d, cost %d", err, r.Policy.rule.Name, r.Policy.capacity, r.Cost)
+		}
+		return err
+	}
+	for i := range reqs {
+		if _, ok := reqs[i].Policy.alg.(AlgorithmRefunder); !ok {
+			return fmt.Errorf("%w: %s", ErrRefundUnsupported, reqs[i].Policy.alg.Name())
+		}
+	}
+	return nil
+}
+
+// lockOrder fills shardIdx with the shard of every request and order with
+// the distinct shards, ascending, and returns their number.
+func (m *MemoryStore) lockOrder(reqs []Request, shardIdx, order *[MaxBatch]int) int {
+	nord := 0
+	for i := range reqs {
+		si := m.shardOf(&reqs[i])
+		shardIdx[i] = si
+		j := nord
+		for j > 0 && order[j-1] > si {
+			j--
+		}
+		if j > 0 && order[j-1] == si {
+			continue
+		}
+		copy(order[j+1:nord+1], order[j:nord])
+		order[j] = si
+		nord++
+	}
+	return nord
+}
+
+// Reset implements Resetter: it forgets key under p's Name.
+func (m *MemoryStore) Reset(_ context.Context, p *Policy, key string) error {
+	if p == nil {
+		return errors.New("ratelimit: reset without a policy")
+	}
+	r := Request{Policy: p, Key: key}
+	s := &m.shards[m.shardOf(&r)]
+	s.mu.Lock()
+	s.lru.Remove(s.lookupKey(&r))
+	s.mu.Unlock()
+	return nil
+}
+
+// Refund implements Refunder. It locks the batch's shards in index order,
+// as Take does, so the batch is refunded atomically.
+func (m *MemoryStore) Refund(_ context.Context, now time.Time, reqs []Request) error {
+	return m.refund(reqs, ClampTime(now))
+}
+
+func (m *MemoryStore) refund(reqs []Request, now int64) error {
+	if err := CheckRefund(reqs); err != nil {
+		return err
+	}
+	var shardIdx, order [MaxBatch]int
+	nord := m.lockOrder(reqs, &shardIdx, &order)
+	for _, si := range order[:nord] {
+		m.shards[si].mu.Lock()
+	}
+	for i := range reqs {
+		r := &reqs[i]
+		s := &m.shards[shardIdx[i]]
+		e, ok := s.lru.Peek(s.lookupKey(r))
+		if !ok {
+			continue // never charged, or forgotten: nothing in use
+		}
+		if e.pol != r.Policy {
+			s.adopt(e, r.Policy, now)
+		}
+		r.Policy.alg.(AlgorithmRefunder).Refund(r.Policy, &e.st, r.Cost, now)
+	}
+	for k := nord - 1; k >= 0; k-- {
+		m.shards[order[k]].mu.Unlock()
+	}
+	return nil
+}
+
+// Peek implements Peeker. It locks the batch's shards in index order, as
+// Take does, and decides on copies of the states. It predicts ErrStoreFull
+// as Take would meet it, from the keys the shards hold; with KeepActive it
+// examines the shard's least recently used keys in order.
+func (m *MemoryStore) Peek(_ context.Context, now time.Time, reqs []Request, out []Decision) error {
+	return m.peekBatch(reqs, out, ClampTime(now))
+}
+
+func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error {
+	over, err := CheckBatch(reqs, out)
+	if err != nil && !errors.Is(err, ErrCostExceedsCapacity) {
+		return err
+	}
+	err = nil
+	var (
+		shardIdx, order [MaxBatch]int
+		held            [MaxBatch]*memEntry
+	)
+	n := len(reqs)
+	nord := m.lockOrder(reqs, &shardIdx, &order)
+	for _, si := range order[:nord] {
+		m.shards[si].mu.Lock()
+	}
+	all := true
+	for i := 0; i < n; i++ {
+		r := &reqs[i]
+		s := &m.shards[shardIdx[i]]
+		e, _ := s.lru.Peek(s.lookupKey(r))
+		held[i] = e
+		m.peekState(s, e, r.Policy, now, &s.scratch)
+		cost := r.Cost
+		if i == over {
+			cost = 0
+		}
+		r.Policy.alg.Decide(r.Policy, &s.scratch, cost, now, false, &s.dec)
+		out[i] = s.dec
+		if i == over {
+			out[i].Allowed = false
+			out[i].RetryAfter = 0
+		}
+		all = all && out[i].Allowed
+	}
+	var retry int64
+	if all {
+		never := false
+		for _, si := range order[:nord] {
+			need, own := 0, 0
+			for i := 0; i < n; i++ {
+				if shardIdx[i] == si {
+					if held[i] == nil {
+						need++
+					} else {
+						own++
+					}
+				}
+			}
+			if need == 0 {
+				continue
+			}
+			if r, e := m.roomFor(&m.shards[si], need, own, held[:n], now); e != nil {
+				err = e
+				never = never || r == 0
+				retry = max(retry, r)
+			}
+		}
+		if never {
+			retry = 0
+		}
+		if err != nil {
+			all = false
+		}
+	}
+	if !all {
+		// Report the requests that would have passed without their cost.
+		for i := 0; i < n; i++ {
+			if !out[i].Allowed {
+				continue
+			}
+			r := &reqs[i]
+			s := &m.shards[shardIdx[i]]
+			m.peekState(s, held[i], r.Policy, now, &s.scratch)
+			r.Policy.alg.Decide(r.Policy, &s.scratch, 0, now, false, &s.dec)
+			out[i] = s.dec
+			if err != nil {
+				out[i].Allowed = false
+				out[i].RetryAfter = time.Duration(retry)
+			}
+		}
+	}
+	for k := nord - 1; k >= 0; k-- {
+		s := &m.shards[order[k]]
+		s.scratch = State{}
+		s.mu.Unlock()
+	}
+	if over >= 0 {
+		return fmt.Errorf("%w: %q capacity %d, cost %d", ErrCostExceedsCapacity, reqs[over].Policy.rule.Name, reqs[over].Policy.capacity, reqs[over].Cost)
+	}
+	return err
+}
+
+// peekState sets st to the state e holds for p at now, without changing e:
+// a zero State for a key not held, and the carried-over state for a record
+// of another Identity. Requires s.mu.
+func (m *MemoryStore) peekState(s *memShard, e *memEntry, p *Policy, now int64, st *State) {
+	*st = State{}
+	if e == nil {
+		return
+	}
+	if e.pol == nil || e.pol.identity == p.identity {
+		*st = e.st // Decide without commit writes nothing, the log included
+		return
+	}
+	old := e.pol
+	old.alg.Decide(old, &e.st, 0, now, false, &s.dec)
+	if used := old.capacity - s.dec.Remaining; used > 0 {
+		p.alg.Decide(p, st, min(used, p.capacity), now, true, &s.dec)
+	}
+}
+
+// roomFor is makeRoom without changes: the error and RetryAfter Take would
+// meet making room for need new keys in s. Requires s.mu.
+func (m *MemoryStore) roomFor(s *memShard, need, own int, batch []*memEntry, now int64) (int64, error) {
+	if need+own > s.cap {
+		return 0, fmt.Errorf("%w: a batch needs %d keys in a shard of %d", ErrStoreFull, need+own, s.cap)
+	}
+	excess := s.lru.Len() + need - s.cap
+	if excess <= 0 || !m.keepActive {
+		return 0, nil
+	}
+	for _, k := range s.lru.Keys() { // oldest first
+		e, _ := s.lru.Peek(k)
+		if held(e, batch) {
+			continue // Take moves the batch's keys to the front
+		}
+		if exp := e.expiry(); exp > now {
+			return exp - now, ErrStoreFull
+		}
+		if excess--; excess == 0 {
+			break
+		}
+	}
+	return 0, nil
+}
+
+// Peek reports the decisions Take would make for reqs now, charging
+// nothing, and whether the batch would be admitted (see Peeker). It returns
+// an error wrapping ErrUnsupported when the Store is not a Peeker.
+func (l *Limiter) Peek(ctx context.Context, reqs []Request, out []Decision) (bool, error) {
+	return l.PeekAt(ctx, l.clock.Now(), reqs, out)
+}
+
+// PeekAt is Peek at a time read from the Limiter's Clock.
+func (l *Limiter) PeekAt(ctx context.Context, now time.Time, reqs []Request, out []Decision) (bool, error) {
+	if l.mem != nil {
+		return admitted(reqs, out, l.mem.peekBatch(reqs, out, ClampTime(now)))
+	}
+	pk, ok := l.store.(Peeker)
+	if !ok {
+		return false, fmt.Errorf("%w: %T has no Peek", ErrUnsupported, l.store)
+	}
+	rc := append([]Request(nil), reqs...)
+	oc := make([]Decision, len(reqs))
+	err := pk.Peek(ctx, now, rc, oc)
+	copy(out, oc)
+	return admitted(reqs, out, err)
+}
+
+// Refund gives back the cost of requests charged earlier, atomically, now
+// (see Refunder). It returns an error wrapping ErrUnsupported when the
+// Store is not a Refunder.
+func (l *Limiter) Refund(ctx context.Context, reqs []Request) error {
+	return l.RefundAt(ctx, l.clock.Now(), reqs)
+}
+
+// RefundAt is Refund at a time read from the Limiter's Clock.
+func (l *Limiter) RefundAt(ctx context.Context, now time.Time, reqs []Request) error {
+	if l.mem != nil {
+		return l.mem.refund(reqs, ClampTime(now))
+	}
+	rf, ok := l.store.(Refunder)
+	if !ok {
+		return fmt.Errorf("%w: %T has no Refund", ErrUnsupported, l.store)
+	}
+	return rf.Refund(ctx, now, append([]Request(nil), reqs...))
+}
+
+// Reset forgets key's state under the Name of p, or, when p is nil, of the
+// policy Allow would decide key under (the Resolver's, else the Limiter's),
+// so that its next request finds the quota whole (see Resetter). It returns
+// ErrNoPolicy when there is no policy and an error wrapping ErrUnsupported
+// when the Store is not a Resetter.
+func (l *Limiter) Reset(ctx context.Context, p *Policy, key string) error {
+	if p == nil && l.resolver != nil {
+		rp, err := l.resolver.Resolve(ctx, key)
+		if err != nil {
+			return fmt.Errorf("ratelimit: resolving the policy: %w", err)
+		}
+		p = rp
+	}
+	if p == nil {
+		p = l.policy
+	}
+	if p == nil {
+		return ErrNoPolicy
+	}
+	rs, ok := l.store.(Resetter)
+	if !ok {
+		return fmt.Errorf("%w: %T has no Reset", ErrUnsupported, l.store)
+	}
+	return rs.Reset(ctx, p, key)
+}

@@ -1,0 +1,163 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+// Peek tells what a request would get without charging it, for a quota
+// page or a pre-flight check.
+func ExampleLimiter_Peek() {
+	clock := core.NewFakeClock(time.Unix(1_700_000_000, 0))
+	limiter := core.Must(core.New(core.PerMinute(3).Named("api"), core.WithClock(clock)))
+	ctx := context.Background()
+	limiter.AllowN(ctx, "alice", 2)
+	reqs := []core.Request{{Policy: limiter.Policy(), Key: "alice", Cost: 1}}
+	out := make([]core.Decision, 1)
+	for i := 0; i < 2; i++ {
+		ok, _ := limiter.Peek(ctx, reqs, out)
+		fmt.Printf("would admit: %v, remaining after it: %d\n", ok, out[0].Remaining)
+	}
+	d, _ := limiter.Allow(ctx, "alice")
+	fmt.Printf("allow: %v, remaining %d\n", d.Allowed, d.Remaining)
+	// Output:
+	// would admit: true, remaining after it: 0
+	// would admit: true, remaining after it: 0
+	// allow: true, remaining 0
+}
+
+// PeekAt peeks at a time read from the Limiter's clock once, for callers
+// that need it again.
+func ExampleLimiter_PeekAt() {
+	clock := core.NewFakeClock(time.Unix(1_700_000_000, 0))
+	limiter := core.Must(core.New(core.PerSecond(1).Named("api"), core.WithClock(clock)))
+	ctx := context.Background()
+	limiter.Allow(ctx, "alice")
+	now := limiter.Clock().Now()
+	out := make([]core.Decision, 1)
+	ok, _ := limiter.PeekAt(ctx, now, []core.Request{{Policy: limiter.Policy(), Key: "alice", Cost: 1}}, out)
+	fmt.Println(ok, "retry at", now.Add(out[0].RetryAfter).Sub(now))
+	// Output: false retry at 1s
+}
+
+// Refund gives back what a request was charged, here a request that the
+// application decided not to count.
+func ExampleLimiter_Refund() {
+	clock := core.NewFakeClock(time.Unix(1_700_000_000, 0))
+	limiter := core.Must(core.New(core.PerMinute(3).Named("api"), core.WithClock(clock)))
+	ctx := context.Background()
+	d, _ := limiter.Allow(ctx, "alice")
+	fmt.Println("charged, remaining", d.Remaining)
+	reqs := []core.Request{{Policy: limiter.Policy(), Key: "alice", Cost: 1}}
+	if err := limiter.Refund(ctx, reqs); err != nil {
+		panic(err)
+	}
+	d, _ = limiter.Allow(ctx, "alice")
+	fmt.Println("after the refund, charged again, remaining", d.Remaining)
+	// Output:
+	// charged, remaining 2
+	// after the refund, charged again, remaining 2
+}
+
+// RefundAt refunds at a time read from the Limiter's clock.
+func ExampleLimiter_RefundAt() {
+	clock := core.NewFakeClock(time.Unix(1_700_000_000, 0))
+	limiter := core.Must(core.New(core.PerMinute(2).Named("api"), core.WithClock(clock)))
+	ctx := context.Background()
+	limiter.AllowN(ctx, "alice", 2)
+	err := limiter.RefundAt(ctx, clock.Now(), []core.Request{{Policy: limiter.Policy(), Key: "alice", Cost: 5}})
+	fmt.Println(errors.Is(err, core.ErrCostExceedsCapacity))
+	// Output: true
+}
+
+// Reset forgets a key, as after a successful login.
+func ExampleLimiter_Reset() {
+	clock := core.NewFakeClock(time.Unix(1_700_000_000, 0))
+	logins := core.Must(core.New(core.PerHour(3).Named("login"), core.WithClock(clock)))
+	ctx := context.Background()
+	logins.AllowN(ctx, "alice", 3)
+	d, _ := logins.Allow(ctx, "alice")
+	fmt.Println("before reset:", d.Allowed)
+	logins.Reset(ctx, nil, "alice")
+	d, _ = logins.Allow(ctx, "alice")
+	fmt.Println("after reset:", d.Allowed, d.Remaining)
+	// Output:
+	// before reset: false
+	// after reset: true 2
+}
+
+// Refunds give back exactly what each algorithm charged, never more than
+// the key has in use.
+func ExampleMemoryStore_Refund() {
+	store := core.MustMemoryStore(nil)
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	for _, a := range core.Algorithms() {
+		r := core.Rule{Name: a.Name(), Algorithm: a, Limit: 4, Window: time.Minute}
+		if a == core.LeakyBucket {
+			r.Burst = 4
+		}
+		p := core.MustPolicy(r)
+		out := make([]core.Decision, 1)
+		store.Take(ctx, now, []core.Request{{Policy: p, Key: "k", Cost: 3}}, out)
+		store.Refund(ctx, now, []core.Request{{Policy: p, Key: "k", Cost: 2}})
+		store.Peek(ctx, now, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out)
+		fmt.Printf("%s: %d left after one more\n", a.Name(), out[0].Remaining)
+	}
+	// Output:
+	// token_bucket: 2 left after one more
+	// leaky_bucket: 2 left after one more
+	// fixed_window: 2 left after one more
+	// sliding_window_log: 2 left after one more
+	// sliding_window_counter: 2 left after one more
+}
+
+// Peek on a store decides a layered batch without charging it.
+func ExampleMemoryStore_Peek() {
+	store := core.MustMemoryStore(nil)
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	perIP := core.MustPolicy(core.Rule{Name: "per-ip", Limit: 10, Window: time.Minute})
+	perUser := core.MustPolicy(core.Rule{Name: "per-user", Limit: 1, Window: time.Minute})
+	reqs := []core.Request{{Policy: perIP, Key: "192.0.2.1", Cost: 1}, {Policy: perUser, Key: "alice", Cost: 1}}
+	out := make([]core.Decision, 2)
+	store.Peek(ctx, now, reqs, out)
+	fmt.Println("peek:", out[0].Allowed, out[1].Allowed)
+	store.Take(ctx, now, reqs, out)
+	store.Peek(ctx, now, reqs, out)
+	fmt.Println("after a take:", out[0].Allowed, out[0].Remaining, out[1].Allowed)
+	// Output:
+	// peek: true true
+	// after a take: true 9 false
+}
+
+// Reset on a store forgets one key under a policy's Name.
+func ExampleMemoryStore_Reset() {
+	store := core.MustMemoryStore(nil)
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	p := core.MustPolicy(core.PerMinute(5).Named("api"))
+	out := make([]core.Decision, 1)
+	store.Take(ctx, now, []core.Request{{Policy: p, Key: "alice", Cost: 5}}, out)
+	fmt.Println("keys:", store.Len())
+	store.Reset(ctx, p, "alice")
+	fmt.Println("keys after reset:", store.Len())
+	// Output:
+	// keys: 1
+	// keys after reset: 0
+}
+
+// CheckRefund validates a refund batch for a Store implementation.
+func ExampleCheckRefund() {
+	p := core.MustPolicy(core.PerMinute(5).Named("api"))
+	fmt.Println(core.CheckRefund([]core.Request{{Policy: p, Key: "a", Cost: 1}}))
+	err := core.CheckRefund([]core.Request{{Policy: p, Key: "a", Cost: 1}, {Policy: p, Key: "a", Cost: 2}})
+	fmt.Println(errors.Is(err, core.ErrDuplicateRequest))
+	// Output:
+	// <nil>
+	// true
+}

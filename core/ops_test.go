@@ -1,0 +1,165 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+// plainStore hides the MemoryStore's optional interfaces.
+type plainStore struct{ s core.Store }
+
+func (p plainStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	return p.s.Take(ctx, now, reqs, out)
+}
+
+// noRefund is a custom algorithm without AlgorithmRefunder.
+type noRefund struct{ core.Algorithm }
+
+func (noRefund) Name() string { return "no_refund" }
+
+func TestLimiterOpsUnsupported(t *testing.T) {
+	l := core.Must(core.New(core.PerMinute(2), core.WithStore(plainStore{core.MustMemoryStore(nil)})))
+	ctx := context.Background()
+	reqs := []core.Request{{Policy: l.Policy(), Key: "k", Cost: 1}}
+	if _, err := l.Peek(ctx, reqs, make([]core.Decision, 1)); !errors.Is(err, core.ErrUnsupported) {
+		t.Errorf("Peek: %v, want ErrUnsupported", err)
+	}
+	if err := l.Refund(ctx, reqs); !errors.Is(err, core.ErrUnsupported) {
+		t.Errorf("Refund: %v, want ErrUnsupported", err)
+	}
+	if err := l.Reset(ctx, nil, "k"); !errors.Is(err, core.ErrUnsupported) {
+		t.Errorf("Reset: %v, want ErrUnsupported", err)
+	}
+	if err := core.Must(core.NewWithPolicy(nil)).Reset(ctx, nil, "k"); !errors.Is(err, core.ErrNoPolicy) {
+		t.Errorf("Reset without a policy: %v, want ErrNoPolicy", err)
+	}
+}
+
+// TestLimiterOpsThroughInterfaces runs the Limiter's operations on a store
+// that is not the MemoryStore but implements every interface.
+func TestLimiterOpsThroughInterfaces(t *testing.T) {
+	type full struct {
+		core.Store
+		core.Peeker
+		core.Resetter
+		core.Refunder
+	}
+	m := core.MustMemoryStore(nil)
+	clock := core.NewFakeClock(t0)
+	l := core.Must(core.New(core.PerMinute(3), core.WithClock(clock), core.WithStore(full{m, m, m, m})))
+	ctx := context.Background()
+	p := l.Policy()
+	reqs := []core.Request{{Policy: p, Key: "k", Cost: 2}}
+	out := make([]core.Decision, 1)
+	if ok, err := l.Take(ctx, reqs, out); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if ok, err := l.Peek(ctx, reqs, out); ok || err != nil || out[0].Remaining != 1 {
+		t.Fatalf("Peek of 2 with 1 left: %v %+v %v", ok, out[0], err)
+	}
+	if err := l.Refund(ctx, []core.Request{{Policy: p, Key: "k", Cost: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := l.Peek(ctx, reqs, out); !ok || err != nil || out[0].Remaining != 0 {
+		t.Fatalf("Peek of 2 with 2 left: %v %+v %v", ok, out[0], err)
+	}
+	if err := l.Reset(ctx, nil, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.AllowN(ctx, "k", 3); err != nil || !d.Allowed {
+		t.Fatalf("after Reset: %+v %v", d, err)
+	}
+}
+
+func TestRefundUnsupportedAlgorithm(t *testing.T) {
+	m := core.MustMemoryStore(nil)
+	custom := core.MustPolicy(core.Rule{Name: "custom", Algorithm: noRefund{core.FixedWindow}, Limit: 2, Window: time.Minute})
+	std := core.MustPolicy(core.Rule{Name: "std", Algorithm: core.FixedWindow, Limit: 2, Window: time.Minute})
+	ctx := context.Background()
+	out := make([]core.Decision, 2)
+	reqs := []core.Request{{Policy: std, Key: "k", Cost: 2}, {Policy: custom, Key: "k", Cost: 2}}
+	if err := m.Take(ctx, t0, reqs, out); err != nil || !out[0].Allowed || !out[1].Allowed {
+		t.Fatalf("%+v %v", out, err)
+	}
+	if err := m.Refund(ctx, t0, reqs); !errors.Is(err, core.ErrRefundUnsupported) {
+		t.Fatalf("Refund with a custom algorithm: %v, want ErrRefundUnsupported", err)
+	}
+	// Nothing was refunded, the built-in layer included.
+	if err := m.Peek(ctx, t0, reqs[:1], out); err != nil || out[0].Allowed {
+		t.Fatalf("std refunded by a failed batch: %+v %v", out[0], err)
+	}
+}
+
+// TestPeekStoreFull: Peek predicts the ErrStoreFull that Take meets in a
+// full KeepActive store, with the same RetryAfter, and charges nothing.
+func TestPeekStoreFull(t *testing.T) {
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 4, Shards: 1, KeepActive: true})
+	p := core.MustPolicy(core.Rule{Name: "p", Algorithm: core.FixedWindow, Limit: 5, Window: time.Minute})
+	ctx := context.Background()
+	out := make([]core.Decision, 1)
+	for _, k := range []string{"a", "b", "c", "d"} {
+		if err := m.Take(ctx, t0, []core.Request{{Policy: p, Key: k, Cost: 1}}, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reqs := []core.Request{{Policy: p, Key: "e", Cost: 1}}
+	peek := make([]core.Decision, 1)
+	perr := m.Peek(ctx, t0.Add(time.Second), reqs, peek)
+	terr := m.Take(ctx, t0.Add(time.Second), reqs, out)
+	if !errors.Is(perr, core.ErrStoreFull) || !errors.Is(terr, core.ErrStoreFull) || peek[0] != out[0] {
+		t.Fatalf("peek %+v %v\ntake %+v %v", peek[0], perr, out[0], terr)
+	}
+	if peek[0].RetryAfter != 59*time.Second {
+		t.Fatalf("RetryAfter %v, want 59s", peek[0].RetryAfter)
+	}
+	// A held key still peeks normally, and a peek stores nothing.
+	if err := m.Peek(ctx, t0, []core.Request{{Policy: p, Key: "a", Cost: 4}}, peek); err != nil || !peek[0].Allowed {
+		t.Fatalf("held key: %+v %v", peek[0], err)
+	}
+	if m.Len() != 4 {
+		t.Fatalf("Len %d after peeks, want 4", m.Len())
+	}
+	// Once the window has passed, both find room.
+	at := t0.Add(time.Minute)
+	perr = m.Peek(ctx, at, reqs, peek)
+	terr = m.Take(ctx, at, reqs, out)
+	if perr != nil || terr != nil || peek[0] != out[0] || !out[0].Allowed {
+		t.Fatalf("after the window: peek %+v %v, take %+v %v", peek[0], perr, out[0], terr)
+	}
+}
+
+// TestResetForgetsKey: Reset removes the key from the store.
+func TestResetForgetsKey(t *testing.T) {
+	m := core.MustMemoryStore(nil)
+	p := core.MustPolicy(core.PerMinute(1))
+	out := make([]core.Decision, 1)
+	m.Take(context.Background(), t0, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out)
+	if m.Len() != 1 {
+		t.Fatal(m.Len())
+	}
+	if err := m.Reset(context.Background(), p, "k"); err != nil || m.Len() != 0 {
+		t.Fatalf("Reset: %v, Len %d", err, m.Len())
+	}
+	if err := m.Reset(context.Background(), nil, "k"); err == nil {
+		t.Fatal("Reset without a policy: no error")
+	}
+}
+
+// TestPeekAllocations: peeking a held key allocates nothing.
+func TestPeekAllocations(t *testing.T) {
+	m := core.MustMemoryStore(nil)
+	p := core.MustPolicy(core.PerMinute(100))
+	reqs := []core.Request{{Policy: p, Key: "k", Cost: 1}}
+	out := make([]core.Decision, 1)
+	m.Take(context.Background(), t0, reqs, out)
+	if n := testing.AllocsPerRun(100, func() { m.Peek(context.Background(), t0, reqs, out) }); n != 0 {
+		t.Fatalf("Peek allocates %v times", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { m.Refund(context.Background(), t0, reqs) }); n != 0 {
+		t.Fatalf("Refund allocates %v times", n)
+	}
+}

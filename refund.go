@@ -1,0 +1,321 @@
+package ratelimit
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+// ErrUnknownLayer is returned by [Limiter.Reset] for a name no layer has.
+var ErrUnknownLayer = errors.New("ratelimit: no layer of that name")
+
+// msgRefund is logged once per Limiter when a refund fails.
+const msgRefund = "ratelimit: refunding a request failed: the request stays charged"
+
+// refundConfig is the WithRefund option of one Limiter.
+type refundConfig struct {
+	refund func(r *http.Request, status int) bool
+	logged atomic.Bool // the refund failure has been logged
+}
+
+// WithRefund gives back what a request was charged when refund, called
+// after the handler ran with the status it wrote (200 when it wrote none),
+// returns true: every layer the request was charged by is refunded, in one
+// atomic store call (see core.Refunder), so that only some responses count
+// against the quota. [RefundSuccessful] counts only failed requests (failed
+// logins, say: express-rate-limit's skipSuccessfulRequests) and
+// [RefundFailed] only successful ones (skipFailedRequests).
+//
+// A request is refunded only when [Limiter.Handler] served it after
+// charging it: refused, skipped, dry-run-refused and failed decisions
+// charged nothing and are given nothing back, and a handler that panics is
+// refunded nothing. The refund happens at the Limiter's clock when the
+// handler returns, so what has recovered meanwhile is not given back twice
+// (a bucket never fills above its capacity), and it uses the request's
+// context without its cancellation, so a client that hung up does not keep
+// its charge. A failed refund leaves the charge in place (the limiter errs
+// on the side of limiting), is reported to the Observer's ObserveError and
+// logged once.
+//
+// The rate-limit headers are written before the handler runs, so they
+// describe the request as charged: a refunded request leaves more quota
+// than they said, never less, and they never over-promise.
+//
+// Refunds need a store implementing core.Refunder (the MemoryStore does),
+// and algorithms implementing core.AlgorithmRefunder (the built-in ones
+// do); otherwise New returns an error for the store, and a custom
+// algorithm's refund fails as above. They apply to [Limiter.Handler] and
+// [Limiter.HandlerWithResult]; flows built on [Limiter.Decide] or
+// [Limiter.AdmitWithResult], such as framework adapters, refund with
+// [Limiter.Refund]. refund must be safe for concurrent use.
+func WithRefund(refund func(r *http.Request, status int) bool) Option {
+	return func(c *config) {
+		if refund == nil {
+			c.fail("WithRefund: nil function")
+			return
+		}
+		c.refund = &refundConfig{refund: refund}
+	}
+}
+
+// checkRefund refuses WithRefund over a store that cannot refund.
+func checkRefund(c *config, store core.Store) error {
+	if c.refund == nil {
+		return nil
+	}
+	if _, ok := store.(core.Refunder); !ok {
+		return fmt.Errorf("ratelimit: WithRefund: the store (%T) cannot refund: it does not implement core.Refunder", store)
+	}
+	return nil
+}
+
+// RefundSuccessful reports whether status is below 400: with [WithRefund],
+// only failed requests count against the quota, as express-rate-limit's
+// skipSuccessfulRequests does (count failed logins, and successful ones not
+// at all).
+func RefundSuccessful(_ *http.Request, status int) bool { return status < 400 }
+
+// RefundFailed reports whether status is 400 or above: with [WithRefund],
+// only successful requests count against the quota, as express-rate-limit's
+// skipFailedRequests does.
+func RefundFailed(_ *http.Request, status int) bool { return status >= 400 }
+
+// refundHandler is Handler with WithRefund: Admit, then the handler with
+// its status recorded, then the refund.
+func (l *Limiter) refundHandler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var (
+			res  Result
+			buf  [core.MaxBatch]LayerResult
+			reqs [core.MaxBatch]core.Request
+			out  [core.MaxBatch]core.Decision
+		)
+		n := l.decide(l.routeRequest(r), &res, buf[:], reqs[:], out[:], true)
+		ok := l.serve(w, r, &res, buf[:n])
+		if done := res.takeRelease(ok); done != nil {
+			defer done() // the in-flight slots, also when next panics
+		}
+		if !ok {
+			return
+		}
+		if !charged(&res, n) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if l.serveRefundable(w, r, next) {
+			var rq [core.MaxBatch]core.Request
+			if k := l.refundRequests(buf[:n], &rq); k > 0 {
+				l.refund(context.WithoutCancel(r.Context()), rq[:k])
+			}
+		}
+	})
+}
+
+// refundResultHandler is HandlerWithResult with WithRefund.
+func (l *Limiter) refundResultHandler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r, ok, done := l.admitWithResult(w, r)
+		if done != nil {
+			defer done() // the in-flight slots, also when next panics
+		}
+		if !ok {
+			return
+		}
+		res, _ := ResultFromContext(r.Context())
+		if !charged(res, len(res.Layers)) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if l.serveRefundable(w, r, next) {
+			var rq [core.MaxBatch]core.Request
+			if k := l.refundRequests(res.Layers, &rq); k > 0 {
+				res.refunded = true
+				l.refund(context.WithoutCancel(r.Context()), rq[:k])
+			}
+		}
+	})
+}
+
+// serveRefundable serves a charged request with its status recorded and
+// reports whether the WithRefund function asks for a refund. A panic in
+// next goes up with no refund.
+func (l *Limiter) serveRefundable(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
+	sw := &statusWriter{ResponseWriter: w}
+	next.ServeHTTP(sw, r)
+	status := sw.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	return l.cfg.refund.refund(r, status)
+}
+
+// charged reports whether the request of res, with n applied layers, was
+// charged: every applied layer admitted it and nothing failed.
+func charged(res *Result, n int) bool {
+	return n > 0 && res.Err == nil && res.kind == outcomeOK && !res.refunded
+}
+
+// refundRequests fills reqs with the charges of layers, the applied layers
+// of a charged request of this Limiter, and returns their number: every
+// rate layer (a concurrency layer holds a slot, not a charge). It returns
+// 0 for layers that were not all charged.
+func (l *Limiter) refundRequests(layers []LayerResult, reqs *[core.MaxBatch]core.Request) int {
+	n := 0
+	for i := range layers {
+		ly := &layers[i]
+		if ly.index < len(l.layers) && l.layers[ly.index].inFlight > 0 {
+			continue
+		}
+		if n == len(reqs) || ly.Refused || !ly.Decision.Allowed || ly.Decision.Policy == nil {
+			return 0
+		}
+		reqs[n] = core.Request{Policy: ly.Decision.Policy, Key: ly.Key, Cost: ly.Cost}
+		n++
+	}
+	return n
+}
+
+// Refund gives back what the request res was decided for was charged, on
+// every layer, in one atomic store call (see core.Refunder), for flows
+// built on [Limiter.Decide] or [Limiter.AdmitWithResult] (a framework
+// handler reading [ResultFromContext]) that decide on a refund themselves;
+// [WithRefund] does it for [Limiter.Handler] and
+// [Limiter.HandlerWithResult]. A Result that charged nothing (refused,
+// skipped, failed, no layer applied) or that was already refunded is left
+// alone: Refund returns nil, so a charge is given back at most once per
+// Result. Refund uses ctx as is: pass context.WithoutCancel(r.Context())
+// to refund for a client that has gone. It returns an error wrapping
+// core.ErrUnsupported when the store cannot refund, and the store's error,
+// after which the charge stays.
+func (l *Limiter) Refund(ctx context.Context, res *Result) error {
+	if res == nil || !charged(res, len(res.Layers)) {
+		return nil
+	}
+	var reqs [core.MaxBatch]core.Request
+	n := l.refundRequests(res.Layers, &reqs)
+	if n == 0 {
+		return nil
+	}
+	if err := l.cl.Refund(ctx, reqs[:n]); err != nil {
+		return err
+	}
+	res.refunded = true
+	return nil
+}
+
+// refund gives back the batch reqs, reporting a failure.
+func (l *Limiter) refund(ctx context.Context, reqs []core.Request) {
+	start := time.Now()
+	err := l.cl.Refund(ctx, reqs)
+	if err == nil {
+		return
+	}
+	if l.cfg.observer != nil {
+		ps := make([]*core.Policy, len(reqs))
+		for i := range reqs {
+			ps[i] = reqs[i].Policy
+		}
+		l.cfg.observer.ObserveError(core.ErrorEvent{Policies: ps, Err: fmt.Errorf("ratelimit: refund: %w", err), Latency: time.Since(start)})
+	}
+	if lg := l.cfg.logger; lg != nil && !l.cfg.refund.logged.Swap(true) {
+		lg.Warn(msgRefund, "error", err.Error())
+	}
+}
+
+// statusWriter records the status a handler writes: the first final
+// (non-1xx) WriteHeader, or 200 on the first Write or Flush.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush implements http.Flusher when the underlying writer can flush.
+func (w *statusWriter) Flush() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Hijack implements http.Hijacker when the underlying writer can hijack;
+// a hijacked connection counts as status 101 Switching Protocols unless a
+// status was written.
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil && w.status == 0 {
+		w.status = http.StatusSwitchingProtocols
+	}
+	return c, rw, err
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Peek returns the Result r would get from [Limiter.Decide], without
+// charging anything and without writing headers: the same keys, policies,
+// costs and decisions, through the store's core.Peeker. A store that is not
+// a Peeker gives a Result whose Err wraps [ErrStoreFailure] and
+// core.ErrUnsupported. It takes no waiting-room slot, so a shaping layer's
+// Delay is reported but not reserved.
+func (l *Limiter) Peek(r *http.Request) Result {
+	var (
+		res  Result
+		reqs [core.MaxBatch]core.Request
+		out  [core.MaxBatch]core.Decision
+	)
+	buf := make([]LayerResult, len(l.layers))
+	if n := l.decideOrPeek(l.routeRequest(r), &res, buf, reqs[:], out[:], false, true); n > 0 {
+		res.Layers = buf[:n]
+	}
+	return res
+}
+
+// Reset forgets key's state under the layer named layerName (its Rule's
+// Name, core.DefaultName for an unnamed layer), so that the key's next
+// request finds that layer's quota whole: after a successful login, say.
+// For a layer with a Resolver, the key is reset under the policy the
+// Resolver picks for it. It returns an error wrapping ErrUnknownLayer for a
+// name no layer has, and one wrapping core.ErrUnsupported when the store is
+// not a core.Resetter.
+func (l *Limiter) Reset(ctx context.Context, layerName, key string) error {
+	rs := l.rules.Load()
+	for i := range l.layers {
+		ly := &l.layers[i]
+		if ly.name != layerName {
+			continue
+		}
+		p := rs.rules[i].policy
+		if ly.resolver != nil {
+			rp, err := ly.resolver.Resolve(ctx, key)
+			if err != nil {
+				return wrap(ErrStoreFailure, "layer "+ly.desc+": resolving the policy", err)
+			}
+			if rp != nil {
+				p = rp
+			}
+		}
+		return l.cl.Reset(ctx, p, key)
+	}
+	return fmt.Errorf("%w: %q", ErrUnknownLayer, layerName)
+}

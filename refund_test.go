@@ -1,0 +1,440 @@
+package ratelimit_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+// loginHandler answers 200 for the password "good" and 401 otherwise.
+var loginHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Password") == "good" {
+		_, _ = w.Write([]byte("welcome"))
+		return
+	}
+	http.Error(w, "wrong password", http.StatusUnauthorized)
+})
+
+func refundEnv(t *testing.T, layers []ratelimit.Layer, next http.Handler, opts ...ratelimit.Option) (*ratelimit.Limiter, http.Handler, *core.FakeClock) {
+	t.Helper()
+	clk := core.NewFakeClock(mwT0)
+	l, err := ratelimit.New(layers, append([]ratelimit.Option{ratelimit.WithClock(clk), ratelimit.WithLogger(nil)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, l.Handler(next), clk
+}
+
+func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	return rec
+}
+
+// TestRefundCountsOnlyFailedLogins: 5 failed logins per IP per 15 minutes,
+// successful logins never count: the 6th failed login is refused, whatever
+// the successful ones in between.
+func TestRefundCountsOnlyFailedLogins(t *testing.T) {
+	_, h, _ := refundEnv(t, []ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "login", Algorithm: core.FixedWindow, Limit: 5, Window: 15 * time.Minute},
+	}}, loginHandler, ratelimit.WithRefund(ratelimit.RefundSuccessful))
+	good, bad := mwReq("192.0.2.1:1", "Password", "good"), mwReq("192.0.2.1:1", "Password", "bad")
+	for i := 0; i < 20; i++ {
+		if rec := serve(h, good); rec.Code != 200 {
+			t.Fatalf("successful login %d: %d", i, rec.Code)
+		}
+	}
+	for i := 0; i < 5; i++ {
+		rec := serve(h, bad)
+		if rec.Code != 401 {
+			t.Fatalf("failed login %d: %d", i+1, rec.Code)
+		}
+		// The headers describe the charge.
+		if got, want := rec.Header().Get("X-RateLimit-Remaining"), []string{"4", "3", "2", "1", "0"}[i]; got != want {
+			t.Fatalf("failed login %d: X-RateLimit-Remaining %q, want %q", i+1, got, want)
+		}
+		if rec := serve(h, good); rec.Code != 200 && i < 4 {
+			t.Fatalf("successful login after %d failures: %d", i+1, rec.Code)
+		}
+	}
+	if rec := serve(h, bad); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("6th failed login: %d, want 429", rec.Code)
+	}
+	// Another client is not concerned.
+	if rec := serve(h, mwReq("192.0.2.2:1", "Password", "bad")); rec.Code != 401 {
+		t.Fatalf("another client's failed login: %d", rec.Code)
+	}
+}
+
+// TestRefundCountsOnlySuccessfulCalls: failed calls never count.
+func TestRefundCountsOnlySuccessfulCalls(t *testing.T) {
+	fail := true
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fail {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	_, h, _ := refundEnv(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(3).Named("calls")}},
+		next, ratelimit.WithRefund(ratelimit.RefundFailed))
+	r := mwReq("192.0.2.1:1")
+	for i := 0; i < 10; i++ {
+		if rec := serve(h, r); rec.Code != http.StatusBadGateway {
+			t.Fatalf("failed call %d: %d", i, rec.Code)
+		}
+	}
+	fail = false
+	for i := 0; i < 3; i++ {
+		if rec := serve(h, r); rec.Code != http.StatusCreated {
+			t.Fatalf("successful call %d: %d", i, rec.Code)
+		}
+	}
+	if rec := serve(h, r); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("4th successful call: %d, want 429", rec.Code)
+	}
+}
+
+// TestRefundAllLayers: a refund gives back every layer the request was
+// charged by; refunds by status, not by other conditions.
+func TestRefundAllLayers(t *testing.T) {
+	l, h, _ := refundEnv(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10).Named("per-ip")},
+		{Key: ratelimit.User(), Rule: core.Rule{Name: "per-user", Algorithm: core.SlidingWindowLog, Limit: 3, Window: time.Minute}},
+	}, loginHandler, ratelimit.WithRefund(ratelimit.RefundSuccessful))
+	good := mwUserReq("192.0.2.1:1", "alice", "Password", "good")
+	bad := mwUserReq("192.0.2.1:1", "alice", "Password", "bad")
+	for i := 0; i < 5; i++ {
+		serve(h, good)
+	}
+	serve(h, bad)
+	res := l.Peek(good)
+	if len(res.Layers) != 2 || res.Layers[0].Decision.Remaining != 8 || res.Layers[1].Decision.Remaining != 1 {
+		t.Fatalf("after 5 refunded and 1 charged: %+v, want per-ip 8 and per-user 1 left after this one", res.Layers)
+	}
+}
+
+// TestRefundStatus: the status given to the refund decision.
+func TestRefundStatus(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		h    http.HandlerFunc
+		want int
+	}{
+		{"none", func(w http.ResponseWriter, r *http.Request) {}, 200},
+		{"write", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("x")) }, 200},
+		{"explicit", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(404) }, 404},
+		{"informational first", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(103); w.WriteHeader(401) }, 401},
+		{"flush", func(w http.ResponseWriter, r *http.Request) { w.(http.Flusher).Flush(); w.WriteHeader(500) }, 200},
+		{"controller", func(w http.ResponseWriter, r *http.Request) {
+			_ = http.NewResponseController(w).Flush()
+			w.WriteHeader(500)
+		}, 200},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := 0
+			_, h, _ := refundEnv(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1)}}, c.h,
+				ratelimit.WithRefund(func(r *http.Request, status int) bool { got = status; return false }))
+			serve(h, mwReq("192.0.2.1:1"))
+			if got != c.want {
+				t.Fatalf("status %d, want %d", got, c.want)
+			}
+		})
+	}
+}
+
+// TestRefundNothingUncharged: a panicking handler and a dry-run refusal
+// are refunded nothing.
+func TestRefundNothingUncharged(t *testing.T) {
+	t.Run("panic", func(t *testing.T) {
+		l, h, _ := refundEnv(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(2)}},
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { panic("boom") }),
+			ratelimit.WithRefund(func(*http.Request, int) bool { return true }))
+		r := mwReq("192.0.2.1:1")
+		func() {
+			defer func() { _ = recover() }()
+			serve(h, r)
+		}()
+		if res := l.Peek(r); res.Layers[0].Decision.Remaining != 0 {
+			t.Fatalf("after a panic: Remaining after one more %d, want 0 (the panicking request stays charged)", res.Layers[0].Decision.Remaining)
+		}
+	})
+	t.Run("dry-run refusal", func(t *testing.T) {
+		first := true
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if first {
+				first = false
+				w.WriteHeader(401)
+			}
+		})
+		l, h, _ := refundEnv(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1)}}, next,
+			ratelimit.WithRefund(ratelimit.RefundSuccessful), ratelimit.WithDryRun())
+		r := mwReq("192.0.2.1:1")
+		serve(h, r) // charged, 401: kept
+		serve(h, r) // refused, served in dry run with 200: nothing to give back
+		if res := l.Peek(r); res.Layers[0].Refused != true {
+			t.Fatalf("a dry-run refusal was refunded: %+v", res.Layers)
+		}
+	})
+}
+
+// TestRefundNeedsARefunder: a store without core.Refunder is refused at
+// construction.
+func TestRefundNeedsARefunder(t *testing.T) {
+	_, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1)}},
+		ratelimit.WithStore(takeOnly{core.MustMemoryStore(nil)}), ratelimit.WithRefund(ratelimit.RefundSuccessful))
+	if err == nil {
+		t.Fatal("WithRefund over a store without Refund: no error")
+	}
+	if _, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1)}}, ratelimit.WithRefund(nil)); err == nil {
+		t.Fatal("WithRefund(nil): no error")
+	}
+}
+
+type takeOnly struct{ s core.Store }
+
+func (s takeOnly) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	return s.s.Take(ctx, now, reqs, out)
+}
+
+// noRefundAlg is a custom algorithm that cannot refund.
+type noRefundAlg struct{ core.Algorithm }
+
+func (noRefundAlg) Name() string { return "no_refund" }
+
+// TestRefundFailureReported: a refund the store refuses leaves the charge
+// and reaches the Observer.
+func TestRefundFailureReported(t *testing.T) {
+	obs := &mwObserver{}
+	l, h, _ := refundEnv(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Algorithm: noRefundAlg{core.FixedWindow}, Limit: 1, Window: time.Minute}}},
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}),
+		ratelimit.WithRefund(ratelimit.RefundSuccessful), ratelimit.WithObserver(obs))
+	r := mwReq("192.0.2.1:1")
+	if rec := serve(h, r); rec.Code != 200 {
+		t.Fatal(rec.Code)
+	}
+	obs.mu.Lock()
+	n := len(obs.errs)
+	var err error
+	if n > 0 {
+		err = obs.errs[0].Err
+	}
+	obs.mu.Unlock()
+	if n != 1 || !errors.Is(err, core.ErrRefundUnsupported) {
+		t.Fatalf("observed %d errors (%v), want one wrapping ErrRefundUnsupported", n, err)
+	}
+	if rec := serve(h, r); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("after a failed refund: %d, want 429 (still charged)", rec.Code)
+	}
+	_ = l
+}
+
+// TestPeekChargesNothing: Limiter.Peek reports what Decide would, writes
+// no state.
+func TestPeekChargesNothing(t *testing.T) {
+	l, h, _ := refundEnv(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(3).Named("per-ip")},
+		{Key: ratelimit.User(), Rule: core.PerMinute(1).Named("per-user")},
+	}, mwOK)
+	r := mwUserReq("192.0.2.1:1", "alice")
+	for i := 0; i < 3; i++ {
+		res := l.Peek(r)
+		if !res.Proceed || len(res.Layers) != 2 || res.Layers[0].Decision.Remaining != 2 || res.Layers[1].Decision.Remaining != 0 {
+			t.Fatalf("peek %d: %+v", i, res)
+		}
+	}
+	serve(h, r)
+	res := l.Peek(r)
+	if res.Proceed || !res.Layers[1].Refused || res.Layers[0].Refused || res.RetryAfter() != time.Minute {
+		t.Fatalf("peek after a charge: %+v (retry %v)", res, res.RetryAfter())
+	}
+	dec := l.Decide(r)
+	if dec.Proceed != res.Proceed || dec.Layers[1].Decision != res.Layers[1].Decision || dec.Layers[0].Decision != res.Layers[0].Decision {
+		t.Fatalf("Decide %+v != Peek %+v", dec, res)
+	}
+	// Over an unsupporting store, Peek fails as a store failure.
+	l2 := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1)}},
+		ratelimit.WithStore(takeOnly{core.MustMemoryStore(nil)}), ratelimit.WithLogger(nil)))
+	if res := l2.Peek(r); !errors.Is(res.Err, core.ErrUnsupported) || !errors.Is(res.Err, ratelimit.ErrStoreFailure) {
+		t.Fatalf("Peek without a Peeker: %v", res.Err)
+	}
+}
+
+// TestReset: a layer's key is made whole; other layers and keys are not.
+func TestReset(t *testing.T) {
+	l, h, _ := refundEnv(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerHour(2).Named("per-ip")},
+		{Key: ratelimit.User(), Rule: core.PerHour(2).Named("per-user")},
+	}, mwOK)
+	r := mwUserReq("192.0.2.1:1", "alice")
+	serve(h, r)
+	serve(h, r)
+	if rec := serve(h, r); rec.Code != 429 {
+		t.Fatal(rec.Code)
+	}
+	ctx := context.Background()
+	if err := l.Reset(ctx, "per-user", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	if rec := serve(h, r); rec.Code != 429 {
+		t.Fatalf("per-ip still empty: %d", rec.Code)
+	}
+	if err := l.Reset(ctx, "per-ip", "192.0.2.1"); err != nil {
+		t.Fatal(err)
+	}
+	if rec := serve(h, r); rec.Code != 200 || rec.Header().Get("X-RateLimit-Remaining") != "1" {
+		t.Fatalf("after both resets: %d %q", rec.Code, rec.Header().Get("X-RateLimit-Remaining"))
+	}
+	if err := l.Reset(ctx, "nope", "alice"); !errors.Is(err, ratelimit.ErrUnknownLayer) {
+		t.Fatalf("unknown layer: %v", err)
+	}
+}
+
+// TestHandlerWithRefundAllocs: Handler without WithRefund keeps its
+// allocations; with it, a request costs at most one more allocation (the
+// status recorder) and a refund one more (the context without its
+// cancellation).
+func TestHandlerWithRefundAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation counts")
+	}
+	allocs := func(opts ...ratelimit.Option) float64 {
+		l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+			{Key: ratelimit.MustClientIP(), Rule: core.PerSecond(1000).Named("per-ip")},
+		}, opts...))
+		h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }))
+		w := &mwWriter{h: make(http.Header)}
+		r := mwReq("192.0.2.1:1")
+		h.ServeHTTP(w, r)
+		return testing.AllocsPerRun(200, func() { clear(w.h); h.ServeHTTP(w, r) })
+	}
+	base := allocs()
+	if base > 1 {
+		t.Errorf("Handler without WithRefund: %v allocations, want <= 1", base)
+	}
+	if n := allocs(ratelimit.WithRefund(ratelimit.RefundFailed)); n > base+1 {
+		t.Errorf("WithRefund, no refund: %v allocations, want <= %v", n, base+1)
+	}
+	if n := allocs(ratelimit.WithRefund(ratelimit.RefundSuccessful)); n > base+2 {
+		t.Errorf("WithRefund, refunded: %v allocations, want <= %v", n, base+2)
+	}
+}
+
+// TestRefundWithResult: HandlerWithResult refunds as Handler does, and the
+// handler still reads its Result.
+func TestRefundWithResult(t *testing.T) {
+	clk := core.NewFakeClock(mwT0)
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(2).Named("calls")}},
+		ratelimit.WithClock(clk), ratelimit.WithLogger(nil), ratelimit.WithRefund(ratelimit.RefundSuccessful)))
+	var seen []int64
+	h := l.HandlerWithResult(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		res, ok := ratelimit.ResultFromContext(r.Context())
+		if !ok {
+			t.Fatal("no Result")
+		}
+		seen = append(seen, res.Layers[0].Decision.Remaining)
+		if r.Header.Get("Fail") != "" {
+			w.WriteHeader(500)
+		}
+	}))
+	ok, fail := mwReq("192.0.2.1:1"), mwReq("192.0.2.1:1", "Fail", "1")
+	for i := 0; i < 5; i++ {
+		if rec := serve(h, ok); rec.Code != 200 {
+			t.Fatalf("refunded call %d: %d", i, rec.Code)
+		}
+	}
+	serve(h, fail)
+	serve(h, fail)
+	if rec := serve(h, ok); rec.Code != 429 {
+		t.Fatalf("after 2 failures: %d, want 429", rec.Code)
+	}
+	want := []int64{1, 1, 1, 1, 1, 1, 0}
+	if len(seen) != len(want) {
+		t.Fatalf("handler saw %v, want %v", seen, want)
+	}
+	for i := range want {
+		if seen[i] != want[i] {
+			t.Fatalf("handler saw %v, want %v", seen, want)
+		}
+	}
+}
+
+// TestLimiterRefund: Limiter.Refund gives a Decide charge back once, and
+// leaves Results that charged nothing alone.
+func TestLimiterRefund(t *testing.T) {
+	l, _, _ := refundEnv(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(5).Named("per-ip")},
+		{Key: ratelimit.User(), Rule: core.PerMinute(2).Named("per-user")},
+	}, mwOK)
+	ctx := context.Background()
+	r := mwUserReq("192.0.2.1:1", "alice")
+	res := l.Decide(r)
+	if !res.Proceed {
+		t.Fatal(res)
+	}
+	for i := 0; i < 3; i++ { // once only
+		if err := l.Refund(ctx, &res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := l.Peek(r); p.Layers[0].Decision.Remaining != 4 || p.Layers[1].Decision.Remaining != 1 {
+		t.Fatalf("after a refund (three calls): %+v, want 4 and 1 left after one more", p.Layers)
+	}
+	l.Decide(r)
+	l.Decide(r)
+	refused := l.Decide(r)
+	if refused.Proceed {
+		t.Fatal("third request admitted")
+	}
+	if err := l.Refund(ctx, &refused); err != nil {
+		t.Fatal(err)
+	}
+	if p := l.Peek(r); p.Proceed || p.Layers[0].Decision.Remaining != 3 {
+		t.Fatalf("a refused Result was refunded: %+v", p.Layers)
+	}
+	if err := l.Refund(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Over a store that cannot refund, the error says so.
+	l2 := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1)}},
+		ratelimit.WithStore(takeOnly{core.MustMemoryStore(nil)}), ratelimit.WithLogger(nil)))
+	res = l2.Decide(r)
+	if err := l2.Refund(ctx, &res); !errors.Is(err, core.ErrUnsupported) {
+		t.Fatalf("Refund without a Refunder: %v", err)
+	}
+}
+
+// TestRefundWithConcurrencyLayer: a refund gives back the rate layers and
+// leaves the concurrency layer's slot to be given back as usual; Peek
+// reports the rate layers only and takes no slot.
+func TestRefundWithConcurrencyLayer(t *testing.T) {
+	var inside *ratelimit.Limiter
+	var peekInside ratelimit.Result
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peekInside = inside.Peek(r) // while this request holds the only slot
+	})
+	l, h, _ := refundEnv(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(3).Named("per-ip")},
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 1},
+	}, next, ratelimit.WithRefund(ratelimit.RefundSuccessful))
+	inside = l
+	r := mwReq("192.0.2.1:1")
+	for i := 0; i < 5; i++ {
+		if rec := serve(h, r); rec.Code != 200 {
+			t.Fatalf("request %d: %d (the slot or the rate not given back)", i, rec.Code)
+		}
+	}
+	if len(peekInside.Layers) != 1 || peekInside.Layers[0].Decision.Policy.Name() != "per-ip" || !peekInside.Proceed {
+		t.Fatalf("Peek inside the handler: %+v, want the per-ip layer only, proceeding", peekInside)
+	}
+	if res := l.Peek(r); res.Layers[0].Decision.Remaining != 2 {
+		t.Fatalf("after 5 refunded requests: %+v, want 2 left after one more", res.Layers)
+	}
+}
