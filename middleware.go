@@ -30,8 +30,10 @@ var (
 	// a [Route] layer that finds no route pattern ([ErrNoRoute]), a key
 	// function whose error wraps ErrConfig (such as a framework adapter's
 	// key function on a Limiter mounted without that framework's
-	// middleware), or layers whose Resolvers return equally named policies
-	// for one request (core.ErrDuplicateRequest). Such a request is answered 500 Internal
+	// middleware), layers whose Resolvers return equally named policies
+	// for one request (core.ErrDuplicateRequest), or a memory store too
+	// small to hold one request's keys (core.ErrStoreFull with no retry
+	// time). Such a request is answered 500 Internal
 	// Server Error unless the error handler writes a response, whatever the
 	// fail policy: it is never served unlimited. It is logged once.
 	ErrConfig = errors.New("ratelimit: configuration error")
@@ -888,6 +890,12 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			var ra time.Duration
 			for j := 0; j < n; j++ {
 				ra = max(ra, out[j].RetryAfter)
+			}
+			if ra <= 0 {
+				// No retry time: the request's keys can never fit (a
+				// store whose capacity is below one request's layers).
+				l.configError(res, nil, fmt.Errorf("the store's capacity is too small for one request's layers: %w", err))
+				break
 			}
 			l.failed(res, outcomeStoreFull, prefixed("refused", err))
 			res.Delay = ra

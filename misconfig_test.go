@@ -487,3 +487,26 @@ func TestAbsentKeyLogged(t *testing.T) {
 		e3.do(t, mwReq("10.0.0.1:1", "X-Forwarded-For", "1.2.3.4"))
 	}
 }
+
+// TestStoreTooSmallForLayersIsConfigError: a memory store whose capacity
+// cannot hold one request's keys answers 500 as a configuration error, not
+// a 429 promising a retry that can never succeed.
+func TestStoreTooSmallForLayersIsConfigError(t *testing.T) {
+	store := core.MustMemoryStore(&core.MemoryConfig{Capacity: 1, KeepActive: true})
+	var got error
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(5).Named("a")},
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(5).Named("b")},
+	}, ratelimit.WithStore(store), ratelimit.WithLogger(nil),
+		ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) { got = err })))
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = "192.0.2.1:1"
+	w := httptest.NewRecorder()
+	l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("served") })).ServeHTTP(w, r)
+	if w.Code != http.StatusInternalServerError || !errors.Is(got, ratelimit.ErrConfig) || !errors.Is(got, core.ErrStoreFull) {
+		t.Fatalf("status %d, error %v; want 500 with a configuration error wrapping core.ErrStoreFull", w.Code, got)
+	}
+	if w.Header().Get("Retry-After") != "" {
+		t.Errorf("Retry-After %q promises a retry that can never succeed", w.Header().Get("Retry-After"))
+	}
+}
