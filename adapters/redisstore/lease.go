@@ -39,8 +39,10 @@ type LeaseConfig struct {
 	Size int64
 
 	// MaxAge is how long a lease may be spent after it was granted. Units
-	// left when it ends are lost (see the LeaseStore documentation). The
-	// default value is DefaultLeaseMaxAge, one second.
+	// left when it ends are returned to a backend that can refund
+	// (core.Refunder, as the Redis and memory stores do) and otherwise lost
+	// (see the LeaseStore documentation). The default value is
+	// DefaultLeaseMaxAge, one second.
 	MaxAge time.Duration
 
 	// HotThreshold is the number of decisions of one key within one
@@ -78,6 +80,9 @@ type LeaseStats struct {
 	// LRU, of leases replaced under another policy, and units too few for
 	// the request that ended a lease.
 	ExpiredUnits uint64
+	// ReturnedUnits is the number of leased units left when their lease
+	// ended that were refunded to the backend (core.Refunder).
+	ReturnedUnits uint64
 	// Keys is the number of keys the store tracks now (at most MaxKeys).
 	Keys int
 }
@@ -129,15 +134,19 @@ type LeaseStats struct {
 // measured over its own windows may see up to the leased units of the
 // preceding MaxAge spent in the next window.
 //
-// core.Store has no refund, so leased units are never returned: the units
-// of a lease unused when it ends are lost to the quota, as though they
-// were admitted. This is the price of leases: with N processes, about
-// N x Size units per key per MaxAge can be refused early. Precisely: a
-// process holds at most one lease per key and takes a new one only when
+// When a lease ends (MaxAge) with units left and the backend implements
+// core.Refunder (the Redis and memory stores do), the next decision of the
+// key returns them with one Refund before it goes on: a unit of a
+// window-based quota whose window has passed meanwhile is not returned,
+// since it no longer counts. Stats reports them as ReturnedUnits. Units
+// that cannot be returned (a backend without Refund, a failed refund, a
+// key the LRU forgets, a lease replaced under another policy) are lost to
+// the quota, as though they were admitted: with N processes, about
+// N x Size units per key per MaxAge can then be refused early. Precisely:
+// a process holds at most one lease per key and takes a new one only when
 // the last is spent or has ended, and a lease that ends with units left
 // lived MaxAge, so over any period T at most N x Size x (T/MaxAge + 1)
-// leased units go unused; add the leases of keys the LRU forgets (MaxKeys)
-// or that change policy. Stats reports them as ExpiredUnits. A key that
+// leased units go unused. Stats reports them as ExpiredUnits. A key that
 // cools down keeps spending its lease until it ends. Keep Size small
 // against the quota and MaxAge short against its window.
 //
@@ -170,7 +179,7 @@ type LeaseStore struct {
 	mu   sync.Mutex
 	keys *simplelru.LRU[leaseKey, *leaseEntry]
 
-	decisions, local, calls, leases, leased, expired atomic.Uint64
+	decisions, local, calls, leases, leased, expired, returned atomic.Uint64
 }
 
 var _ core.Store = (*LeaseStore)(nil)
@@ -247,13 +256,14 @@ func (s *LeaseStore) Stats() LeaseStats {
 	n := s.keys.Len()
 	s.mu.Unlock()
 	return LeaseStats{
-		Decisions:    s.decisions.Load(),
-		Local:        s.local.Load(),
-		BackendCalls: s.calls.Load(),
-		Leases:       s.leases.Load(),
-		LeasedUnits:  s.leased.Load(),
-		ExpiredUnits: s.expired.Load(),
-		Keys:         n,
+		Decisions:     s.decisions.Load(),
+		Local:         s.local.Load(),
+		BackendCalls:  s.calls.Load(),
+		Leases:        s.leases.Load(),
+		LeasedUnits:   s.leased.Load(),
+		ExpiredUnits:  s.expired.Load(),
+		ReturnedUnits: s.returned.Load(),
+		Keys:          n,
 	}
 }
 
@@ -304,7 +314,7 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 			s.local.Add(1)
 			return nil
 		}
-		s.expired.Add(uint64(e.left.Swap(0)))
+		s.giveBack(ctx, now, e, r.Key, e.left.Swap(0))
 	}
 	if !hot || (t < e.exactUntil && t >= e.granted-s.maxAge) {
 		<-e.sem
@@ -313,6 +323,22 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 	err := s.lease(ctx, now, t, e, r, out)
 	<-e.sem
 	return err
+}
+
+// giveBack returns n units of e's ended lease to the backend when it can
+// refund, and counts them as expired otherwise. It requires e.sem held.
+func (s *LeaseStore) giveBack(ctx context.Context, now time.Time, e *leaseEntry, key string, n int64) {
+	if n <= 0 {
+		return
+	}
+	if rf, ok := s.backend.(core.Refunder); ok {
+		s.calls.Add(1)
+		if rf.Refund(ctx, now, []core.Request{{Policy: e.policy, Key: key, Cost: n}}) == nil {
+			s.returned.Add(uint64(n))
+			return
+		}
+	}
+	s.expired.Add(uint64(n))
 }
 
 // exact decides the batch with the backend.
