@@ -76,6 +76,13 @@ func checkRefund(c *config, store core.Store) error {
 	return nil
 }
 
+// RefundsByStatus reports whether the Limiter refunds by response status
+// ([WithRefund]). Only [Limiter.Handler] and [Limiter.HandlerWithResult]
+// see the status a handler writes; framework adapters that serve through
+// [Limiter.AdmitFunc] use it to pass such a Limiter to Handler, or to
+// refuse it at construction rather than never refund.
+func (l *Limiter) RefundsByStatus() bool { return l.cfg.refund != nil }
+
 // RefundSuccessful reports whether status is below 400: with [WithRefund],
 // only failed requests count against the quota, as express-rate-limit's
 // skipSuccessfulRequests does (count failed logins, and successful ones not

@@ -73,7 +73,9 @@ import (
 // [ratelimit.Route] and [ratelimit.Layer] Routes (see the package
 // documentation); outside a chi router there is no route, and a route layer
 // is a configuration error ([ratelimit.ErrConfig]). The next handler
-// receives the request unchanged (see [WithResult] for the exception).
+// receives the request unchanged (see [WithResult] for the exception). A
+// Limiter with [ratelimit.WithRefund] refunds by the status the next
+// handler writes, as [ratelimit.Limiter.Handler] does.
 //
 // Use it with r.Use, r.With or r.Group. Middleware panics if l is nil or an
 // option is nil.
@@ -96,6 +98,18 @@ func Middleware(l *ratelimit.Limiter, opts ...Option) func(http.Handler) http.Ha
 			dr := r
 			if route, ok := RouteOf(r); ok {
 				dr = r.WithContext(ratelimit.WithRoute(r.Context(), route))
+			}
+			if l.RefundsByStatus() {
+				// WithRefund needs the status next writes: serve
+				// through the Limiter's own handlers.
+				if o.result {
+					l.HandlerWithResult(next).ServeHTTP(w, dr)
+					return
+				}
+				l.Handler(http.HandlerFunc(func(sw http.ResponseWriter, _ *http.Request) {
+					next.ServeHTTP(sw, r)
+				})).ServeHTTP(w, dr)
+				return
 			}
 			// done gives back in-flight slots (Layer.InFlight) when the
 			// handler returns, a panic included.

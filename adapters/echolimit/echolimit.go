@@ -100,10 +100,14 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 // MiddlewareWithConfig returns echo middleware that decides every request
 // not skipped by cfg.Skipper with l (see [ratelimit.Limiter.Admit]) and
 // calls the next handler only for the requests l admits. It panics if l is
-// nil.
+// nil or refunds by response status (ratelimit.WithRefund: refund with
+// Limiter.Refund on the Result instead).
 func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc {
 	if l == nil {
 		panic("echolimit: nil *ratelimit.Limiter")
+	}
+	if l.RefundsByStatus() {
+		panic("echolimit: the Limiter refunds by response status (ratelimit.WithRefund), which echo's middleware cannot see; use Config.Result and call Limiter.Refund on the Result after next(c)")
 	}
 	skip := cfg.Skipper
 	if skip == nil {

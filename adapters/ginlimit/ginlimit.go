@@ -91,7 +91,8 @@ func WithResult() Option { return func(o *options) { o.result = true } }
 // registered for every method gin's Any registers is keyed by its path
 // alone, so a client cannot multiply a route's quota by changing the method.
 // Register the routes before serving (as gin requires). It panics if engine
-// or l is nil or an option is nil.
+// or l is nil, an option is nil, or l refunds by response status
+// (ratelimit.WithRefund: refund with Limiter.Refund on the Result instead).
 func MiddlewareFor(engine *gin.Engine, l *ratelimit.Limiter, opts ...Option) gin.HandlerFunc {
 	if engine == nil {
 		panic("ginlimit: nil *gin.Engine")
@@ -102,6 +103,9 @@ func MiddlewareFor(engine *gin.Engine, l *ratelimit.Limiter, opts ...Option) gin
 func middleware(ar *anyRoutes, l *ratelimit.Limiter, opts []Option) gin.HandlerFunc {
 	if l == nil {
 		panic("ginlimit: nil *ratelimit.Limiter")
+	}
+	if l.RefundsByStatus() {
+		panic("ginlimit: the Limiter refunds by response status (ratelimit.WithRefund), which gin's middleware cannot see; use WithResult and call Limiter.Refund on the Result after c.Next()")
 	}
 	var o options
 	for _, opt := range opts {
