@@ -19,23 +19,49 @@ import (
 // "d:<replays>:<record>" once committed, written by short Lua scripts (one round trip per call) and
 // expiring with PEXPIRE: a claim after its hold, a record after its TTL.
 // Keys are single-key operations, so any Cluster slot will do.
+//
+// Every call is bounded by ReplayConfig.Timeout: a slow or unreachable
+// Redis makes the idempotency filter limit the request as usual (see
+// ratelimit.IdempotencyConfig.OnError) rather than stall it.
 type ReplayStore struct {
-	client redis.UniversalClient
-	prefix string
+	client  redis.UniversalClient
+	prefix  string
+	timeout time.Duration
 }
 
 var _ ratelimit.ReplayStore = (*ReplayStore)(nil)
 
-// NewReplayStore returns a ReplayStore over client whose keys start with
-// prefix followed by "idem:" (DefaultPrefix when prefix is empty).
-func NewReplayStore(client redis.UniversalClient, prefix string) (*ReplayStore, error) {
+// ReplayConfig configures a ReplayStore. A nil *ReplayConfig means the
+// defaults.
+type ReplayConfig struct {
+	// Prefix starts every key, followed by "idem:". The default value is
+	// DefaultPrefix.
+	Prefix string
+	// Timeout bounds each call. The default value is DefaultTimeout.
+	Timeout time.Duration
+}
+
+// NewReplayStore returns a ReplayStore over client configured by cfg (nil
+// for the defaults). It returns an error for a nil client or a negative
+// Timeout.
+func NewReplayStore(client redis.UniversalClient, cfg *ReplayConfig) (*ReplayStore, error) {
 	if client == nil {
 		return nil, errors.New("ratelimit: redisstore: NewReplayStore needs a client")
 	}
-	if prefix == "" {
-		prefix = DefaultPrefix
+	var c ReplayConfig
+	if cfg != nil {
+		c = *cfg
 	}
-	return &ReplayStore{client: client, prefix: prefix + "idem:"}, nil
+	if c.Timeout < 0 {
+		return nil, fmt.Errorf("ratelimit: redisstore: ReplayConfig.Timeout must not be negative, got %v", c.Timeout)
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	return &ReplayStore{client: client, prefix: c.Prefix + "idem:", timeout: c.Timeout}, nil
 }
 
 var (
@@ -73,6 +99,8 @@ func (s *ReplayStore) Claim(ctx context.Context, key string, hold time.Duration,
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	tok := hex.EncodeToString(b[:])
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
 	v, err := claimScript.Run(ctx, s.client, []string{s.prefix + key}, tok, millis(hold), maxReplays).Slice()
 	if err != nil {
 		return nil, "", fmt.Errorf("ratelimit: redisstore: idempotency claim: %w", err)
@@ -97,6 +125,8 @@ func (s *ReplayStore) Claim(ctx context.Context, key string, hold time.Duration,
 
 // Commit implements ratelimit.ReplayStore.
 func (s *ReplayStore) Commit(ctx context.Context, key, token string, rec []byte, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
 	if err := commitScript.Run(ctx, s.client, []string{s.prefix + key}, token, rec, millis(ttl)).Err(); err != nil {
 		return fmt.Errorf("ratelimit: redisstore: idempotency commit: %w", err)
 	}
@@ -105,6 +135,8 @@ func (s *ReplayStore) Commit(ctx context.Context, key, token string, rec []byte,
 
 // Release implements ratelimit.ReplayStore.
 func (s *ReplayStore) Release(ctx context.Context, key, token string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
 	if err := releaseScript.Run(ctx, s.client, []string{s.prefix + key}, token).Err(); err != nil {
 		return fmt.Errorf("ratelimit: redisstore: idempotency release: %w", err)
 	}

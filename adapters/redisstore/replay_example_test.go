@@ -23,7 +23,7 @@ func ExampleNewReplayStore() {
 		Key:  ratelimit.MustClientIP(),
 		Rule: core.Rule{Name: "per-ip", Limit: 2, Window: time.Minute},
 	}}, ratelimit.WithStore(store)))
-	replays, err := redisstore.NewReplayStore(client, "")
+	replays, err := redisstore.NewReplayStore(client, nil)
 	if err != nil {
 		panic(err)
 	}

@@ -17,7 +17,7 @@ import (
 func TestReplayStoreClaimCommitRelease(t *testing.T) {
 	client := newClient(t, redistest.Server(t))
 	prefix := uniquePrefix(t)
-	s, err := NewReplayStore(client, prefix)
+	s, err := NewReplayStore(client, &ReplayConfig{Prefix: prefix, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestReplayAcrossFleet(t *testing.T) {
 			Key:  ratelimit.MustClientIP(),
 			Rule: core.Rule{Name: "per-ip", Limit: 100, Window: time.Hour},
 		}}, ratelimit.WithStore(newStore(t, client, &Config{Prefix: prefix}))))
-		rs, err := NewReplayStore(client, prefix)
+		rs, err := NewReplayStore(client, &ReplayConfig{Prefix: prefix, Timeout: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,5 +123,19 @@ func TestReplayAcrossFleet(t *testing.T) {
 	}
 	if got := do(0, "").Header().Get("X-RateLimit-Remaining"); got != "98" {
 		t.Fatalf("after 64 retries of one key on two instances: remaining %q, want 98", got)
+	}
+}
+
+func TestReplayStoreConfig(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	if _, err := NewReplayStore(nil, nil); err == nil {
+		t.Error("a nil client was accepted")
+	}
+	if _, err := NewReplayStore(client, &ReplayConfig{Timeout: -time.Second}); err == nil {
+		t.Error("a negative Timeout was accepted")
+	}
+	s, err := NewReplayStore(client, nil)
+	if err != nil || s.prefix != DefaultPrefix+"idem:" || s.timeout != DefaultTimeout {
+		t.Fatalf("defaults: %+v %v", s, err)
 	}
 }
