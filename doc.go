@@ -63,6 +63,33 @@
 // parts [Limiter.Decide], [Limiter.WriteHeaders], [Limiter.Refuse] and
 // [Limiter.Wait].
 //
+// # Never silently unlimited
+//
+// A limit that stops applying is refused or reported, never waved through:
+// a [Route] layer that sees no route, equally named policies met at request
+// time and a memory store too small for a request are configuration errors
+// ([ErrConfig], 500); a full KeepActive store refuses with 429; a layer may
+// refuse a request without its key ([NoKeyRefuse]) or fall back to another
+// ([FirstOf]); and each such condition, and fail-open serving, is logged once
+// ([WithLogger]).
+//
+// # Beyond request rates
+//
+//   - Concurrency limits: a layer with [Layer.InFlight] admits at most N
+//     requests per key in flight, composed with rate layers in one Limiter.
+//   - Runtime reloads: [Limiter.SetRules] replaces rules while serving,
+//     keeping every key's usage.
+//   - Idempotent retries: [NewIdempotency] charges a retry that carries the
+//     same Idempotency-Key once.
+//   - Refunds and peeks: [WithRefund] counts only failed (or only
+//     successful) requests; [Limiter.Peek] and [Limiter.Reset] inspect and
+//     forget a key's state.
+//   - The decision in the handler: [Limiter.HandlerWithResult] and
+//     [ResultFromContext].
+//   - Outbound calls: [NewTransport] is an http.RoundTripper that keeps
+//     requests to a rate-limited API within the same rules and pauses at the
+//     server's word (Retry-After, RateLimit).
+//
 // # The model underneath
 //
 // Package github.com/limitry/ratelimit/core holds what has no HTTP in it:
@@ -85,7 +112,9 @@
 //   - github.com/limitry/ratelimit/adapters/ginlimit: a gin.HandlerFunc,
 //     handing gin's route path to Route.
 //   - github.com/limitry/ratelimit/adapters/redisstore: a Store on Redis
-//     (single node, Sentinel, Cluster), shared by a fleet.
+//     (single node, Sentinel, Cluster), shared by a fleet, with quota leases
+//     and a refused-key cache for hot keys, concurrency slots and a
+//     ReplayStore for idempotency keys.
 //   - github.com/limitry/ratelimit/adapters/promlimit: Prometheus metrics, as
 //     a core.Observer.
 package ratelimit
