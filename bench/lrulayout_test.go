@@ -14,9 +14,11 @@ import (
 // Keys100kParallel: look a key up among 100,000 and update its 24-byte
 // state, from 2 goroutines, in 64 locked shards, with no clock and no
 // algorithm. "golang-lru" keeps the state behind a pointer in a
-// simplelru.LRU, as core.MemoryStore does; "slab" keeps it inline in a
-// node of a per-shard slice indexed by a map[string]uint32, the layout
-// BENCHMARKS.md describes under "What would be needed".
+// simplelru.LRU[string, *state], as core.MemoryStore did; "golang-lru-hash"
+// keeps it inline in a simplelru.LRU[uint64, state] keyed by the key's
+// maphash, read with Peek and written back with Add (which moves the key
+// to the front), as core.MemoryStore does now; "slab" keeps it inline in a
+// node of a per-shard slice indexed by a map[string]uint32.
 func BenchmarkLRULayout(b *testing.B) {
 	const n = 100_000
 	keys := make([]string, n)
@@ -61,6 +63,30 @@ func BenchmarkLRULayout(b *testing.B) {
 			s.mu.Lock()
 			if e, ok := s.l.Peek(k); ok {
 				e.a++
+			}
+			s.mu.Unlock()
+		})
+	})
+	b.Run("golang-lru-hash", func(b *testing.B) {
+		var shards [64]struct {
+			mu sync.Mutex
+			l  *simplelru.LRU[uint64, state]
+			_  [48]byte
+		}
+		for i := range shards {
+			shards[i].l, _ = simplelru.NewLRU[uint64, state](2*n/64, nil)
+		}
+		for _, k := range keys {
+			h := maphash.String(seed, k)
+			shards[h&63].l.Add(h, state{})
+		}
+		run(b, func(k string) {
+			h := maphash.String(seed, k)
+			s := &shards[h&63]
+			s.mu.Lock()
+			if e, ok := s.l.Peek(h); ok {
+				e.a++
+				s.l.Add(h, e)
 			}
 			s.mu.Unlock()
 		})

@@ -5,17 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // DefaultCapacity is the number of keys a MemoryStore holds when its
-// configuration sets none: about 21 MB of state at the measured ~208 bytes
-// per key (BenchmarkHeapPerKey).
+// configuration sets none: about 13 MB at the ~134 bytes per key measured
+// at 1,000,000 keys (BenchmarkHeapPerKey).
 const DefaultCapacity = 100_000
 
 // DefaultShards is the number of shards of a MemoryStore whose capacity is
@@ -68,7 +68,9 @@ type MemoryConfig struct {
 	KeepActive bool
 
 	// Observer receives evictions of keys that still held state. The
-	// default value is none.
+	// default value is none. With an Observer, the store also keeps every
+	// key's text (one string per key), which its eviction events carry;
+	// without one it keeps only their hashes (see MemoryStore).
 	Observer Observer
 }
 
@@ -88,10 +90,19 @@ type MemoryConfig struct {
 // as usual. A change of rule therefore never credits quota, and recovery
 // of the carried units restarts at the change.
 //
+// A record is found by a 64-bit hash of its policy's Name and its key,
+// seeded at random per store (hash/maphash), so that no client can aim at
+// a collision; the key itself is not stored unless an Observer is set.
+// Two distinct (Name, key) pairs sharing a hash would share a record: among
+// n live keys that happens with probability about n²/2⁶⁵, 3·10⁻⁸ for
+// 1,000,000 keys. The state lives inline in golang-lru's list entry, so a
+// decision touches the map slot and the entry alone, and every decision
+// moves its key to the front of its shard's LRU.
+//
 // Deciding an existing key allocates nothing. A new key costs one
-// allocation for its state and one for its name. A full shard drops a
-// recovered key before evicting one that holds state (see
-// MemoryConfig.KeepActive for how far it looks). Times outside
+// allocation (its LRU entry; with an Observer, one more for its text). A
+// full shard drops a recovered key before evicting one that holds state
+// (see MemoryConfig.KeepActive for how far it looks). Times outside
 // [MinTime, MaxTime] are clamped to them.
 //
 // It is safe for concurrent use and needs no Close.
@@ -106,13 +117,13 @@ type MemoryStore struct {
 
 var _ Store = (*MemoryStore)(nil)
 
+// memEntry is the record of a key, held by value in its LRU entry: 32
+// bytes, which with the 57 bytes of golang-lru's own fields (list links,
+// key, expiry) fill one 96-byte allocation.
 type memEntry struct {
 	st State
 	// pol is the policy that last wrote st.
 	pol *Policy
-	// touched is the Unix second at which the entry was last moved to the
-	// front of its LRU.
-	touched uint32
 }
 
 // expiry returns the Unix nanosecond from which the entry's state equals a
@@ -122,7 +133,8 @@ func (e *memEntry) expiry() int64 { return e.pol.alg.Expiry(e.pol, &e.st) }
 
 // adopt makes e a state of p at now. A record written under a policy with
 // another Identity is replaced by a fresh state of p charged the units in
-// use under the old policy, at most p's capacity. Requires s.mu.
+// use under the old policy, at most p's capacity. e must not be on the
+// caller's stack (Decide would move it to the heap). Requires s.mu.
 func (s *memShard) adopt(e *memEntry, p *Policy, now int64) {
 	old := e.pol
 	e.pol = p
@@ -139,13 +151,16 @@ func (s *memShard) adopt(e *memEntry, p *Policy, now int64) {
 
 type memShard struct {
 	mu      sync.Mutex
-	lru     *simplelru.LRU[string, *memEntry]
+	lru     *simplelru.LRU[uint64, memEntry]
 	cap     int
-	buf     []byte    // scratch space for composite keys; guarded by mu
-	scratch State     // state of a key not yet stored; guarded by mu
-	dec     Decision  // scratch decision, so that callers' decisions stay on their stacks; guarded by mu
-	free    *memEntry // an evicted entry kept for the next new key; guarded by mu
-	_       [64]byte
+	scratch State    // state of a key not yet stored; guarded by mu
+	cur     memEntry // copy of the record being decided; guarded by mu
+	exam    memEntry // copy of a record examined by makeRoom; guarded by mu
+	dec     Decision // scratch decision, so that callers' decisions stay on their stacks; guarded by mu
+	// keys holds the text of every key, by hash, when the store has an
+	// Observer (for its eviction events); nil otherwise. Guarded by mu.
+	keys map[uint64]string
+	_    [64]byte
 }
 
 // NewMemoryStore returns a MemoryStore configured by cfg (nil for the
@@ -187,12 +202,15 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 		observer:   c.Observer,
 	}
 	for i := range m.shards {
-		l, err := simplelru.NewLRU[string, *memEntry](per, nil)
+		l, err := simplelru.NewLRU[uint64, memEntry](per, nil)
 		if err != nil {
 			return nil, fmt.Errorf("ratelimit: memory store: %w", err)
 		}
 		m.shards[i].lru = l
 		m.shards[i].cap = per
+		if c.Observer != nil {
+			m.shards[i].keys = make(map[uint64]string)
+		}
 	}
 	return m, nil
 }
@@ -227,70 +245,35 @@ func (m *MemoryStore) Capacity() int { return len(m.shards) * m.shards[0].cap }
 // the traffic: evicted clients get a fresh quota.
 func (m *MemoryStore) Evictions() uint64 { return m.evictions.Load() }
 
-func (m *MemoryStore) shardOf(r *Request) int {
-	return int((maphash.String(m.seed, r.Key) ^ r.Policy.nameHash) & m.mask)
-}
-
-// lookupKey builds the composite key "name\x00key" in the shard's scratch
-// buffer and returns it as a string that aliases the buffer: valid only
-// until the next lookupKey on this shard, and never stored. Requires s.mu.
-func (s *memShard) lookupKey(r *Request) string {
-	s.buf = append(append(append(s.buf[:0], r.Policy.rule.Name...), 0), r.Key...)
-	return unsafe.String(unsafe.SliceData(s.buf), len(s.buf))
-}
-
-func storedKey(r *Request) string {
-	return r.Policy.rule.Name + "\x00" + r.Key
-}
-
-// get returns the entry of r, or nil, and moves it to the front of the
-// LRU. Requires s.mu.
-func (s *memShard) get(r *Request) *memEntry {
-	e, _ := s.lru.Get(s.lookupKey(r))
-	return e
-}
-
-// peek returns the entry of r, or nil, moving it to the front of the LRU
-// at most once per second: recency is kept to the second, and most
-// decisions on a known key write nothing outside the key's own entry.
-// Requires s.mu.
-func (s *memShard) peek(r *Request, now int64) *memEntry {
-	k := s.lookupKey(r)
-	e, ok := s.lru.Peek(k)
-	if !ok {
-		return nil
-	}
-	if sec := uint32(now / 1e9); e.touched != sec {
-		e.touched = sec
-		s.lru.Get(k)
-	}
-	return e
+// hash returns the 64-bit hash of r's policy Name and key that finds its
+// record; its low bits choose the shard.
+func (m *MemoryStore) hash(r *Request) uint64 {
+	return maphash.String(m.seed, r.Key) ^ r.Policy.nameHash
 }
 
 // evictedInfo describes an eviction to report once the locks are released.
 type evictedInfo struct {
-	key   string
-	stale time.Duration
+	name, key string
+	stale     time.Duration
 }
 
-// held reports whether e is one of the entries of the batch being decided.
-func held(e *memEntry, batch []*memEntry) bool {
+// held reports whether the record under h is one of the batch's, whose
+// hashes are batch.
+func held(h uint64, batch []uint64) bool {
 	for _, b := range batch {
-		if b == e {
+		if b == h {
 			return true
 		}
 	}
 	return false
 }
 
-// recycle removes the entry e under k and keeps it for the next new key,
-// so that a full store allocates no state for the keys it admits. Nothing
-// else refers to it: the entries of a batch are never removed. Requires
-// s.mu.
-func (s *memShard) recycle(k string, e *memEntry) {
-	s.lru.Remove(k)
-	*e = memEntry{}
-	s.free = e
+// remove forgets the record under h. Requires s.mu.
+func (s *memShard) remove(h uint64) {
+	s.lru.Remove(h)
+	if s.keys != nil {
+		delete(s.keys, h)
+	}
 }
 
 // makeRoom frees space for need new keys in s, whose batch already holds
@@ -299,70 +282,71 @@ func (s *memShard) recycle(k string, e *memEntry) {
 // with KeepActive, returns ErrStoreFull and the time until the least
 // recently used key recovers. A batch that cannot fit in the shard at all
 // gets ErrStoreFull and 0. Requires s.mu.
-func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []*memEntry, now int64, ev []evictedInfo, nev *int) (int64, error) {
+func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now int64, ev []evictedInfo, nev *int) (int64, error) {
 	if need+own > s.cap {
 		return 0, fmt.Errorf("%w: a batch needs %d keys in a shard of %d", ErrStoreFull, need+own, s.cap)
 	}
 	for s.lru.Len()+need > s.cap {
 		if m.keepActive {
 			k, e, _ := s.lru.GetOldest()
-			if exp := e.expiry(); exp > now {
+			s.exam = e
+			if exp := s.exam.expiry(); exp > now {
+				s.exam = memEntry{}
 				return exp - now, ErrStoreFull
 			}
-			s.recycle(k, e)
+			s.remove(k)
 			continue
 		}
 		var (
-			firstKey string
-			first    *memEntry
-			firstExp int64
-			dropped  bool
+			firstKey  uint64
+			firstName string
+			firstExp  int64
+			found     bool
+			dropped   bool
 		)
 		for seen := 0; seen < EvictionScan; {
 			k, e, _ := s.lru.GetOldest()
-			if e == first {
+			if found && k == firstKey {
 				break // every key of the shard has been examined
 			}
-			if held(e, batch) {
+			if held(k, batch) {
 				s.lru.Get(k)
 				continue
 			}
 			seen++
-			exp := e.expiry()
+			s.exam = e
+			exp := s.exam.expiry()
 			if exp <= now {
-				s.recycle(k, e)
+				s.remove(k)
 				dropped = true
 				break
 			}
-			if first == nil {
-				firstKey, first, firstExp = k, e, exp
+			if !found {
+				firstKey, firstName, firstExp, found = k, e.pol.rule.Name, exp, true
 			}
 			s.lru.Get(k) // a second chance for a key holding state
 		}
+		s.exam = memEntry{}
 		if dropped {
 			continue
 		}
 		if *nev < len(ev) {
-			ev[*nev] = evictedInfo{key: firstKey, stale: time.Duration(firstExp - now)}
+			ev[*nev] = evictedInfo{name: firstName, key: s.keys[firstKey], stale: time.Duration(firstExp - now)}
 			*nev++
 		}
 		m.evictions.Add(1)
-		s.recycle(firstKey, first)
+		s.remove(firstKey)
 	}
 	return 0, nil
 }
 
-// insert stores st as the state of r at now; makeRoom has made space.
-// Requires s.mu.
-func (m *MemoryStore) insert(s *memShard, r *Request, st State, now int64) {
-	e := s.free
-	if e != nil {
-		s.free = nil
-	} else {
-		e = new(memEntry)
+// insert stores st as the state of r, whose hash is h; makeRoom has made
+// space. Requires s.mu.
+func (m *MemoryStore) insert(s *memShard, h uint64, r *Request, st State) {
+	s.lru.Add(h, memEntry{st: st, pol: r.Policy})
+	if s.keys != nil {
+		s.keys[h] = strings.Clone(r.Key)
 	}
-	*e = memEntry{st: st, pol: r.Policy, touched: uint32(now / 1e9)}
-	s.lru.Add(storedKey(r), e)
 }
 
 func (m *MemoryStore) report(ev []evictedInfo, n int) {
@@ -370,14 +354,7 @@ func (m *MemoryStore) report(ev []evictedInfo, n int) {
 		return
 	}
 	for i := 0; i < n; i++ {
-		name, key := ev[i].key, ""
-		for j := 0; j < len(name); j++ {
-			if name[j] == 0 {
-				name, key = name[:j], name[j+1:]
-				break
-			}
-		}
-		m.observer.ObserveEviction(EvictionEvent{PolicyName: name, Key: key, Stale: ev[i].stale})
+		m.observer.ObserveEviction(EvictionEvent{PolicyName: ev[i].name, Key: ev[i].key, Stale: ev[i].stale})
 	}
 }
 
@@ -408,16 +385,20 @@ func (m *MemoryStore) take(reqs []Request, out []Decision, now int64) error {
 
 func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	p := r.Policy
-	s := &m.shards[m.shardOf(r)]
+	h := m.hash(r)
+	s := &m.shards[h&m.mask]
 	s.mu.Lock()
-	e := s.peek(r, now)
-	if e == nil {
-		return m.takeNew(s, r, now, out)
+	e, ok := s.lru.Peek(h)
+	if !ok {
+		return m.takeNew(s, h, r, now, out)
 	}
+	s.cur = e
 	if e.pol != p {
-		s.adopt(e, p, now)
+		s.adopt(&s.cur, p, now)
 	}
-	p.alg.Decide(p, &e.st, r.Cost, now, true, &s.dec)
+	p.alg.Decide(p, &s.cur.st, r.Cost, now, true, &s.dec)
+	s.lru.Add(h, s.cur)
+	s.cur = memEntry{}
 	*out = s.dec
 	s.mu.Unlock()
 	return nil
@@ -427,7 +408,7 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 // common case keeps a small frame. Requires s.mu, and releases it.
 //
 //go:noinline
-func (m *MemoryStore) takeNew(s *memShard, r *Request, now int64, out *Decision) error {
+func (m *MemoryStore) takeNew(s *memShard, h uint64, r *Request, now int64, out *Decision) error {
 	var ev [1]evictedInfo
 	nev := 0
 	p := r.Policy
@@ -438,7 +419,7 @@ func (m *MemoryStore) takeNew(s *memShard, r *Request, now int64, out *Decision)
 	if out.Allowed {
 		var retry int64
 		if retry, err = m.makeRoom(s, 1, 0, nil, now, ev[:], &nev); err == nil {
-			m.insert(s, r, s.scratch, now)
+			m.insert(s, h, r, s.scratch)
 		} else {
 			s.scratch = State{}
 			p.alg.Decide(p, &s.scratch, 0, now, false, &s.dec)
@@ -459,25 +440,13 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 	var (
 		shardIdx [MaxBatch]int
 		order    [MaxBatch]int // distinct shard indices, ascending
-		entries  [MaxBatch]*memEntry
+		hashes   [MaxBatch]uint64
+		entries  [MaxBatch]memEntry // copies of the held records
+		found    [MaxBatch]bool
 		ev       [MaxBatch]evictedInfo
 	)
 	n, nev := len(reqs), 0
-	nord := 0
-	for i := range reqs {
-		si := m.shardOf(&reqs[i])
-		shardIdx[i] = si
-		j := nord
-		for j > 0 && order[j-1] > si {
-			j--
-		}
-		if j > 0 && order[j-1] == si {
-			continue
-		}
-		copy(order[j+1:nord+1], order[j:nord])
-		order[j] = si
-		nord++
-	}
+	nord := m.lockOrder(reqs, &hashes, &shardIdx, &order)
 	for _, si := range order[:nord] {
 		m.shards[si].mu.Lock()
 	}
@@ -485,22 +454,26 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 	for i := 0; i < n; i++ {
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
-		e := s.get(r)
-		entries[i] = e
-		st := &s.scratch
-		if e != nil {
+		var st *State
+		if e, ok := s.lru.Get(hashes[i]); ok {
+			found[i] = true
+			s.cur = e
 			if e.pol != r.Policy {
-				s.adopt(e, r.Policy, now)
+				s.adopt(&s.cur, r.Policy, now)
 			}
-			st = &e.st
+			st = &s.cur.st
 		} else {
 			s.scratch = State{}
+			st = &s.scratch
 		}
 		cost := r.Cost
 		if i == over {
 			cost = 0
 		}
 		r.Policy.alg.Decide(r.Policy, st, cost, now, false, &s.dec)
+		if found[i] {
+			entries[i] = s.cur
+		}
 		out[i] = s.dec
 		if i == over {
 			out[i].Allowed = false
@@ -519,7 +492,7 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			need, own := 0, 0
 			for i := 0; i < n; i++ {
 				if shardIdx[i] == si {
-					if entries[i] == nil {
+					if !found[i] {
 						need++
 					} else {
 						own++
@@ -529,7 +502,7 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			if need == 0 {
 				continue
 			}
-			r, e := m.makeRoom(&m.shards[si], need, own, entries[:n], now, ev[:], &nev)
+			r, e := m.makeRoom(&m.shards[si], need, own, hashes[:n], now, ev[:], &nev)
 			if e != nil {
 				err = e
 				never = never || r == 0
@@ -548,15 +521,17 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			r := &reqs[i]
 			p := r.Policy
 			s := &m.shards[shardIdx[i]]
-			if e := entries[i]; e != nil {
-				p.alg.Decide(p, &e.st, r.Cost, now, true, &s.dec)
+			if found[i] {
+				s.cur = entries[i]
+				p.alg.Decide(p, &s.cur.st, r.Cost, now, true, &s.dec)
+				s.lru.Add(hashes[i], s.cur)
 				out[i] = s.dec
 				continue
 			}
 			s.scratch = State{}
 			p.alg.Decide(p, &s.scratch, r.Cost, now, true, &s.dec)
 			out[i] = s.dec
-			m.insert(s, r, s.scratch, now)
+			m.insert(s, hashes[i], r, s.scratch)
 			s.scratch = State{}
 		}
 	} else {
@@ -568,8 +543,10 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			r := &reqs[i]
 			s := &m.shards[shardIdx[i]]
 			refused := !out[i].Allowed // by its policy; with err nil
-			if e := entries[i]; e != nil {
-				r.Policy.alg.Decide(r.Policy, &e.st, 0, now, true, &s.dec)
+			if found[i] {
+				s.cur = entries[i]
+				r.Policy.alg.Decide(r.Policy, &s.cur.st, 0, now, true, &s.dec)
+				s.lru.Add(hashes[i], s.cur)
 			} else if !refused {
 				s.scratch = State{}
 				r.Policy.alg.Decide(r.Policy, &s.scratch, 0, now, false, &s.dec)
@@ -585,7 +562,9 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		}
 	}
 	for k := nord - 1; k >= 0; k-- {
-		m.shards[order[k]].mu.Unlock()
+		s := &m.shards[order[k]]
+		s.cur = memEntry{}
+		s.mu.Unlock()
 	}
 	if nev > 0 {
 		m.report(ev[:], nev)

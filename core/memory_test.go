@@ -372,3 +372,110 @@ func TestZeroFakeClock(t *testing.T) {
 		}
 	}
 }
+
+// A decision moves its key to the front of the LRU at once, even within
+// the second of its last move, so the key evicted is the one least
+// recently decided.
+func TestMemoryEveryDecisionRenewsRecency(t *testing.T) {
+	rec := &recorder{}
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 4, Shards: 1, Observer: rec})
+	p := core.MustPolicy(core.Rule{Name: "r", Limit: 10, Window: time.Hour})
+	for i, k := range []string{"a", "b", "c", "d"} {
+		take(t, m, t0.Add(time.Duration(i)*time.Millisecond), p, k)
+	}
+	take(t, m, t0.Add(500*time.Millisecond), p, "a")
+	take(t, m, t0.Add(600*time.Millisecond), p, "e")
+	if len(rec.evictions) != 1 || rec.evictions[0].Key != "b" || rec.evictions[0].PolicyName != "r" {
+		t.Fatalf("eviction events %+v, want one of key b", rec.evictions)
+	}
+}
+
+// Deciding a known key allocates nothing, and a new key costs one
+// allocation (its LRU entry) in a full store, evicting or dropping a key.
+func TestMemoryAllocations(t *testing.T) {
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 1024, Shards: 1})
+	p := core.MustPolicy(core.Rule{Name: "a", Limit: 1 << 20, Window: time.Second})
+	keys := make([]string, 4096)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%014d", i)
+	}
+	reqs := []core.Request{{Policy: p, Cost: 1}}
+	var out [1]core.Decision
+	ctx := context.Background()
+	for _, k := range keys[:2048] { // fill the store, then overflow it
+		reqs[0].Key = k
+		m.Take(ctx, t0, reqs, out[:])
+	}
+	reqs[0].Key = keys[2047]
+	if n := testing.AllocsPerRun(100, func() { m.Take(ctx, t0, reqs, out[:]) }); n != 0 {
+		t.Errorf("a known key: %v allocations, want 0", n)
+	}
+	i := 2048
+	if n := testing.AllocsPerRun(1000, func() {
+		reqs[0].Key = keys[i]
+		i++
+		m.Take(ctx, t0, reqs, out[:])
+	}); n > 1 {
+		t.Errorf("a new key: %v allocations, want at most 1", n)
+	}
+	if m.Len() != 1024 {
+		t.Fatalf("Len %d, want 1024", m.Len())
+	}
+}
+
+// A refund moves its key to the front of the LRU, as a decision does;
+// Peek moves nothing.
+func TestMemoryRefundRenewsRecencyPeekDoesNot(t *testing.T) {
+	rec := &recorder{}
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 4, Shards: 1, Observer: rec})
+	p := core.MustPolicy(core.Rule{Name: "r", Limit: 10, Window: time.Hour})
+	ctx := context.Background()
+	var out [1]core.Decision
+	// a costs 2, so that it still holds state after its refund of 1.
+	if err := m.Take(ctx, t0, []core.Request{{Policy: p, Key: "a", Cost: 2}}, out[:]); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range []string{"b", "c", "d"} {
+		take(t, m, t0.Add(time.Duration(i+1)*time.Millisecond), p, k)
+	}
+	if err := m.Peek(ctx, t0.Add(5*time.Millisecond), []core.Request{{Policy: p, Key: "b", Cost: 1}}, out[:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Refund(ctx, t0.Add(6*time.Millisecond), []core.Request{{Policy: p, Key: "a", Cost: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	take(t, m, t0.Add(7*time.Millisecond), p, "e")
+	if len(rec.evictions) != 1 || rec.evictions[0].Key != "b" {
+		t.Fatalf("eviction events %+v, want one of key b", rec.evictions)
+	}
+}
+
+// With an Observer, an eviction reports the key's text and its policy's
+// Name, also after the key was reset and stored again under another Name.
+func TestMemoryEvictionEventsNameTheKey(t *testing.T) {
+	rec := &recorder{}
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 2, Shards: 1, Observer: rec})
+	p := core.MustPolicy(core.Rule{Name: "p", Limit: 10, Window: time.Hour})
+	q := core.MustPolicy(core.Rule{Name: "q", Limit: 10, Window: time.Hour})
+	ctx := context.Background()
+	take(t, m, t0, p, "x")
+	if err := m.Reset(ctx, p, "x"); err != nil {
+		t.Fatal(err)
+	}
+	take(t, m, t0.Add(time.Millisecond), q, "x")
+	take(t, m, t0.Add(2*time.Millisecond), p, "y")
+	take(t, m, t0.Add(3*time.Millisecond), p, "z") // evicts q's x
+	take(t, m, t0.Add(4*time.Millisecond), q, "w") // evicts p's y
+	want := []core.EvictionEvent{{PolicyName: "q", Key: "x"}, {PolicyName: "p", Key: "y"}}
+	if len(rec.evictions) != len(want) {
+		t.Fatalf("eviction events %+v, want %+v", rec.evictions, want)
+	}
+	for i, w := range want {
+		if e := rec.evictions[i]; e.PolicyName != w.PolicyName || e.Key != w.Key {
+			t.Fatalf("eviction event %d: %+v, want %+v", i, e, w)
+		}
+	}
+	if m.Len() != 2 {
+		t.Fatalf("Len %d, want 2", m.Len())
+	}
+}

@@ -107,13 +107,15 @@ func CheckRefund(reqs []Request) error {
 	return nil
 }
 
-// lockOrder fills shardIdx with the shard of every request and order with
-// the distinct shards, ascending, and returns their number.
-func (m *MemoryStore) lockOrder(reqs []Request, shardIdx, order *[MaxBatch]int) int {
+// lockOrder fills hashes with the hash of every request, shardIdx with its
+// shard and order with the distinct shards, ascending, and returns their
+// number.
+func (m *MemoryStore) lockOrder(reqs []Request, hashes *[MaxBatch]uint64, shardIdx, order *[MaxBatch]int) int {
 	nord := 0
 	for i := range reqs {
-		si := m.shardOf(&reqs[i])
-		shardIdx[i] = si
+		h := m.hash(&reqs[i])
+		si := int(h & m.mask)
+		hashes[i], shardIdx[i] = h, si
 		j := nord
 		for j > 0 && order[j-1] > si {
 			j--
@@ -134,15 +136,17 @@ func (m *MemoryStore) Reset(_ context.Context, p *Policy, key string) error {
 		return errors.New("ratelimit: reset without a policy")
 	}
 	r := Request{Policy: p, Key: key}
-	s := &m.shards[m.shardOf(&r)]
+	h := m.hash(&r)
+	s := &m.shards[h&m.mask]
 	s.mu.Lock()
-	s.lru.Remove(s.lookupKey(&r))
+	s.remove(h)
 	s.mu.Unlock()
 	return nil
 }
 
 // Refund implements Refunder. It locks the batch's shards in index order,
-// as Take does, so the batch is refunded atomically.
+// as Take does, so the batch is refunded atomically. A refunded key is
+// moved to the front of its shard's LRU, as a decision moves it.
 func (m *MemoryStore) Refund(_ context.Context, now time.Time, reqs []Request) error {
 	return m.refund(reqs, ClampTime(now))
 }
@@ -151,25 +155,32 @@ func (m *MemoryStore) refund(reqs []Request, now int64) error {
 	if err := CheckRefund(reqs); err != nil {
 		return err
 	}
-	var shardIdx, order [MaxBatch]int
-	nord := m.lockOrder(reqs, &shardIdx, &order)
+	var (
+		shardIdx, order [MaxBatch]int
+		hashes          [MaxBatch]uint64
+	)
+	nord := m.lockOrder(reqs, &hashes, &shardIdx, &order)
 	for _, si := range order[:nord] {
 		m.shards[si].mu.Lock()
 	}
 	for i := range reqs {
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
-		e, ok := s.lru.Peek(s.lookupKey(r))
+		e, ok := s.lru.Peek(hashes[i])
 		if !ok {
 			continue // never charged, or forgotten: nothing in use
 		}
+		s.cur = e
 		if e.pol != r.Policy {
-			s.adopt(e, r.Policy, now)
+			s.adopt(&s.cur, r.Policy, now)
 		}
-		r.Policy.alg.(AlgorithmRefunder).Refund(r.Policy, &e.st, r.Cost, now)
+		r.Policy.alg.(AlgorithmRefunder).Refund(r.Policy, &s.cur.st, r.Cost, now)
+		s.lru.Add(hashes[i], s.cur)
 	}
 	for k := nord - 1; k >= 0; k-- {
-		m.shards[order[k]].mu.Unlock()
+		s := &m.shards[order[k]]
+		s.cur = memEntry{}
+		s.mu.Unlock()
 	}
 	return nil
 }
@@ -190,10 +201,12 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 	err = nil
 	var (
 		shardIdx, order [MaxBatch]int
-		held            [MaxBatch]*memEntry
+		hashes          [MaxBatch]uint64
+		held            [MaxBatch]memEntry // copies of the held records
+		found           [MaxBatch]bool
 	)
 	n := len(reqs)
-	nord := m.lockOrder(reqs, &shardIdx, &order)
+	nord := m.lockOrder(reqs, &hashes, &shardIdx, &order)
 	for _, si := range order[:nord] {
 		m.shards[si].mu.Lock()
 	}
@@ -201,9 +214,8 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 	for i := 0; i < n; i++ {
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
-		e, _ := s.lru.Peek(s.lookupKey(r))
-		held[i] = e
-		m.peekState(s, e, r.Policy, now, &s.scratch)
+		held[i], found[i] = s.lru.Peek(hashes[i])
+		m.peekState(s, held[i], found[i], r.Policy, now, &s.scratch)
 		cost := r.Cost
 		if i == over {
 			cost = 0
@@ -223,7 +235,7 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 			need, own := 0, 0
 			for i := 0; i < n; i++ {
 				if shardIdx[i] == si {
-					if held[i] == nil {
+					if !found[i] {
 						need++
 					} else {
 						own++
@@ -233,7 +245,7 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 			if need == 0 {
 				continue
 			}
-			if r, e := m.roomFor(&m.shards[si], need, own, held[:n], now); e != nil {
+			if r, e := m.roomFor(&m.shards[si], need, own, hashes[:n], now); e != nil {
 				err = e
 				never = never || r == 0
 				retry = max(retry, r)
@@ -254,7 +266,7 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 			}
 			r := &reqs[i]
 			s := &m.shards[shardIdx[i]]
-			m.peekState(s, held[i], r.Policy, now, &s.scratch)
+			m.peekState(s, held[i], found[i], r.Policy, now, &s.scratch)
 			r.Policy.alg.Decide(r.Policy, &s.scratch, 0, now, false, &s.dec)
 			out[i] = s.dec
 			if err != nil {
@@ -274,12 +286,12 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 	return err
 }
 
-// peekState sets st to the state e holds for p at now, without changing e:
-// a zero State for a key not held, and the carried-over state for a record
-// of another Identity. Requires s.mu.
-func (m *MemoryStore) peekState(s *memShard, e *memEntry, p *Policy, now int64, st *State) {
+// peekState sets st to the state e holds for p at now: a zero State for a
+// key not held (found false), and the carried-over state for a record of
+// another Identity. Requires s.mu.
+func (m *MemoryStore) peekState(s *memShard, e memEntry, found bool, p *Policy, now int64, st *State) {
 	*st = State{}
-	if e == nil {
+	if !found {
 		return
 	}
 	if e.pol == nil || e.pol.identity == p.identity {
@@ -287,7 +299,9 @@ func (m *MemoryStore) peekState(s *memShard, e *memEntry, p *Policy, now int64, 
 		return
 	}
 	old := e.pol
-	old.alg.Decide(old, &e.st, 0, now, false, &s.dec)
+	s.exam = e
+	old.alg.Decide(old, &s.exam.st, 0, now, false, &s.dec)
+	s.exam = memEntry{}
 	if used := old.capacity - s.dec.Remaining; used > 0 {
 		p.alg.Decide(p, st, min(used, p.capacity), now, true, &s.dec)
 	}
@@ -295,7 +309,7 @@ func (m *MemoryStore) peekState(s *memShard, e *memEntry, p *Policy, now int64, 
 
 // roomFor is makeRoom without changes: the error and RetryAfter Take would
 // meet making room for need new keys in s. Requires s.mu.
-func (m *MemoryStore) roomFor(s *memShard, need, own int, batch []*memEntry, now int64) (int64, error) {
+func (m *MemoryStore) roomFor(s *memShard, need, own int, batch []uint64, now int64) (int64, error) {
 	if need+own > s.cap {
 		return 0, fmt.Errorf("%w: a batch needs %d keys in a shard of %d", ErrStoreFull, need+own, s.cap)
 	}
@@ -304,11 +318,13 @@ func (m *MemoryStore) roomFor(s *memShard, need, own int, batch []*memEntry, now
 		return 0, nil
 	}
 	for _, k := range s.lru.Keys() { // oldest first
-		e, _ := s.lru.Peek(k)
-		if held(e, batch) {
+		if held(k, batch) {
 			continue // Take moves the batch's keys to the front
 		}
-		if exp := e.expiry(); exp > now {
+		s.exam, _ = s.lru.Peek(k)
+		exp := s.exam.expiry()
+		s.exam = memEntry{}
+		if exp > now {
 			return exp - now, ErrStoreFull
 		}
 		if excess--; excess == 0 {
