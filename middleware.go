@@ -324,6 +324,7 @@ type layerRule struct {
 	policy     *core.Policy
 	xLimit     string // X-RateLimit-Limit value
 	policyItem string // RateLimit-Policy member, without pk
+	stateItem  string // RateLimit member up to its remaining units, without pk
 }
 
 // newRuleSet returns the ruleSet of policies, one per layer.
@@ -334,6 +335,7 @@ func newRuleSet(policies []*core.Policy, resolverDelay time.Duration) *ruleSet {
 			policy:     p,
 			xLimit:     itoa(p.Capacity()),
 			policyItem: string(appendPolicyItem(nil, p, nil)),
+			stateItem:  stateItem(p.Name()),
 		}
 		rs.maxDelay = max(rs.maxDelay, p.MaxDelay())
 	}
