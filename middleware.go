@@ -292,6 +292,7 @@ type Limiter struct {
 	epochs [64]atomic.Pointer[epochString]
 
 	routed        bool          // a layer has Routes
+	useCtx        bool          // a decision needs the request's context (see decideOrPeek)
 	resolverDelay time.Duration // the longest MaxDelay of the policies Resolvers list
 	logs          logState
 }
@@ -480,6 +481,13 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 	}
 	l.cl = cl
 	l.clock = cl.Clock()
+	_, mem := store.(*core.MemoryStore)
+	l.useCtx = !mem || l.slots != nil
+	for i := range l.layers {
+		if l.layers[i].resolver != nil {
+			l.useCtx = true
+		}
+	}
 	return l, nil
 }
 
@@ -739,7 +747,13 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		res.Skipped, res.Proceed = true, true
 		return 0
 	}
-	ctx := r.Context()
+	// The MemoryStore takes no context: without Resolvers or concurrency
+	// layers the request's context is not read (a load from a cache line
+	// of its own) unless the decision fails.
+	ctx := context.Background()
+	if l.useCtx {
+		ctx = r.Context()
+	}
 	var (
 		n        int
 		defCost  int64
@@ -883,7 +897,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
 		l.release(res)
 		switch {
-		case l.gone(res, ctx, err):
+		case l.gone(res, r.Context(), err):
 		case errors.Is(err, core.ErrDuplicateRequest):
 			l.configError(res, nil, err)
 		case errors.Is(err, core.ErrStoreFull):
