@@ -617,7 +617,17 @@ func (l *Limiter) Admit(w http.ResponseWriter, r *http.Request) bool {
 	// error handed to user code would move them to the heap.
 	var res Result
 	kr := l.routeRequest(r)
-	if len(l.layers) <= smallBatch {
+	switch n := len(l.layers); {
+	case n == 1:
+		// The most common Limiter: zero one element of each, not four.
+		var (
+			buf  [1]LayerResult
+			reqs [1]core.Request
+			out  [1]core.Decision
+		)
+		n := l.decide(kr, &res, buf[:], reqs[:], out[:], true)
+		return l.serve(w, r, &res, buf[:n])
+	case n <= smallBatch:
 		var (
 			buf  [smallBatch]LayerResult
 			reqs [smallBatch]core.Request
