@@ -157,16 +157,7 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 		} else {
 			policy, b, remStart, remEnd = ietfValues(res.rs, ls, sp, sbuf[:0], nil)
 		}
-		if n == len(headerBlock{}.vals) && len(b) <= len(headerBlock{}.b) {
-			// The common response: its values and the RateLimit bytes in
-			// one allocation.
-			blk := new(headerBlock)
-			vals = blk.vals[:]
-			state = blk.string(b)
-		} else {
-			vals = make([]string, n)
-			state = string(b)
-		}
+		vals, state = headerValues(n, b)
 		rem = state[remStart:remEnd]
 	} else {
 		// One backing array for every value of this response.
@@ -215,20 +206,38 @@ func own(rs *ruleSet, lr *LayerResult) bool {
 	return lr.index < len(rs.rules) && lr.Decision.Policy == rs.rules[lr.index].policy
 }
 
-// headerBlock is the one allocation behind the header values of a response
-// with both header sets that needs no Retry-After: the five values and the
-// bytes of the RateLimit value, which is a string over b (see string).
-type headerBlock struct {
-	vals [5]string
-	b    [32]byte
-}
+// headerBlock and headerBlockLarge are the one allocation behind the
+// header values of a response with both header sets that needs no
+// Retry-After: the five values and the bytes of the RateLimit value (one or
+// two layers, and up to five with short names), which is a string over b.
+type (
+	headerBlock struct {
+		vals [5]string
+		b    [32]byte
+	}
+	headerBlockLarge struct {
+		vals [5]string
+		b    [80]byte
+	}
+)
 
-// string copies v into blk.b (len(v) <= len(blk.b)) and returns it as a
-// string sharing that memory, as strings.Builder does: b is never written
-// again, so the string is immutable.
-func (blk *headerBlock) string(v []byte) string {
-	n := copy(blk.b[:], v)
-	return unsafe.String(&blk.b[0], n)
+// headerValues returns the backing array of n header values and the
+// RateLimit value state, in one allocation when they fit a header block.
+// The string shares the block's bytes, as strings.Builder does: they are
+// never written again, so it is immutable.
+func headerValues(n int, state []byte) ([]string, string) {
+	switch {
+	case n != 5 || len(state) == 0 || len(state) > len(headerBlockLarge{}.b):
+		return make([]string, n), string(state)
+	case len(state) <= len(headerBlock{}.b):
+		blk := new(headerBlock)
+		m := copy(blk.b[:], state)
+		return blk.vals[:], unsafe.String(&blk.b[0], m)
+	default:
+		blk := new(headerBlockLarge)
+		m := copy(blk.b[:], state)
+		return blk.vals[:], unsafe.String(&blk.b[0], m)
+	}
 }
 
 // ietfValuesPK is ietfValues with the partition key of every layer.
