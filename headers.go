@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/limitry/ratelimit/core"
 )
@@ -141,19 +142,32 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 	if n == 0 {
 		return
 	}
-	// One backing array for every value of this response.
-	vals := make([]string, n)
+	sp := speaker(ls)
+	var (
+		policy, state, rem string
+		vals               []string
+	)
+	if set&IETFHeaders != 0 {
+		// RateLimit first: X-RateLimit-Remaining can share its digits.
+		var sbuf [256]byte
+		var b []byte
+		var remStart, remEnd int
+		if l.cfg.partitionKey {
+			policy, b, remStart, remEnd = ietfValuesPK(res.rs, ls, sp, sbuf[:0])
+		} else {
+			policy, b, remStart, remEnd = ietfValues(res.rs, ls, sp, sbuf[:0], nil)
+		}
+		vals, state = headerValues(n, b)
+		rem = state[remStart:remEnd]
+	} else {
+		// One backing array for every value of this response.
+		vals = make([]string, n)
+	}
 	i := 0
 	put := func(name, v string) {
 		vals[i] = v
 		h[name] = vals[i : i+1 : i+1]
 		i++
-	}
-	sp := speaker(ls)
-	var policy, state, rem string
-	if set&IETFHeaders != 0 {
-		// RateLimit first: X-RateLimit-Remaining can share its digits.
-		policy, state, rem = l.ietfValues(res.rs, ls, sp)
 	}
 	if set&XRateLimitHeaders != 0 {
 		s := &ls[sp]
@@ -192,21 +206,58 @@ func own(rs *ruleSet, lr *LayerResult) bool {
 	return lr.index < len(rs.rules) && lr.Decision.Policy == rs.rules[lr.index].policy
 }
 
-// ietfValues returns the RateLimit-Policy and RateLimit values for the
-// applied layers ls, and the digits of the remaining units of layer
-// ls[speaker] within the RateLimit value (they equal X-RateLimit-Remaining,
-// so that header needs no string of its own).
-func (l *Limiter) ietfValues(rs *ruleSet, ls []LayerResult, speaker int) (policy, state, rem string) {
-	var pks [core.MaxBatch][pkLen]byte
-	withPK := l.cfg.partitionKey
-	if withPK {
-		for j := range ls {
-			sum := sha256.Sum256([]byte(ls[j].Key))
-			copy(pks[j][:], sum[:pkLen])
-		}
+// headerBlock and headerBlockLarge are the one allocation behind the
+// header values of a response with both header sets that needs no
+// Retry-After: the five values and the bytes of the RateLimit value (one or
+// two layers, and up to five with short names), which is a string over b.
+type (
+	headerBlock struct {
+		vals [5]string
+		b    [32]byte
 	}
+	headerBlockLarge struct {
+		vals [5]string
+		b    [80]byte
+	}
+)
+
+// headerValues returns the backing array of n header values and the
+// RateLimit value state, in one allocation when they fit a header block.
+// The string shares the block's bytes, as strings.Builder does: they are
+// never written again, so it is immutable.
+func headerValues(n int, state []byte) ([]string, string) {
+	switch {
+	case n != 5 || len(state) == 0 || len(state) > len(headerBlockLarge{}.b):
+		return make([]string, n), string(state)
+	case len(state) <= len(headerBlock{}.b):
+		blk := new(headerBlock)
+		m := copy(blk.b[:], state)
+		return blk.vals[:], unsafe.String(&blk.b[0], m)
+	default:
+		blk := new(headerBlockLarge)
+		m := copy(blk.b[:], state)
+		return blk.vals[:], unsafe.String(&blk.b[0], m)
+	}
+}
+
+// ietfValuesPK is ietfValues with the partition key of every layer.
+func ietfValuesPK(rs *ruleSet, ls []LayerResult, speaker int, b []byte) (policy string, state []byte, remStart, remEnd int) {
+	var pks [core.MaxBatch][pkLen]byte
+	for j := range ls {
+		sum := sha256.Sum256([]byte(ls[j].Key))
+		copy(pks[j][:], sum[:pkLen])
+	}
+	return ietfValues(rs, ls, speaker, b, pks[:len(ls)])
+}
+
+// ietfValues returns the RateLimit-Policy value for the applied layers ls,
+// and appends their RateLimit value to b: state[remStart:remEnd] are the
+// digits of the remaining units of layer ls[speaker] (they equal
+// X-RateLimit-Remaining, so that header needs no string of its own). pks
+// holds each layer's partition key, or is nil for none.
+func ietfValues(rs *ruleSet, ls []LayerResult, speaker int, b []byte, pks [][pkLen]byte) (policy string, state []byte, remStart, remEnd int) {
 	pk := func(j int) []byte {
-		if !withPK {
+		if pks == nil {
 			return nil
 		}
 		return pks[j][:]
@@ -214,7 +265,7 @@ func (l *Limiter) ietfValues(rs *ruleSet, ls []LayerResult, speaker int) (policy
 
 	// RateLimit-Policy: precomputed unless a Resolver changed a policy or
 	// partition keys vary per request.
-	static := !withPK
+	static := pks == nil
 	var mask uint32
 	for j := range ls {
 		mask |= 1 << ls[j].index
@@ -231,19 +282,16 @@ func (l *Limiter) ietfValues(rs *ruleSet, ls []LayerResult, speaker int) (policy
 		policy = rs.rules[ls[0].index].policyItem
 	default:
 		var buf [256]byte
-		b := buf[:0]
+		pb := buf[:0]
 		for j := range ls {
 			if j > 0 {
-				b = append(b, ", "...)
+				pb = append(pb, ", "...)
 			}
-			b = appendPolicyItem(b, ls[j].Decision.Policy, pk(j))
+			pb = appendPolicyItem(pb, ls[j].Decision.Policy, pk(j))
 		}
-		policy = string(b)
+		policy = string(pb)
 	}
 
-	var buf [256]byte
-	b := buf[:0]
-	var remStart, remEnd int
 	for j := range ls {
 		if j > 0 {
 			b = append(b, ", "...)
@@ -254,18 +302,37 @@ func (l *Limiter) ietfValues(rs *ruleSet, ls []LayerResult, speaker int) (policy
 			t = d.RetryAfter
 		}
 		start := len(b)
-		b = appendItem(b, d.Policy.Name(), ietfRemaining, d.Remaining, ietfReset, ceilSeconds(t), pk(j))
+		var prefix int // the length of `"name";r=`
+		if pks == nil && own(rs, &ls[j]) {
+			// The layer's own name: its item's prefix is precomputed.
+			sp := rs.rules[ls[j].index].stateItem
+			prefix = len(sp)
+			b = append(b, sp...)
+			b = strconv.AppendInt(b, clampSF(d.Remaining), 10)
+			b = append(b, ';')
+			b = append(b, ietfReset...)
+			b = append(b, '=')
+			b = strconv.AppendInt(b, clampSF(ceilSeconds(t)), 10)
+		} else {
+			prefix = len(d.Policy.Name()) + 3 + len(ietfRemaining) + 1
+			b = appendItem(b, d.Policy.Name(), ietfRemaining, d.Remaining, ietfReset, ceilSeconds(t), pk(j))
+		}
 		if j == speaker {
 			// The item is `"name";r=<digits>;...`.
-			remStart = start + len(d.Policy.Name()) + 3 + len(ietfRemaining) + 1
+			remStart = start + prefix
 			remEnd = remStart
 			for remEnd < len(b) && b[remEnd] >= '0' && b[remEnd] <= '9' {
 				remEnd++
 			}
 		}
 	}
-	state = string(b)
-	return policy, state, state[remStart:remEnd]
+	return policy, b, remStart, remEnd
+}
+
+// stateItem returns the start of the RateLimit member of the policy named
+// name, up to its remaining units: `"name";r=`.
+func stateItem(name string) string {
+	return `"` + name + `";` + ietfRemaining + "="
 }
 
 // appendPolicyItem appends the RateLimit-Policy member of p.

@@ -292,6 +292,7 @@ type Limiter struct {
 	epochs [64]atomic.Pointer[epochString]
 
 	routed        bool          // a layer has Routes
+	useCtx        bool          // a decision needs the request's context (see decideOrPeek)
 	resolverDelay time.Duration // the longest MaxDelay of the policies Resolvers list
 	logs          logState
 }
@@ -324,6 +325,7 @@ type layerRule struct {
 	policy     *core.Policy
 	xLimit     string // X-RateLimit-Limit value
 	policyItem string // RateLimit-Policy member, without pk
+	stateItem  string // RateLimit member up to its remaining units, without pk
 }
 
 // newRuleSet returns the ruleSet of policies, one per layer.
@@ -334,6 +336,7 @@ func newRuleSet(policies []*core.Policy, resolverDelay time.Duration) *ruleSet {
 			policy:     p,
 			xLimit:     itoa(p.Capacity()),
 			policyItem: string(appendPolicyItem(nil, p, nil)),
+			stateItem:  stateItem(p.Name()),
 		}
 		rs.maxDelay = max(rs.maxDelay, p.MaxDelay())
 	}
@@ -478,6 +481,13 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 	}
 	l.cl = cl
 	l.clock = cl.Clock()
+	_, mem := store.(*core.MemoryStore)
+	l.useCtx = !mem || l.slots != nil
+	for i := range l.layers {
+		if l.layers[i].resolver != nil {
+			l.useCtx = true
+		}
+	}
 	return l, nil
 }
 
@@ -607,7 +617,17 @@ func (l *Limiter) Admit(w http.ResponseWriter, r *http.Request) bool {
 	// error handed to user code would move them to the heap.
 	var res Result
 	kr := l.routeRequest(r)
-	if len(l.layers) <= smallBatch {
+	switch n := len(l.layers); {
+	case n == 1:
+		// The most common Limiter: zero one element of each, not four.
+		var (
+			buf  [1]LayerResult
+			reqs [1]core.Request
+			out  [1]core.Decision
+		)
+		n := l.decide(kr, &res, buf[:], reqs[:], out[:], true)
+		return l.serve(w, r, &res, buf[:n])
+	case n <= smallBatch:
 		var (
 			buf  [smallBatch]LayerResult
 			reqs [smallBatch]core.Request
@@ -737,7 +757,13 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		res.Skipped, res.Proceed = true, true
 		return 0
 	}
-	ctx := r.Context()
+	// The MemoryStore takes no context: without Resolvers or concurrency
+	// layers the request's context is not read (a load from a cache line
+	// of its own) unless the decision fails.
+	ctx := context.Background()
+	if l.useCtx {
+		ctx = r.Context()
+	}
 	var (
 		n        int
 		defCost  int64
@@ -881,7 +907,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
 		l.release(res)
 		switch {
-		case l.gone(res, ctx, err):
+		case l.gone(res, r.Context(), err):
 		case errors.Is(err, core.ErrDuplicateRequest):
 			l.configError(res, nil, err)
 		case errors.Is(err, core.ErrStoreFull):

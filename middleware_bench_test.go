@@ -119,3 +119,29 @@ func BenchmarkHandler(b *testing.B) {
 	})
 	b.Run("bare/sequential", func(b *testing.B) { runSequential(b, okHandler) })
 }
+
+// TestHandlerOneAllocation checks that an admitted request costs one
+// allocation with both header sets, for one layer and for two.
+func TestHandlerOneAllocation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation counts")
+	}
+	layered := []ratelimit.Layer{
+		perIPLayer()[0],
+		{Key: ratelimit.Global("all"), Rule: core.PerSecond(1 << 40).Named("global")},
+	}
+	for name, layers := range map[string][]ratelimit.Layer{"one layer": perIPLayer(), "two layers": layered} {
+		l := ratelimit.Must(ratelimit.New(layers, ratelimit.WithHeaders(ratelimit.AllHeaders)))
+		h := l.Handler(okHandler)
+		w := &benchWriter{h: make(http.Header)}
+		r := benchRequests()[0]
+		h.ServeHTTP(w, r)
+		allocs := testing.AllocsPerRun(200, func() {
+			w.reset()
+			h.ServeHTTP(w, r)
+		})
+		if allocs > 1 || w.code != http.StatusNoContent || w.h.Get(ratelimit.HeaderRateLimit) == "" {
+			t.Errorf("%s: %v allocations per request (status %d, headers %v), want 1", name, allocs, w.code, w.h)
+		}
+	}
+}

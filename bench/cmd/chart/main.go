@@ -350,7 +350,7 @@ func report(r results, m meta, machine string, runs int) string {
 		bp, bv, ok2 := r.best(w, "ns/op", m.writesHeaders)
 		oa, _ := r.get(w, ours, "allocs/op")
 		if !ok1 || !ok2 {
-			pf("| %s: ≤ 0.6× the fastest header-writing peer, ≤ 4 allocs/op | not measured | – |\n", w)
+			pf("| %s: ≤ 0.6× the fastest header-writing peer, ≤ 2 allocs/op | not measured | – |\n", w)
 			continue
 		}
 		ratio := ov / bv
@@ -358,7 +358,7 @@ func report(r results, m meta, machine string, runs int) string {
 			ratio = med
 		}
 		pf("| %s: ≤ 0.6× the fastest header-writing peer | %s ÷ %s (%s): **%.2f** (per-round ratios %s) | %s |\n", w, num(ov), num(bv), bp, ratio, r.pairedNote(w, ours, bp, "ns/op"), r.ratioMark(ratio <= 0.6, ratio, 0.6, w, ours, bp, "ns/op"))
-		pf("| %s: ≤ 4 allocs/op | %s allocs/op | %s |\n", w, count(oa), metMark(oa <= 4))
+		pf("| %s: ≤ 2 allocs/op | %s allocs/op | %s |\n", w, count(oa), metMark(oa <= 2))
 	}
 	if _, ok := r.get("Redis", ours, "ns/op"); ok {
 		rtt, _ := r.get("Redis", ours, "rtt/op")
