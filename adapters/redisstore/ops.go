@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/limitry/ratelimit/core"
@@ -37,24 +36,8 @@ var opsParts = []string{
 	"lua/ops.lua",
 }
 
-func composeOps() string {
-	var b strings.Builder
-	for _, name := range opsParts {
-		src, err := luaFiles.ReadFile(name)
-		if err != nil {
-			panic("redisstore: missing embedded " + name)
-		}
-		b.WriteString("-- ")
-		b.WriteString(name)
-		b.WriteString("\n")
-		b.Write(src)
-		b.WriteString("\n")
-	}
-	return b.String()
-}
-
 var (
-	opsScriptSource = composeOps()
+	opsScriptSource = composeScript(opsParts)
 	// opsScript gives the ops script's SHA1 (run with EVALSHA, then EVAL
 	// on NOSCRIPT, as the take script).
 	opsScript = redis.NewScript(opsScriptSource)

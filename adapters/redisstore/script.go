@@ -31,9 +31,10 @@ var luaParts = []string{
 	"lua/main.lua",
 }
 
-func composeScript() string {
+// composeScript joins the embedded Lua files parts into one script.
+func composeScript(parts []string) string {
 	var b strings.Builder
-	for _, name := range luaParts {
+	for _, name := range parts {
 		src, err := luaFiles.ReadFile(name)
 		if err != nil {
 			panic("redisstore: missing embedded " + name)
@@ -48,7 +49,7 @@ func composeScript() string {
 }
 
 var (
-	scriptSource = composeScript()
+	scriptSource = composeScript(luaParts)
 	// takeScript gives the script's SHA1 and its source: it is run with
 	// EVALSHA, and with EVAL when the server answers NOSCRIPT.
 	takeScript = redis.NewScript(scriptSource)
