@@ -261,10 +261,13 @@ func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
 	// Only a request that will be served is remembered: one refused
 	// after its decision (a full waiting room, a client gone during a
 	// shaping delay) is decided afresh next time.
+	// The outcome is recorded even for a client that has gone: its claim
+	// must not linger.
+	octx := context.WithoutCancel(ctx)
 	if ok && rec != nil {
-		err = f.store.Commit(ctx, skey, token, rec, f.ttl)
+		err = f.store.Commit(octx, skey, token, rec, f.ttl)
 	} else {
-		err = f.store.Release(ctx, skey, token)
+		err = f.store.Release(octx, skey, token)
 	}
 	if err != nil && f.onError != nil {
 		f.onError(r, fmt.Errorf("ratelimit: idempotency store: %w", err))

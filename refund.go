@@ -140,7 +140,9 @@ func (l *Limiter) refundResultHandler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if l.serveRefundable(w, r, next) {
+		// The handler may have refunded its Result itself (Limiter.Refund):
+		// a charge is given back at most once.
+		if l.serveRefundable(w, r, next) && !res.refunded {
 			var rq [core.MaxBatch]core.Request
 			if k := l.refundRequests(res.Layers, &rq); k > 0 {
 				res.refunded = true
@@ -197,7 +199,9 @@ func (l *Limiter) refundRequests(layers []LayerResult, reqs *[core.MaxBatch]core
 // [Limiter.HandlerWithResult]. A Result that charged nothing (refused,
 // skipped, failed, no layer applied) or that was already refunded is left
 // alone: Refund returns nil, so a charge is given back at most once per
-// Result. Refund uses ctx as is: pass context.WithoutCancel(r.Context())
+// Result (under [WithRefund], a handler that refunds its own Result is not
+// refunded again after it returns; refund it from the handler, not from a
+// goroutine that outlives it). Refund uses ctx as is: pass context.WithoutCancel(r.Context())
 // to refund for a client that has gone. It returns an error wrapping
 // core.ErrUnsupported when the store cannot refund, and the store's error,
 // after which the charge stays.

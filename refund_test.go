@@ -438,3 +438,45 @@ func TestRefundWithConcurrencyLayer(t *testing.T) {
 		t.Fatalf("after 5 refunded requests: %+v, want 2 left after one more", res.Layers)
 	}
 }
+
+// TestRefundOnceWhenHandlerRefunds: a handler under HandlerWithResult that
+// refunds its own Result, and then writes a status WithRefund would refund
+// too, is refunded once.
+func TestRefundOnceWhenHandlerRefunds(t *testing.T) {
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "w", Algorithm: core.FixedWindow, Limit: 3, Window: time.Hour},
+	}}, ratelimit.WithRefund(ratelimit.RefundSuccessful), ratelimit.WithClock(core.NewFakeClock(time.Unix(1_800_000_000, 0)))))
+	var h http.Handler
+	h = l.HandlerWithResult(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Self-Refund") != "" {
+			res, _ := ratelimit.ResultFromContext(r.Context())
+			if err := l.Refund(context.WithoutCancel(r.Context()), res); err != nil {
+				t.Error(err)
+			}
+			return // 200: WithRefund would refund it too
+		}
+		w.WriteHeader(http.StatusInternalServerError) // kept charged
+	}))
+	do := func(self bool) int {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		if self {
+			r.Header.Set("X-Self-Refund", "1")
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	do(false)
+	do(false) // two charges kept: 1 unit left
+	do(true)  // charged, then refunded once: still 1 left
+	admitted := 0
+	for range 3 {
+		if do(false) != http.StatusTooManyRequests {
+			admitted++
+		}
+	}
+	if admitted != 1 {
+		t.Fatalf("%d more admitted after two kept charges of 3, want 1 (a double refund gives back another's unit)", admitted)
+	}
+}
