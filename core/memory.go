@@ -488,24 +488,34 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		// leaves the whole batch uncharged. Every shard is examined, so
 		// that RetryAfter covers them all.
 		never := false
-		for _, si := range order[:nord] {
-			need, own := 0, 0
+		var needs, owns [MaxBatch]int // by position in order
+		for k, si := range order[:nord] {
 			for i := 0; i < n; i++ {
 				if shardIdx[i] == si {
 					if !found[i] {
-						need++
+						needs[k]++
 					} else {
-						own++
+						owns[k]++
 					}
 				}
 			}
-			if need == 0 {
+			if needs[k] > 0 && needs[k]+owns[k] > m.shards[si].cap {
+				// This batch can never fit: refuse it before any shard
+				// evicts a key for it.
+				err = fmt.Errorf("%w: a batch needs %d keys in a shard of %d", ErrStoreFull, needs[k]+owns[k], m.shards[si].cap)
+				never = true
+			}
+		}
+		for k, si := range order[:nord] {
+			if never {
+				break
+			}
+			if needs[k] == 0 {
 				continue
 			}
-			r, e := m.makeRoom(&m.shards[si], need, own, hashes[:n], now, ev[:], &nev)
+			r, e := m.makeRoom(&m.shards[si], needs[k], owns[k], hashes[:n], now, ev[:], &nev)
 			if e != nil {
 				err = e
-				never = never || r == 0
 				retry = max(retry, r)
 			}
 		}

@@ -479,3 +479,35 @@ func TestMemoryEvictionEventsNameTheKey(t *testing.T) {
 		t.Fatalf("Len %d, want 2", m.Len())
 	}
 }
+
+// TestMemoryRefusedBatchEvictsNothing: a batch that can never fit one of
+// its shards is refused before any other shard evicts a key for it, so a
+// client over its limit is not released by it.
+func TestMemoryRefusedBatchEvictsNothing(t *testing.T) {
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 2, Shards: 2})
+	p := core.MustPolicy(core.Rule{Name: "p", Limit: 1, Window: time.Hour})
+	now := time.Unix(1_800_000_000, 0)
+	take := func(reqs ...core.Request) ([]core.Decision, error) {
+		out := make([]core.Decision, len(reqs))
+		err := m.Take(context.Background(), now, reqs, out)
+		return out, err
+	}
+	if out, err := take(core.Request{Policy: p, Key: "victim", Cost: 1}); err != nil || !out[0].Allowed {
+		t.Fatalf("victim's first request: %+v %v", out, err)
+	}
+	// Three new keys of three policies: at least two land in one shard of
+	// one key, so the batch can never fit.
+	var reqs []core.Request
+	for i := range 3 {
+		reqs = append(reqs, core.Request{Policy: core.MustPolicy(core.Rule{Name: fmt.Sprintf("q%d", i), Limit: 5, Window: time.Hour}), Key: "new", Cost: 1})
+	}
+	if _, err := take(reqs...); !errors.Is(err, core.ErrStoreFull) {
+		t.Fatalf("a batch too large for its shards: %v, want core.ErrStoreFull", err)
+	}
+	if out, err := take(core.Request{Policy: p, Key: "victim", Cost: 1}); err != nil || out[0].Allowed {
+		t.Fatalf("victim after the refused batch: %+v %v, want still refused (not evicted)", out[0], err)
+	}
+	if m.Evictions() != 0 {
+		t.Fatalf("%d evictions for a refused batch, want 0", m.Evictions())
+	}
+}
