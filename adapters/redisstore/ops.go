@@ -33,6 +33,7 @@ var opsParts = []string{
 	"lua/fixed_window.lua",
 	"lua/sliding_counter.lua",
 	"lua/sliding_log.lua",
+	"lua/records.lua",
 	"lua/ops.lua",
 }
 

@@ -28,6 +28,7 @@ var luaParts = []string{
 	"lua/fixed_window.lua",
 	"lua/sliding_counter.lua",
 	"lua/sliding_log.lua",
+	"lua/records.lua",
 	"lua/main.lua",
 }
 
