@@ -13,9 +13,10 @@ import (
 // ErrNoContext is returned (wrapped) by a [Key] function for a request that
 // reached the Limiter without this package's middleware, so that no
 // echo.Context is known: a Limiter with Key layers must be mounted with
-// [Middleware], [MiddlewareWithConfig] or [New]. It wraps ratelimit.ErrConfig: the Limiter answers it
-// as a configuration error (500 Internal Server Error unless the error
-// handler writes a response, and one log line), never as a skip.
+// [Middleware], [MiddlewareWithConfig] or [New].
+// It wraps ratelimit.ErrConfig: the Limiter answers it as a configuration
+// error (500 Internal Server Error unless the error handler writes a
+// response, and one log line), never as a skip.
 var ErrNoContext error = noContextError{}
 
 // noContextError is ErrNoContext: a configuration error with its own words.
