@@ -289,18 +289,7 @@ func (res *Result) Release() {
 //	}
 func (l *Limiter) AdmitFunc(w http.ResponseWriter, r *http.Request) (ok bool, done func()) {
 	var res Result
-	kr := l.routeRequest(r)
-	if len(l.layers) <= smallBatch {
-		var (
-			buf  [smallBatch]LayerResult
-			reqs [smallBatch]core.Request
-			out  [smallBatch]core.Decision
-		)
-		n := l.decide(kr, &res, buf[:], reqs[:], out[:], true)
-		ok = l.serve(w, r, &res, buf[:n])
-	} else {
-		ok = l.admitMany(w, r, kr, &res)
-	}
+	ok = l.admit(w, r, &res)
 	done = res.takeRelease(ok)
 	if done == nil {
 		done = noRelease

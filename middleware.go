@@ -612,10 +612,15 @@ func (l *Limiter) Admit(w http.ResponseWriter, r *http.Request) bool {
 	if l.slots != nil {
 		return l.admitContext(w, r)
 	}
-	// The Result's layers stay on the stack, apart from the Result: escape
-	// analysis is field-insensitive, so a Result holding both them and an
-	// error handed to user code would move them to the heap.
 	var res Result
+	return l.admit(w, r, &res)
+}
+
+// admit is Admit's decision and response into res, for Admit and
+// AdmitFunc. The Result's layers stay on the stack, apart from the Result:
+// escape analysis is field-insensitive, so a Result holding both them and
+// an error handed to user code would move them to the heap.
+func (l *Limiter) admit(w http.ResponseWriter, r *http.Request, res *Result) bool {
 	kr := l.routeRequest(r)
 	switch n := len(l.layers); {
 	case n == 1:
@@ -625,18 +630,18 @@ func (l *Limiter) Admit(w http.ResponseWriter, r *http.Request) bool {
 			reqs [1]core.Request
 			out  [1]core.Decision
 		)
-		n := l.decide(kr, &res, buf[:], reqs[:], out[:], true)
-		return l.serve(w, r, &res, buf[:n])
+		n := l.decide(kr, res, buf[:], reqs[:], out[:], true)
+		return l.serve(w, r, res, buf[:n])
 	case n <= smallBatch:
 		var (
 			buf  [smallBatch]LayerResult
 			reqs [smallBatch]core.Request
 			out  [smallBatch]core.Decision
 		)
-		n := l.decide(kr, &res, buf[:], reqs[:], out[:], true)
-		return l.serve(w, r, &res, buf[:n])
+		n := l.decide(kr, res, buf[:], reqs[:], out[:], true)
+		return l.serve(w, r, res, buf[:n])
 	}
-	return l.admitMany(w, r, kr, &res)
+	return l.admitMany(w, r, kr, res)
 }
 
 // routeRequest returns r ready for [Route] when the Limiter knows the
