@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math/bits"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,12 +15,14 @@ import (
 )
 
 // DefaultCapacity is the number of keys a MemoryStore holds when its
-// configuration sets none: about 13 MB at the ~134 bytes per key measured
+// configuration sets none: about 12 MB at the ~120 bytes per key measured
 // at 1,000,000 keys (BenchmarkHeapPerKey).
 const DefaultCapacity = 100_000
 
-// DefaultShards is the number of shards of a MemoryStore whose capacity is
-// at least DefaultShards x minShardCapacity.
+// DefaultShards is the nominal number of shards of a MemoryStore whose
+// capacity is at least DefaultShards x minShardCapacity. The store picks
+// its default count between DefaultShards*3/4 and DefaultShards*3/2 (see
+// MemoryConfig.Shards).
 const DefaultShards = 64
 
 // minShardCapacity is the fewest keys per shard that the default number
@@ -41,14 +44,19 @@ type MemoryConfig struct {
 	// shard has room.
 	Capacity int
 
-	// Shards is the number of independently locked shards, rounded up to a
-	// power of two, then halved while it exceeds Capacity (every shard
-	// holds at least one key). The default value is DefaultShards, halved
-	// for small capacities so that each shard holds at least 64 keys (one
-	// shard below 128). A batch with more keys in one shard than the shard
-	// holds (possible only when a shard holds fewer than MaxBatch keys) is
-	// refused with ErrStoreFull and a RetryAfter of 0: it can never be
-	// stored.
+	// Shards is the number of independently locked shards, lowered to
+	// Capacity if it exceeds it (every shard holds at least one key). The
+	// default value is chosen from Capacity: DefaultShards, halved for
+	// small capacities so that each shard holds at least 64 keys (one shard
+	// below 128); for a store of at least 48 x 896 keys, the count between
+	// 48 and 96 whose shards' indexes are the most compact at capacity (a
+	// shard's index is a Go map, whose hash tables of 1,024 slots hold at
+	// most 896 keys and split in two when full: a shard sized just after
+	// a split would leave half of its slots empty, ~38 bytes per key where
+	// a well-sized one needs ~23). A batch with more keys in one shard than
+	// the shard holds (possible only when a shard holds fewer than MaxBatch
+	// keys) is refused with ErrStoreFull and a RetryAfter of 0: it can
+	// never be stored.
 	Shards int
 
 	// KeepActive, when true, never evicts a key that still holds state: a
@@ -108,7 +116,7 @@ type MemoryConfig struct {
 // It is safe for concurrent use and needs no Close.
 type MemoryStore struct {
 	shards     []memShard
-	mask       uint64
+	nshards    uint64
 	seed       maphash.Seed
 	keepActive bool
 	observer   Observer
@@ -179,24 +187,15 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 	if c.Capacity == 0 {
 		c.Capacity = DefaultCapacity
 	}
-	n := c.Shards
-	if n == 0 {
-		n = DefaultShards
-		for n > 1 && c.Capacity/n < minShardCapacity {
-			n /= 2
-		}
+	shards := c.Shards
+	if shards == 0 {
+		shards = defaultShards(c.Capacity)
 	}
-	shards := 1
-	for shards < n {
-		shards *= 2
-	}
-	for shards > c.Capacity {
-		shards /= 2
-	}
+	shards = min(shards, c.Capacity)
 	per := c.Capacity / shards
 	m := &MemoryStore{
 		shards:     make([]memShard, shards),
-		mask:       uint64(shards - 1),
+		nshards:    uint64(shards),
 		seed:       maphash.MakeSeed(),
 		keepActive: c.KeepActive,
 		observer:   c.Observer,
@@ -213,6 +212,66 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 		}
 	}
 	return m, nil
+}
+
+// Go's maps keep keys in hash tables of at most mapTableSlots slots,
+// filled to at most mapTableKeys before a table splits in two.
+const (
+	mapTableSlots = 1024
+	mapTableKeys  = mapTableSlots * 7 / 8
+	// mapTableFill is the mean keys per table a shard's index is sized
+	// for at capacity: three standard deviations of a table's share of
+	// evenly hashed keys below mapTableKeys, so that almost no table
+	// splits before the shard is full.
+	mapTableFill = 812
+)
+
+// defaultShards returns the default number of shards for a store of
+// capacity keys: DefaultShards, halved while a shard would hold fewer than
+// minShardCapacity keys; for large stores, the count between 3/4 and 3/2
+// of DefaultShards whose indexes take the fewest hash-table slots at
+// capacity (the one nearest DefaultShards among equals).
+func defaultShards(capacity int) int {
+	n := DefaultShards
+	for n > 1 && capacity/n < minShardCapacity {
+		n /= 2
+	}
+	if capacity < DefaultShards*3/4*mapTableKeys {
+		return n
+	}
+	best, bestSlots := n, indexSlots(capacity/n)*n
+	for s := DefaultShards * 3 / 4; s <= DefaultShards*3/2; s++ {
+		slots := indexSlots(capacity/s) * s
+		if slots < bestSlots || slots == bestSlots && abs(s-DefaultShards) < abs(best-DefaultShards) {
+			best, bestSlots = s, slots
+		}
+	}
+	return best
+}
+
+// indexSlots estimates the hash-table slots of a Go map holding keys
+// evenly hashed keys (at least mapTableKeys of them): a power of two of
+// full-size tables, each holding at most mapTableFill keys on average.
+func indexSlots(keys int) int {
+	tables := 1
+	for tables*mapTableFill < keys {
+		tables *= 2
+	}
+	return tables * mapTableSlots
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// shard returns the shard of the record whose hash is h: the high bits of
+// h scaled to the number of shards.
+func (m *MemoryStore) shard(h uint64) int {
+	hi, _ := bits.Mul64(h, m.nshards)
+	return int(hi)
 }
 
 // MustMemoryStore is like NewMemoryStore but panics on a bad configuration.
@@ -246,7 +305,7 @@ func (m *MemoryStore) Capacity() int { return len(m.shards) * m.shards[0].cap }
 func (m *MemoryStore) Evictions() uint64 { return m.evictions.Load() }
 
 // hash returns the 64-bit hash of r's policy Name and key that finds its
-// record; its low bits choose the shard.
+// record; its high bits choose the shard.
 func (m *MemoryStore) hash(r *Request) uint64 {
 	return maphash.String(m.seed, r.Key) ^ r.Policy.nameHash
 }
@@ -386,7 +445,7 @@ func (m *MemoryStore) take(reqs []Request, out []Decision, now int64) error {
 func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	p := r.Policy
 	h := m.hash(r)
-	s := &m.shards[h&m.mask]
+	s := &m.shards[m.shard(h)]
 	s.mu.Lock()
 	e, ok := s.lru.Peek(h)
 	if !ok {

@@ -114,7 +114,7 @@ func (m *MemoryStore) lockOrder(reqs []Request, hashes *[MaxBatch]uint64, shardI
 	nord := 0
 	for i := range reqs {
 		h := m.hash(&reqs[i])
-		si := int(h & m.mask)
+		si := m.shard(h)
 		hashes[i], shardIdx[i] = h, si
 		j := nord
 		for j > 0 && order[j-1] > si {
@@ -137,7 +137,7 @@ func (m *MemoryStore) Reset(_ context.Context, p *Policy, key string) error {
 	}
 	r := Request{Policy: p, Key: key}
 	h := m.hash(&r)
-	s := &m.shards[h&m.mask]
+	s := &m.shards[m.shard(h)]
 	s.mu.Lock()
 	s.remove(h)
 	s.mu.Unlock()
