@@ -335,6 +335,15 @@ func (s *memShard) remove(h uint64) {
 	}
 }
 
+// removeOldest forgets the least recently used record, whose hash is h.
+// Requires s.mu.
+func (s *memShard) removeOldest(h uint64) {
+	s.lru.RemoveOldest()
+	if s.keys != nil {
+		delete(s.keys, h)
+	}
+}
+
 // makeRoom frees space for need new keys in s, whose batch already holds
 // own entries there (batch lists them; they are never removed). It drops
 // recovered keys, or evicts held ones (counted and recorded in ev), or,
@@ -353,7 +362,7 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 				s.exam = memEntry{}
 				return exp - now, ErrStoreFull
 			}
-			s.remove(k)
+			s.removeOldest(k)
 			continue
 		}
 		var (
@@ -376,7 +385,7 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 			s.exam = e
 			exp := s.exam.expiry()
 			if exp <= now {
-				s.remove(k)
+				s.removeOldest(k)
 				dropped = true
 				break
 			}
