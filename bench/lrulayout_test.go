@@ -18,7 +18,9 @@ import (
 // keeps it inline in a simplelru.LRU[uint64, state] keyed by the key's
 // maphash, read with Peek and written back with Add (which moves the key
 // to the front), as core.MemoryStore does now; "slab" keeps it inline in a
-// node of a per-shard slice indexed by a map[string]uint32.
+// node of a per-shard slice indexed by a map[string]uint32;
+// "golang-lru-hash-ptr" keys a simplelru.LRU[uint64, *state] by the hash
+// and writes the state in place, without moving the key.
 func BenchmarkLRULayout(b *testing.B) {
 	const n = 100_000
 	keys := make([]string, n)
@@ -87,6 +89,29 @@ func BenchmarkLRULayout(b *testing.B) {
 			if e, ok := s.l.Peek(h); ok {
 				e.a++
 				s.l.Add(h, e)
+			}
+			s.mu.Unlock()
+		})
+	})
+	b.Run("golang-lru-hash-ptr", func(b *testing.B) {
+		var shards [64]struct {
+			mu sync.Mutex
+			l  *simplelru.LRU[uint64, *state]
+			_  [48]byte
+		}
+		for i := range shards {
+			shards[i].l, _ = simplelru.NewLRU[uint64, *state](2*n/64, nil)
+		}
+		for _, k := range keys {
+			h := maphash.String(seed, k)
+			shards[h&63].l.Add(h, &state{})
+		}
+		run(b, func(k string) {
+			h := maphash.String(seed, k)
+			s := &shards[h&63]
+			s.mu.Lock()
+			if e, ok := s.l.Peek(h); ok {
+				e.a++
 			}
 			s.mu.Unlock()
 		})
