@@ -113,5 +113,5 @@ if [ "$MODE" != report ] && [ "${PROFILES:-1}" != 0 ]; then
 	fi
 fi
 
-go run ./cmd/chart -results "$OUT" -md ../BENCHMARKS.md -svg "$OUT/chart.svg"
-echo "wrote $OUT/raw-*.txt, $OUT/benchstat.txt, $OUT/profiles/, $OUT/chart.svg and ../BENCHMARKS.md"
+go run ./cmd/chart -results "$OUT" -md ../BENCHMARKS.md -svg "$OUT/chart.svg" -glance "$OUT/targets.svg"
+echo "wrote $OUT/raw-*.txt, $OUT/benchstat.txt, $OUT/profiles/, $OUT/chart.svg, $OUT/targets.svg and ../BENCHMARKS.md"

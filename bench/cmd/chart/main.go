@@ -1,6 +1,7 @@
 // Command chart turns the raw `go test -bench` output of the comparison
 // benchmarks into the tables of BENCHMARKS.md (the part between its
-// generated markers) and an SVG bar chart. It takes the median of every
+// generated markers), an SVG bar chart of every workload and an SVG chart
+// of the targets at a glance. It takes the median of every
 // metric over the runs, as benchstat does, and evaluates the performance
 // targets. It uses the standard library only.
 //
@@ -52,6 +53,7 @@ func main() {
 	dir := flag.String("results", "results", "directory holding raw-*.txt, meta.json and machine.txt")
 	mdPath := flag.String("md", "../BENCHMARKS.md", "markdown file whose generated section is replaced")
 	svgPath := flag.String("svg", "results/chart.svg", "SVG chart to write")
+	glancePath := flag.String("glance", "results/targets.svg", "SVG chart of the targets to write")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("chart: ")
@@ -82,6 +84,9 @@ func main() {
 		log.Fatal(err)
 	}
 	if err := os.WriteFile(*svgPath, []byte(chart(res)), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	if err := os.WriteFile(*glancePath, []byte(glance(res, m)), 0o644); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -310,7 +315,8 @@ func report(r results, m meta, machine string, runs int) string {
 	}
 
 	// Targets.
-	pf("### Targets\n\n| target | measured | verdict |\n|---|---|---|\n")
+	pf("### Targets\n\n![each target: our ratio, per-round median and range, against its bound](bench/results/targets.svg)\n\n")
+	pf("| target | measured | verdict |\n|---|---|---|\n")
 	for _, w := range memWorkloads {
 		ov, ok1 := r.get(w, ours, "ns/op")
 		bp, bv, ok2 := r.best(w, "ns/op", nil)
