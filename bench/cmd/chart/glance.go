@@ -146,7 +146,7 @@ func glance(r results, m meta) string {
 		case rw.higher:
 			rel = "≥"
 		}
-		pf(`<text x="%d" y="%d" fill="%s">%.2f× (target %s %.1f×)</text>`+"\n", labelW+plotW+10, y+4, color, rw.raw, rel, rw.bound)
+		pf(`<text x="%d" y="%d" fill="%s">%.2f× (target %s %.1f×)</text>`+"\n", labelW+plotW+10, y+4, color, rw.raw, html.EscapeString(rel), rw.bound)
 	}
 	for _, t := range []float64{0, 0.5, 1, 1.5, 2} {
 		pf(`<text x="%.1f" y="%d" text-anchor="middle" fill="#666666" font-size="10">%s</text>`+"\n", x(t), top+len(rows)*rowH+16, scaleLabel(t))
