@@ -72,6 +72,7 @@ if [ "$MODE" = all ]; then
 		bench middleware '^BenchmarkMiddleware(Parallel)?$' "$BENCHTIME"
 		bench redis '^BenchmarkRedis(Parallel64)?$' "$BENCHTIME"
 		bench heap '^BenchmarkHeapPerKey$' 1x
+		bench layout '^BenchmarkLRULayout$' "$BENCHTIME"
 	done
 
 	: >"$OUT/benchstat.txt"

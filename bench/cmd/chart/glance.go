@@ -165,3 +165,24 @@ func scaleLabel(t float64) string {
 	}
 	return fmt.Sprintf("%g× target", t)
 }
+
+// layoutTable is the table of BenchmarkLRULayout (the per-key structures
+// behind Keys100kParallel, without clock or algorithm), or "" when it was
+// not run.
+func layoutTable(r results) string {
+	ps := r.peers("LRULayout")
+	if len(ps) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n### Per-key layouts (BenchmarkLRULayout: 100,000 keys, 2 goroutines, 64 locked shards, no clock or algorithm)\n\n")
+	fmt.Fprintf(&b, "| layout | ns/op | per-round ratio to golang-lru-hash (the store's layout) |\n|---|---:|---|\n")
+	for _, p := range ps {
+		note := "–"
+		if p != "golang-lru-hash" {
+			note = r.pairedNote("LRULayout", p, "golang-lru-hash", "ns/op")
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", p, cell(r, "LRULayout", p, "ns/op"), note)
+	}
+	return b.String()
+}

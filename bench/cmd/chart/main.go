@@ -495,6 +495,7 @@ func report(r results, m meta, machine string, runs int) string {
 			bold(p, cell(r, "RedisParallel64", p, "ns/op")), bold(p, cell(r, "RedisParallel64", p, "decisions/s")),
 			cell(r, "RedisParallel64", p, "srv-us/op"), cell(r, "RedisParallel64", p, "B/op"), cell(r, "RedisParallel64", p, "allocs/op"))
 	}
+	pf("%s", layoutTable(r))
 	pf("\n![ns/op per workload and peer](bench/results/chart.svg)\n\n")
 	pf("%s\n", endMarker)
 	return b.String()
