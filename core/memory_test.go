@@ -511,3 +511,57 @@ func TestMemoryRefusedBatchEvictsNothing(t *testing.T) {
 		t.Fatalf("%d evictions for a refused batch, want 0", m.Evictions())
 	}
 }
+
+// budget is a custom algorithm for the memory store tests: Limit units that
+// never refill, the units used kept in register A.
+type budget struct{}
+
+func (budget) Name() string                           { return "budget" }
+func (budget) Validate(core.Rule) error               { return nil }
+func (budget) Capacity(r core.Rule) int64             { return r.Limit }
+func (budget) Expiry(*core.Policy, *core.State) int64 { return core.MaxTime }
+
+func (budget) Decide(p *core.Policy, s *core.State, cost, now int64, commit bool, d *core.Decision) {
+	*d = core.Decision{Limit: p.Capacity(), Policy: p, Remaining: p.Capacity() - s.A}
+	if s.A+cost > p.Capacity() {
+		d.RetryAfter = time.Hour
+		return
+	}
+	d.Allowed = true
+	d.Remaining -= cost
+	if commit {
+		s.A += cost
+	}
+}
+
+// TestMemoryCustomAlgorithm decides a custom algorithm through each
+// single-request path of the store: a new key, an existing one, a new key
+// refused by a full KeepActive store, and a record of a built-in policy
+// under the same Name read by the custom one (its units carry over).
+func TestMemoryCustomAlgorithm(t *testing.T) {
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 2, Shards: 1, KeepActive: true})
+	p := core.MustPolicy(core.Rule{Name: "trial", Algorithm: budget{}, Limit: 3, Window: time.Hour})
+	for i, want := range []int64{2, 1, 0} {
+		if d := take(t, m, t0, p, "a"); !d.Allowed || d.Remaining != want {
+			t.Fatalf("take %d: %+v, want allowed with %d remaining", i+1, d, want)
+		}
+	}
+	if d := take(t, m, t0, p, "a"); d.Allowed || d.Remaining != 0 || d.RetryAfter != time.Hour {
+		t.Fatalf("fourth take: %+v, want refused for an hour", d)
+	}
+	take(t, m, t0, p, "b")
+	var out [1]core.Decision
+	err := m.Take(context.Background(), t0, []core.Request{{Policy: p, Key: "c", Cost: 1}}, out[:])
+	if !errors.Is(err, core.ErrStoreFull) || out[0].Allowed || out[0].Remaining != 3 || out[0].Limit != 3 {
+		t.Fatalf("new key in a full store: %+v, %v; want refused, showing the whole quota of 3", out[0], err)
+	}
+	// A token bucket of 4 under the same Name, 2 used: the budget of 3
+	// starts with those 2 units charged.
+	m2 := core.MustMemoryStore(&core.MemoryConfig{Capacity: 4, Shards: 1})
+	tb := core.MustPolicy(core.Rule{Name: "trial", Limit: 4, Window: time.Hour})
+	take(t, m2, t0, tb, "a")
+	take(t, m2, t0, tb, "a")
+	if d := take(t, m2, t0, p, "a"); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("budget after 2 units of a token bucket: %+v, want allowed with 0 remaining", d)
+	}
+}
