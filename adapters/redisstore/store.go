@@ -193,6 +193,8 @@ type Store struct {
 	// betweenPhases, if set (by tests), runs between the check and the
 	// charge of a batch spanning several slots.
 	betweenPhases func()
+	// script is the take script (takeLua; tests run variants of it).
+	script *boxedScript
 }
 
 var _ core.Store = (*Store)(nil)
@@ -240,6 +242,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 		s.slack = int64(ClientTimeSlack / time.Millisecond)
 	}
 	s.slackArg = s.slack
+	s.script = takeLua
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
@@ -767,11 +770,11 @@ func (s *Store) call(ctx context.Context, mode string, nowArg any, reqs []core.R
 func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) (string, error) {
 	if s.ctxBound {
 		defer ab.release()
-		return eval(ctx, s.client, args)
+		return eval(ctx, s.client, s.script, args)
 	}
 	if _, ok := ctx.Deadline(); !ok && ctx.Done() == nil {
 		defer ab.release()
-		return eval(ctx, s.client, args)
+		return eval(ctx, s.client, s.script, args)
 	}
 	type result struct {
 		s   string
@@ -781,7 +784,7 @@ func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) (string, error
 	s.gate.hold() // within a running Take: the gate cannot have drained
 	go func() {
 		defer s.gate.leave()
-		r, err := eval(ctx, s.client, args)
+		r, err := eval(ctx, s.client, s.script, args)
 		ab.release() // only now: an abandoned call still reads args
 		ch <- result{r, err}
 	}()
