@@ -75,7 +75,7 @@ func newBoxedScript(source string) *boxedScript {
 // the client's MaxRetries. (go-redis still retries failures that happen
 // before the command is written, such as a failed dial, and follows
 // MOVED/ASK redirections, which mean the command did not run.)
-type noRetryCmd struct{ *redis.StringCmd }
+type noRetryCmd struct{ redis.Cmder }
 
 // NoRetry implements redis.Cmder.
 func (noRetryCmd) NoRetry() bool { return true }
@@ -83,20 +83,21 @@ func (noRetryCmd) NoRetry() bool { return true }
 // eval runs the script sc with EVALSHA and, if the server does not have it
 // (NOSCRIPT: after a restart, a failover or SCRIPT FLUSH; nothing ran),
 // with EVAL, which also caches it. It does what redis.Script.Run does,
-// without the client's retries of a command that may have run.
-func eval(ctx context.Context, c redis.UniversalClient, sc *boxedScript, args []any) (string, error) {
+// without the client's retries of a command that may have run. The reply
+// is the take script's array of integers.
+func eval(ctx context.Context, c redis.UniversalClient, sc *boxedScript, args []any) ([]int64, error) {
 	args[0], args[1] = evalshaArg, sc.hash
-	cmd := redis.NewStringCmd(ctx, args...)
+	cmd := redis.NewIntSliceCmd(ctx, args...)
 	_ = c.Process(ctx, noRetryCmd{cmd})
 	err := cmd.Err()
 	if err != nil && isNoScript(err) {
 		args[0], args[1] = evalArg, sc.source
-		cmd = redis.NewStringCmd(ctx, args...)
+		cmd = redis.NewIntSliceCmd(ctx, args...)
 		_ = c.Process(ctx, noRetryCmd{cmd})
 		err = cmd.Err()
 	}
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	return cmd.Val(), nil
 }

@@ -2,11 +2,17 @@
 -- bucket, a leaky bucket or a fixed window, without the batch machinery of
 -- main.lua, the algorithm modules and the helpers after this file: the
 -- arithmetic of gcra.lua and fixed_window.lua (decide, then commit) on
--- plain numbers, with no tables or closures made (helpers.lua, gcra.lua and
--- fixed_window.lua name the steps). Anything else (a batch, a check, a
--- refund, a request over capacity, another algorithm, a record written
--- under another policy, a bad argument) falls through, untouched, to the
--- rest of the script.
+-- plain numbers, with no closures made and one table, the reply
+-- (helpers.lua, gcra.lua and fixed_window.lua name the steps). Anything
+-- else (a batch, a check, a refund, a request over capacity, another
+-- algorithm, a record written under another policy, a bad argument) falls
+-- through, untouched, to the rest of the script.
+--
+-- Every call of the script runs it from the top: what is set up before
+-- this point is paid by every decision, so only the locals and the two
+-- arithmetic closures of prelude.lua are. The check of I64 (helpers.lua)
+-- is made only for a value that needs it (one beyond 2^31 in magnitude,
+-- where a 32-bit C long would not hold it).
 
 if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
   -- policyargs, for a token or leaky bucket or a fixed window (our own
@@ -63,11 +69,17 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
       if nB > 0 then
         local ms, rm = divmod(e, 1000)
         if rm > 0 then ms = ms + 1 end
-        redis.call('SET', key, sformat(I64 and 'f:%d:%d;%s' or 'f:%.0f:%.0f;%s', idx, nB, tag), 'PX', fmt(ms + slack))
+        ms = ms + slack
+        local fv, fx = 'f:%d:%d;%s', '%d'
+        if (idx >= 2147483648 or idx < -2147483648 or nB >= 2147483648 or ms >= 2147483648)
+            and sformat('%d', P53) ~= '9007199254740992' then
+          fv, fx = 'f:%.0f:%.0f;%s', '%.0f'
+        end
+        redis.call('SET', key, sformat(fv, idx, nB, tag), 'PX', sformat(fx, ms))
       end
       local reset = 0
       if count > 0 then reset = e end
-      return sformat(I64 and '%d %d %d %d %d 0 %d' or '%.0f %d %.0f %.0f %.0f 0 %.0f', now, allowed, cap - count, reset, retry, idx)
+      return { now, allowed, cap - count, reset, retry, 0, idx }
     end
     -- gcra.decide, with lesseq and ceildiff written out
     local bq, br, clamped = now, 0, false
@@ -121,9 +133,15 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
       else
         local ms, r = divmod(life, 1000)
         if r > 0 then ms = ms + 1 end
-        redis.call('SET', key, sformat(I64 and 'g:%d:%d;%s' or 'g:%.0f:%.0f;%s', nq, nr, tag), 'PX', fmt(ms + slack))
+        ms = ms + slack
+        local gv, gx = 'g:%d:%d;%s', '%d'
+        if (nq >= 2147483648 or nq < -2147483648 or nr >= 2147483648 or ms >= 2147483648)
+            and sformat('%d', P53) ~= '9007199254740992' then
+          gv, gx = 'g:%.0f:%.0f;%s', '%.0f'
+        end
+        redis.call('SET', key, sformat(gv, nq, nr, tag), 'PX', sformat(gx, ms))
       end
     end
-    return sformat(I64 and '%d %d %d %d %d %d 0' or '%.0f %d %.0f %.0f %.0f %.0f 0', now, allowed, rem, reset, retry, delay)
+    return { now, allowed, rem, reset, retry, delay, 0 }
   end
 end
