@@ -75,10 +75,18 @@ func newBoxedScript(source string) *boxedScript {
 // the client's MaxRetries. (go-redis still retries failures that happen
 // before the command is written, such as a failed dial, and follows
 // MOVED/ASK redirections, which mean the command did not run.)
-type noRetryCmd struct{ redis.Cmder }
+// Each wraps the command's pointer alone, so it converts to redis.Cmder
+// without an allocation.
+type noRetryCmd struct{ *redis.StringCmd }
 
 // NoRetry implements redis.Cmder.
 func (noRetryCmd) NoRetry() bool { return true }
+
+// noRetryInts is noRetryCmd for a command replying with integers.
+type noRetryInts struct{ *redis.IntSliceCmd }
+
+// NoRetry implements redis.Cmder.
+func (noRetryInts) NoRetry() bool { return true }
 
 // eval runs the script sc with EVALSHA and, if the server does not have it
 // (NOSCRIPT: after a restart, a failover or SCRIPT FLUSH; nothing ran),
@@ -88,12 +96,12 @@ func (noRetryCmd) NoRetry() bool { return true }
 func eval(ctx context.Context, c redis.UniversalClient, sc *boxedScript, args []any) ([]int64, error) {
 	args[0], args[1] = evalshaArg, sc.hash
 	cmd := redis.NewIntSliceCmd(ctx, args...)
-	_ = c.Process(ctx, noRetryCmd{cmd})
+	_ = c.Process(ctx, noRetryInts{cmd})
 	err := cmd.Err()
 	if err != nil && isNoScript(err) {
 		args[0], args[1] = evalArg, sc.source
 		cmd = redis.NewIntSliceCmd(ctx, args...)
-		_ = c.Process(ctx, noRetryCmd{cmd})
+		_ = c.Process(ctx, noRetryInts{cmd})
 		err = cmd.Err()
 	}
 	if err != nil {
