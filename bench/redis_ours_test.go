@@ -9,30 +9,38 @@ import (
 )
 
 // ourRedisPeers returns the rows of our Redis store (adapters/redisstore)
-// with the token bucket, behind core.Limiter.Allow, with the store's
-// defaults (server time, 50 ms timeout, circuit breaker): "ratelimit" on
-// the shared client, configured as the package documentation shows
-// (ContextTimeoutEnabled), and "ratelimit-noctxtimeout" on a client left
-// at go-redis's default, where the store runs each call in a goroutine of
-// its own to bound it by its timeout.
+// behind core.Limiter.Allow, with the store's defaults (server time, 50 ms
+// timeout, circuit breaker): "ratelimit" (token bucket) and
+// "ratelimit-fixedwindow" (fixed window, the same quota) on the shared
+// client, configured as the package documentation shows
+// (ContextTimeoutEnabled), and "ratelimit-noctxtimeout" (token bucket) on
+// a client left at go-redis's default, where the store runs each call in
+// a goroutine of its own to bound it by its timeout (measured sequentially
+// only).
 func ourRedisPeers() []redisPeer {
-	newStore := func(b *testing.B, c *redis.Client) limiter {
+	newStore := func(b *testing.B, c *redis.Client, alg core.Algorithm) limiter {
 		s, err := redisstore.New(c, &redisstore.Config{Prefix: "bench:"})
 		if err != nil {
 			b.Fatal(err)
 		}
-		l, err := core.New(core.Rule{Name: "bench", Limit: quotaLimit, Window: quotaWindow}, core.WithStore(s))
+		l, err := core.New(core.Rule{Name: "bench", Algorithm: alg, Limit: quotaLimit, Window: quotaWindow}, core.WithStore(s))
 		if err != nil {
 			b.Fatal(err)
 		}
 		return &coreLimiter{l: l}
 	}
+	tokenBucket := func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.TokenBucket) }
 	return []redisPeer{
-		{name: "ratelimit", new: newStore},
+		{name: "ratelimit", new: tokenBucket},
 		{
-			name: "ratelimit-noctxtimeout",
-			opts: func(o *redis.Options) { o.ContextTimeoutEnabled = false },
-			new:  newStore,
+			name: "ratelimit-fixedwindow",
+			new:  func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.FixedWindow) },
+		},
+		{
+			name:           "ratelimit-noctxtimeout",
+			opts:           func(o *redis.Options) { o.ContextTimeoutEnabled = false },
+			new:            tokenBucket,
+			sequentialOnly: true,
 		},
 	}
 }

@@ -70,7 +70,7 @@ if [ "$MODE" = all ]; then
 		echo "== round $i of $COUNT"
 		bench inmemory '^Benchmark(HotKey|HotKeyParallel|Keys100kParallel|NewKey)$' "$BENCHTIME"
 		bench middleware '^BenchmarkMiddleware(Parallel)?$' "$BENCHTIME"
-		bench redis '^BenchmarkRedis(Parallel64)?$' "$BENCHTIME"
+		bench redis '^BenchmarkRedis(HotKeyParallel64|Keys100kParallel64)?$' "$BENCHTIME"
 		bench heap '^BenchmarkHeapPerKey$' 1x
 		bench layout '^BenchmarkLRULayout$' "$BENCHTIME"
 	done
@@ -107,8 +107,10 @@ if [ "$MODE" != report ] && [ "${PROFILES:-1}" != 0 ]; then
 	prof middleware-sethvargo-cpu 'Middleware$/^sethvargo$' 2s cpu
 	if command -v redis-server >/dev/null; then
 		prof redis-cpu 'Redis$/^ratelimit$' 2s cpu
-		prof redis64-cpu 'RedisParallel64$/^ratelimit$' 2s cpu
-		prof redis64-redis_rate-cpu 'RedisParallel64$/^redis_rate$' 2s cpu
+		prof redis64-cpu 'RedisKeys100kParallel64$/^ratelimit$' 2s cpu
+		prof redis64-redis_rate-cpu 'RedisKeys100kParallel64$/^redis_rate$' 2s cpu
+		prof redis64-fixedwindow-cpu 'RedisKeys100kParallel64$/^ratelimit-fixedwindow$' 2s cpu
+		prof redis64-ulule-cpu 'RedisKeys100kParallel64$/^ulule$' 2s cpu
 		prof redis-alloc 'Redis$/^ratelimit$' 2s mem -sample_index=alloc_objects
 		prof redis-redis_rate-alloc 'Redis$/^redis_rate$' 2s mem -sample_index=alloc_objects
 	fi

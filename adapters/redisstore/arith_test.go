@@ -25,7 +25,7 @@ func TestLuaMulDiv(t *testing.T) {
 local out = {}
 for i = 1, #ARGV, 4 do
   local q, r = muldiv(tonumber(ARGV[i]), tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3]))
-  out[#out + 1] = fmt(q) .. ' ' .. fmt(r)
+  out[#out + 1] = sformat('%.0f %.0f', q, r)
 end
 return table.concat(out, ',')
 `

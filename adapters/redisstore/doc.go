@@ -54,7 +54,8 @@
 // among them), which wraps core.ErrTimeOutOfRange. Rational quantities
 // never cross the Lua boundary: rule parameters go in as MessagePack
 // integers (decoded by Redis's built-in cmsgpack), times as decimal integer
-// strings, and the reply is one string of decimal integers.
+// strings, and the reply is an array of integers (each below 2^53, so
+// exact as a Lua number).
 //
 // # Time
 //

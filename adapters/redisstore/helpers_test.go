@@ -64,6 +64,9 @@ func newStore(t testing.TB, client redis.UniversalClient, cfg *Config) *Store {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if testTakeScript != nil {
+		s.script = testTakeScript
+	}
 	return s
 }
 

@@ -14,8 +14,9 @@ import (
 // exact integer helpers and the batch logic of main.lua, so one call can
 // decide a batch that mixes algorithms. fast.lua, between the exact
 // arithmetic of prelude.lua and the other helpers (helpers.lua), decides
-// the usual call (one request taken under a token or leaky bucket) with
-// the same arithmetic and returns before the rest is set up.
+// the usual call (one request taken under a token bucket, a leaky bucket
+// or a fixed window) with the same arithmetic and returns before the rest
+// is set up.
 //
 //go:embed lua/*.lua
 var luaFiles embed.FS
@@ -54,10 +55,19 @@ var (
 	// takeScript gives the script's SHA1 and its source: it is run with
 	// EVALSHA, and with EVAL when the server answers NOSCRIPT.
 	takeScript = redis.NewScript(scriptSource)
+	takeLua    = newBoxedScript(scriptSource)
 
-	// The first two arguments of the script's calls, boxed once.
-	evalshaArg, hashArg, evalArg, sourceArg any = "evalsha", takeScript.Hash(), "eval", scriptSource
+	// The command names of the script's calls, boxed once.
+	evalshaArg, evalArg any = "evalsha", "eval"
 )
+
+// boxedScript is a script's SHA1 and source, boxed once as EVALSHA's and
+// EVAL's second argument.
+type boxedScript struct{ hash, source any }
+
+func newBoxedScript(source string) *boxedScript {
+	return &boxedScript{hash: redis.NewScript(source).Hash(), source: source}
+}
 
 // noRetryCmd is a script call go-redis must not send twice: once its bytes
 // may have reached the server, the script may have run and charged, so a
@@ -65,28 +75,37 @@ var (
 // the client's MaxRetries. (go-redis still retries failures that happen
 // before the command is written, such as a failed dial, and follows
 // MOVED/ASK redirections, which mean the command did not run.)
+// Each wraps the command's pointer alone, so it converts to redis.Cmder
+// without an allocation.
 type noRetryCmd struct{ *redis.StringCmd }
 
 // NoRetry implements redis.Cmder.
 func (noRetryCmd) NoRetry() bool { return true }
 
-// eval runs the script with EVALSHA and, if the server does not have it
+// noRetryInts is noRetryCmd for a command replying with integers.
+type noRetryInts struct{ *redis.IntSliceCmd }
+
+// NoRetry implements redis.Cmder.
+func (noRetryInts) NoRetry() bool { return true }
+
+// eval runs the script sc with EVALSHA and, if the server does not have it
 // (NOSCRIPT: after a restart, a failover or SCRIPT FLUSH; nothing ran),
 // with EVAL, which also caches it. It does what redis.Script.Run does,
-// without the client's retries of a command that may have run.
-func eval(ctx context.Context, c redis.UniversalClient, args []any) (string, error) {
-	args[0], args[1] = evalshaArg, hashArg
-	cmd := redis.NewStringCmd(ctx, args...)
-	_ = c.Process(ctx, noRetryCmd{cmd})
+// without the client's retries of a command that may have run. The reply
+// is the take script's array of integers.
+func eval(ctx context.Context, c redis.UniversalClient, sc *boxedScript, args []any) ([]int64, error) {
+	args[0], args[1] = evalshaArg, sc.hash
+	cmd := redis.NewIntSliceCmd(ctx, args...)
+	_ = c.Process(ctx, noRetryInts{cmd})
 	err := cmd.Err()
 	if err != nil && isNoScript(err) {
-		args[0], args[1] = evalArg, sourceArg
-		cmd = redis.NewStringCmd(ctx, args...)
-		_ = c.Process(ctx, noRetryCmd{cmd})
+		args[0], args[1] = evalArg, sc.source
+		cmd = redis.NewIntSliceCmd(ctx, args...)
+		_ = c.Process(ctx, noRetryInts{cmd})
 		err = cmd.Err()
 	}
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	return cmd.Val(), nil
 }

@@ -193,6 +193,8 @@ type Store struct {
 	// betweenPhases, if set (by tests), runs between the check and the
 	// charge of a batch spanning several slots.
 	betweenPhases func()
+	// script is the take script (takeLua; tests run variants of it).
+	script *boxedScript
 }
 
 var _ core.Store = (*Store)(nil)
@@ -240,6 +242,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 		s.slack = int64(ClientTimeSlack / time.Millisecond)
 	}
 	s.slackArg = s.slack
+	s.script = takeLua
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
@@ -764,32 +767,32 @@ func (s *Store) call(ctx context.Context, mode string, nowArg any, reqs []core.R
 // deadline passes, and ends on the client's own read timeout.
 //
 // It releases ab, which holds args, once the call is over.
-func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) (string, error) {
+func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) ([]int64, error) {
 	if s.ctxBound {
 		defer ab.release()
-		return eval(ctx, s.client, args)
+		return eval(ctx, s.client, s.script, args)
 	}
 	if _, ok := ctx.Deadline(); !ok && ctx.Done() == nil {
 		defer ab.release()
-		return eval(ctx, s.client, args)
+		return eval(ctx, s.client, s.script, args)
 	}
 	type result struct {
-		s   string
+		v   []int64
 		err error
 	}
 	ch := make(chan result, 1)
 	s.gate.hold() // within a running Take: the gate cannot have drained
 	go func() {
 		defer s.gate.leave()
-		r, err := eval(ctx, s.client, args)
+		r, err := eval(ctx, s.client, s.script, args)
 		ab.release() // only now: an abandoned call still reads args
 		ch <- result{r, err}
 	}()
 	select {
 	case r := <-ch:
-		return r.s, r.err
+		return r.v, r.err
 	case <-ctx.Done():
-		return "", ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
@@ -833,28 +836,26 @@ func (s *Store) Close() error {
 }
 
 // parseReply reads the script's reply: now, then six integers per request.
-func parseReply(reply string, reqs []core.Request, idx []int, extras []int64, out []core.Decision) (bool, error) {
-	p := replyParser{s: reply}
-	p.next() // the time decided at
+func parseReply(reply []int64, reqs []core.Request, idx []int, extras []int64, out []core.Decision) (bool, error) {
+	if len(reply) != 1+6*len(idx) {
+		return false, fmt.Errorf("unexpected script reply %v", reply)
+	}
 	all := true
-	for _, i := range idx {
+	for j, i := range idx {
+		v := reply[1+6*j : 7+6*j]
 		pol := reqs[i].Policy
-		allowed := p.next()
 		d := core.Decision{
-			Allowed:    allowed == 1,
+			Allowed:    v[0] == 1,
 			Limit:      pol.Capacity(),
-			Remaining:  p.next(),
-			ResetAfter: micros(p.next()),
-			RetryAfter: micros(p.next()),
-			Delay:      micros(p.next()),
+			Remaining:  v[1],
+			ResetAfter: micros(v[2]),
+			RetryAfter: micros(v[3]),
+			Delay:      micros(v[4]),
 			Policy:     pol,
 		}
-		extras[i] = p.next()
+		extras[i] = v[5]
 		out[i] = d
 		all = all && d.Allowed
-	}
-	if p.err || p.pos != len(p.s) {
-		return false, fmt.Errorf("unexpected script reply %q", reply)
 	}
 	return all, nil
 }

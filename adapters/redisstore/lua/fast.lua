@@ -1,26 +1,34 @@
--- fast.lua: the usual decision, one request taken alone under a token or
--- leaky bucket, without the batch machinery of main.lua, the algorithm
--- modules and the helpers after this file: the arithmetic of gcra.lua
--- (decide, then commit) on plain numbers, with no tables or closures made
--- (helpers.lua and gcra.lua name the steps). Anything else (a batch, a
--- check, a refund, a request over capacity, another algorithm, a record
--- written under another policy, a bad argument) falls through, untouched,
--- to the rest of the script.
+-- fast.lua: the usual decision, one request taken alone under a token
+-- bucket, a leaky bucket or a fixed window, without the batch machinery of
+-- main.lua, the algorithm modules and the helpers after this file: the
+-- arithmetic of gcra.lua and fixed_window.lua (decide, then commit) on
+-- plain numbers, with no closures made and one table, the reply
+-- (helpers.lua, gcra.lua and fixed_window.lua name the steps). Anything
+-- else (a batch, a check, a refund, a request over capacity, another
+-- algorithm, a record written under another policy, a bad argument) falls
+-- through, untouched, to the rest of the script.
+--
+-- Every call of the script runs it from the top: what is set up before
+-- this point is paid by every decision, so only the locals and the two
+-- arithmetic closures of prelude.lua are. The check of I64 (helpers.lua)
+-- is made only for a value that needs it (one beyond 2^31 in magnitude,
+-- where a 32-bit C long would not hold it).
 
 if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
-  -- policyargs, for a token or leaky bucket (our own argument: a value of
-  -- another type could only make the arithmetic below fail, not mislead)
+  -- policyargs, for a token or leaky bucket or a fixed window (our own
+  -- argument: a value of another type could only make the arithmetic
+  -- below fail, not mislead)
   local ok, alg, tag, W, L, cap, md, tauQ, tauR = pcall(cmsgpack.unpack, ARGV[5])
   local key = KEYS[1]
-  -- gcra.load: a missing key, or a record of this policy (or of the
-  -- previous version, untagged)
+  -- load: a missing key, or a record of this policy (or of the previous
+  -- version, untagged) in the algorithm's shape
   local A, B, fresh, mine = 0, 0, true, false
-  if ok and alg == 'g' and type(tag) == 'string' and type(tauR) == 'number' then
+  if ok and (alg == 'g' or alg == 'f') and type(tag) == 'string' and type(tauR) == 'number' then
     local v = redis.pcall('GET', key)
     if v == false then
       mine = true
     elseif type(v) == 'string' then
-      local a, b, rest = smatch(v, '^g:(%-?%d+):(%d+)(.*)$')
+      local a, b, rest = smatch(v, alg == 'g' and '^g:(%-?%d+):(%d+)(.*)$' or '^f:(%-?%d+):(%d+)(.*)$')
       if a ~= nil and (rest == '' or rest == ';' .. tag) then
         A, B, fresh, mine = tonumber(a), tonumber(b), false, true
       end
@@ -35,6 +43,43 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
       now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     else
       now = tonumber(ARGV[2])
+    end
+    if alg == 'f' then
+      -- fixed.decide: the window's index is floor(now / W); a window in
+      -- the future (the clock stepped back) counts as the current one
+      local r = fmod(now, W)
+      if r < 0 then r = r + W end
+      local idx = (now - r) / W
+      local count, clamped = 0, false
+      if B > 0 and idx <= A then
+        count, clamped = B, idx < A
+      end
+      local e = (idx + 1) * W - now
+      local allowed, retry, nB = 0, 0, 0
+      if count + cost <= cap then
+        allowed, count = 1, count + cost
+        if cost > 0 then nB = count end
+      else
+        retry = e
+        -- fixed.saveclamped: the stepped-back window's count, moved to
+        -- the current one, so the bound holds
+        if clamped then nB = B end
+      end
+      -- fixed.commit / fixed_store (with keep): e > 0 always
+      if nB > 0 then
+        local ms, rm = divmod(e, 1000)
+        if rm > 0 then ms = ms + 1 end
+        ms = ms + slack
+        local fv, fx = 'f:%d:%d;%s', '%d'
+        if (idx >= 2147483648 or idx < -2147483648 or nB >= 2147483648 or ms >= 2147483648)
+            and sformat('%d', P53) ~= '9007199254740992' then
+          fv, fx = 'f:%.0f:%.0f;%s', '%.0f'
+        end
+        redis.call('SET', key, sformat(fv, idx, nB, tag), 'PX', sformat(fx, ms))
+      end
+      local reset = 0
+      if count > 0 then reset = e end
+      return { now, allowed, cap - count, reset, retry, 0, idx }
     end
     -- gcra.decide, with lesseq and ceildiff written out
     local bq, br, clamped = now, 0, false
@@ -88,9 +133,15 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
       else
         local ms, r = divmod(life, 1000)
         if r > 0 then ms = ms + 1 end
-        redis.call('SET', key, sformat(I64 and 'g:%d:%d;%s' or 'g:%.0f:%.0f;%s', nq, nr, tag), 'PX', fmt(ms + slack))
+        ms = ms + slack
+        local gv, gx = 'g:%d:%d;%s', '%d'
+        if (nq >= 2147483648 or nq < -2147483648 or nr >= 2147483648 or ms >= 2147483648)
+            and sformat('%d', P53) ~= '9007199254740992' then
+          gv, gx = 'g:%.0f:%.0f;%s', '%.0f'
+        end
+        redis.call('SET', key, sformat(gv, nq, nr, tag), 'PX', sformat(gx, ms))
       end
     end
-    return sformat(I64 and '%d %d %d %d %d %d 0' or '%.0f %d %.0f %.0f %.0f %.0f 0', now, allowed, rem, reset, retry, delay)
+    return { now, allowed, rem, reset, retry, delay, 0 }
   end
 end

@@ -21,9 +21,11 @@
 -- is read under the requesting policy if it has the same algorithm's
 -- state, and as fresh otherwise.
 --
--- The reply is one string of integers separated by spaces: now, then per
--- request allowed (0/1), remaining, resetAfter, retryAfter, delay (in
--- microseconds) and extra (the charge's window index or instant, for 'R').
+-- The reply is an array of integers (Redis converts Lua numbers to
+-- integers, exact below 2^53, without the cost of formatting them): now,
+-- then per request allowed (0/1), remaining, resetAfter, retryAfter, delay
+-- (in microseconds) and extra (the charge's window index or instant, for
+-- 'R').
 
 local mode = ARGV[1]
 local over, slack = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -58,20 +60,21 @@ if n == 1 and mode == 'T' and over == 0 then
   elseif d.clamped then
     r.alg.saveclamped(r.key, r.st, r.P, now, d, slack)
   end
-  return sformat(I64 and '%d %d %d %d %d %d %d' or '%.0f %d %.0f %.0f %.0f %.0f %.0f', now, a, d.rem, d.reset, d.retry, d.delay, d.extra)
+  return { now, a, d.rem, d.reset, d.retry, d.delay, d.extra }
 end
 
 local out = {}
 
 local function reply()
-  local parts = { fmt(now) }
+  local r = { now }
   for i = 1, n do
     local d = out[i]
     local a = 0
     if d.allowed then a = 1 end
-    parts[i + 1] = sformat(I64 and '%d %d %d %d %d %d' or '%d %.0f %.0f %.0f %.0f %.0f', a, d.rem, d.reset, d.retry, d.delay, d.extra)
+    local b = 6 * (i - 1) + 1
+    r[b + 1], r[b + 2], r[b + 3], r[b + 4], r[b + 5], r[b + 6] = a, d.rem, d.reset, d.retry, d.delay, d.extra
   end
-  return table.concat(parts, ' ')
+  return r
 end
 
 if mode == 'R' then

@@ -5,24 +5,12 @@
 -- Every value here is an integer: times and durations in microseconds,
 -- counts in units. Values cross the Lua boundary as decimal strings,
 -- formatted with fmt (tostring and '..' would use %.14g and lose digits),
--- except the policy, which comes as MessagePack integers (policyargs).
+-- except the policy, which comes as MessagePack integers (policyargs), and
+-- the take script's reply, an array of integers.
 
 local P53 = 9007199254740992
 local floor, fmod, frexp = math.floor, math.fmod, math.frexp
 local sformat, smatch = string.format, string.match
-
--- Lua 5.1's '%d' converts through a C long: exact for every integer below
--- 2^53 where long has 64 bits (it has on every 64-bit Unix), and several
--- times cheaper than '%.0f'. I64 says whether it is here; every format
--- picks '%d' only then.
-local I64 = sformat('%d', P53) == '9007199254740992'
-
-local function fmt(x)
-  if I64 then
-    return sformat('%d', x)
-  end
-  return sformat('%.0f', x)
-end
 
 -- divmod returns floor(n / d) and n mod d for 0 <= n < 2^53 and
 -- 0 < d < 2^53, exactly: fmod is exact, and so is the division of the

@@ -1,0 +1,208 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+	"github.com/limitry/ratelimit/core/storetest"
+	"github.com/limitry/ratelimit/internal/redistest"
+)
+
+// scriptVariant composes the take script from parts, plus tail.
+func scriptVariant(parts []string, tail string) *boxedScript {
+	src := composeScript(parts) + tail
+	return newBoxedScript(src)
+}
+
+func without(parts []string, name string) []string {
+	var out []string
+	for _, p := range parts {
+		if p != name {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+var (
+	// fullPathScript is the take script without fast.lua: every request
+	// goes through main.lua and the algorithm modules.
+	fullPathScript = scriptVariant(without(luaParts, "lua/fast.lua"), "")
+	// fastOnlyScript is the take script up to the end of fast.lua: what
+	// the fast path does not decide is answered with an error.
+	fastOnlyScript = scriptVariant([]string{"lua/prelude.lua", "lua/fast.lua"}, "return redis.error_reply('ERR fell through')\n")
+)
+
+// testTakeScript, if set, is the take script of the stores newStore makes.
+var testTakeScript *boxedScript
+
+// TestFullPath runs the differential, identity and clock tests with every
+// request decided by main.lua's batch path (no fast path): the reference
+// TestFastPathMatchesFullPath compares the fast path against.
+func TestFullPath(t *testing.T) {
+	testTakeScript = fullPathScript
+	defer func() { testTakeScript = nil }()
+	t.Run("Differential", TestDifferential)
+	t.Run("IdentityCarryOver", TestIdentityCarryOver)
+	t.Run("IdentityNeverCredits", TestIdentityNeverCredits)
+	t.Run("IdentityTwoStores", TestIdentityTwoStores)
+	t.Run("IdentityUpgrade", TestIdentityUpgrade)
+	t.Run("ClockBack", TestClockBack)
+	t.Run("NeverSeenKeyWhole", TestNeverSeenKeyWhole)
+	t.Run("ExpiryExact", TestExpiryExact)
+}
+
+// TestFastPathMatchesFullPath replays a random trace of single requests
+// (token and leaky buckets and fixed windows, several policies sharing a
+// name so records change policy, clocks stepping back, records of the
+// previous version and foreign values) against two stores on one server:
+// one deciding on the fast path alone (falling back to the full script,
+// as the take script does, only when the fast path declines), the other
+// on the full path alone. Decisions and the records written must be
+// equal, and the fast path must have decided most requests of each
+// algorithm, refusals and stepped-back clocks included, while declining
+// every record of another policy.
+func TestFastPathMatchesFullPath(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	ctx := context.Background()
+	fast := newStore(t, client, &Config{ClientTime: true})
+	full := newStore(t, client, &Config{ClientTime: true})
+	fast.script, full.script = fastOnlyScript, fullPathScript
+
+	day := 24 * time.Hour
+	rules := []core.Rule{
+		{Name: "a", Algorithm: core.TokenBucket, Limit: 5, Window: 10 * time.Second},
+		{Name: "a", Algorithm: core.FixedWindow, Limit: 5, Window: 10 * time.Second},
+		{Name: "a", Algorithm: core.FixedWindow, Limit: 7, Window: 3001 * time.Millisecond},
+		{Name: "a", Algorithm: core.LeakyBucket, Limit: 5, Window: 3 * time.Second, Burst: 2, MaxDelay: 1700 * time.Millisecond},
+		{Name: "a", Algorithm: core.SlidingWindowCounter, Limit: 4, Window: 10 * time.Second},
+		{Name: "fw", Algorithm: core.FixedWindow, Limit: 4, Window: 2333 * time.Millisecond},
+		{Name: "fw-huge", Algorithm: core.FixedWindow, Limit: 1 << 50, Window: core.MaxWindow},
+		{Name: "fw-day", Algorithm: core.FixedWindow, Limit: 1_000_000, Window: day},
+		{Name: "lb", Algorithm: core.LeakyBucket, Limit: 3, Window: time.Second},
+		{Name: "lb-shape", Algorithm: core.LeakyBucket, Limit: 5, Window: 3 * time.Second, Burst: 2, MaxDelay: 1700 * time.Millisecond},
+		{Name: "tb", Algorithm: core.TokenBucket, Limit: 3, Window: 7 * time.Second},
+		{Name: "tb-huge", Algorithm: core.TokenBucket, Limit: 1 << 50, Window: core.MaxWindow},
+		{Name: "tb-wide", Algorithm: core.TokenBucket, Limit: 1_000_000, Window: day},
+	}
+	var policies []*core.Policy
+	for _, r := range rules {
+		policies = append(policies, mustPolicy(t, r))
+	}
+	keys := []string{"k1", "k2", "{k3}"}
+	keyOf := func(s *Store, p *core.Policy, k string) string {
+		return redisKey(s.prefix, p.Name(), tagOf(s, p.Name(), k), &core.Request{Key: k})
+	}
+	// record returns what key holds, in a comparable form.
+	record := func(key string) string {
+		switch typ := client.Type(ctx, key).Val(); typ {
+		case "none":
+			return "none"
+		case "string":
+			if client.PTTL(ctx, key).Val() <= 0 {
+				return "string without expiry: " + client.Get(ctx, key).Val()
+			}
+			return client.Get(ctx, key).Val()
+		default:
+			return typ
+		}
+	}
+
+	rng := rand.New(rand.NewPCG(7, 13))
+	at, maxAt := storetest.T0, storetest.T0
+	decided := map[string]int{}  // by the fast path, per algorithm
+	declined := map[string]int{} // by the fast path, per algorithm
+	var fastRefused, fastBack, fastForeign int
+	for step := range 4000 {
+		switch x := rng.IntN(100); {
+		case x < 45:
+		case x < 75:
+			at = at.Add(time.Duration(rng.IntN(1500)) * time.Millisecond)
+		case x < 85:
+			at = at.Add(time.Duration(rng.IntN(60_000)) * time.Millisecond)
+		case x < 88:
+			at = at.Add(time.Duration(rng.Int64N(int64(3 * day))))
+		case x < 97:
+			at = at.Add(-time.Duration(rng.IntN(25_000)) * time.Millisecond)
+		default:
+			at = at.Add(-time.Duration(rng.Int64N(int64(2 * day))))
+		}
+		back := at.Before(maxAt)
+		if at.After(maxAt) {
+			maxAt = at
+		}
+		p := policies[rng.IntN(len(policies))]
+		k := keys[rng.IntN(len(keys))]
+		// Now and then, the same record of the previous version (no
+		// tag), or a foreign value, under both stores.
+		foreign := false
+		if x := rng.IntN(100); x < 3 {
+			var v string
+			us := at.UnixMicro()
+			switch x {
+			case 0:
+				w := p.Window().Microseconds()
+				v = fmt.Sprintf("f:%d:%d", us/w-int64(rng.IntN(2)), rng.IntN(6))
+			case 1:
+				v = fmt.Sprintf("g:%d:0", us+int64(rng.IntN(5_000_000)))
+			default:
+				v, foreign = "not a record", true
+			}
+			for _, s := range []*Store{fast, full} {
+				client.Set(ctx, keyOf(s, p, k), v, time.Hour)
+			}
+		}
+		cost := randomCost(rng, p.Capacity())
+		req := []core.Request{{Policy: p, Key: k, Cost: cost}}
+		var got, want [1]core.Decision
+		alg := p.Algorithm().Name()
+		gerr := fast.Take(ctx, at, req, got[:])
+		if gerr != nil && strings.Contains(gerr.Error(), "fell through") {
+			declined[alg]++
+			fast.script = takeLua
+			gerr = fast.Take(ctx, at, req, got[:])
+			fast.script = fastOnlyScript
+		} else if gerr == nil {
+			decided[alg]++
+			if !got[0].Allowed {
+				fastRefused++
+			}
+			if back {
+				fastBack++
+			}
+			if foreign {
+				fastForeign++
+			}
+		}
+		werr := full.Take(ctx, at, req, want[:])
+		if (gerr == nil) != (werr == nil) {
+			t.Fatalf("step %d: fast path err %v, full path err %v", step, gerr, werr)
+		}
+		if got != want {
+			t.Fatalf("step %d at T0%+v (%s key %q cost %d):\nfast %+v\nfull %+v", step, at.Sub(storetest.T0), p, k, cost, got[0], want[0])
+		}
+		if g, w := record(keyOf(fast, p, k)), record(keyOf(full, p, k)); g != w {
+			t.Fatalf("step %d at T0%+v (%s key %q cost %d): fast path wrote %q, full path %q", step, at.Sub(storetest.T0), p, k, cost, g, w)
+		}
+	}
+	t.Logf("decided by the fast path: %v (%d refused, %d with the clock stepped back); declined: %v", decided, fastRefused, fastBack, declined)
+	for _, a := range []core.Algorithm{core.TokenBucket, core.LeakyBucket, core.FixedWindow} {
+		if decided[a.Name()] < declined[a.Name()] || decided[a.Name()] < 100 {
+			t.Errorf("the fast path decided %d %s requests and declined %d", decided[a.Name()], a.Name(), declined[a.Name()])
+		}
+		if declined[a.Name()] == 0 {
+			t.Errorf("the fast path never declined a %s request (records of another policy)", a.Name())
+		}
+	}
+	if decided[core.SlidingWindowCounter.Name()] != 0 {
+		t.Errorf("the fast path decided %d sliding window counter requests", decided[core.SlidingWindowCounter.Name()])
+	}
+	if fastRefused < 50 || fastBack < 50 || fastForeign != 0 {
+		t.Errorf("fast path: %d refusals, %d with the clock stepped back (want 50 or more each), %d foreign values (want 0)", fastRefused, fastBack, fastForeign)
+	}
+}
