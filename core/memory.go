@@ -460,24 +460,6 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	if !ok {
 		return m.takeNew(s, h, r, now, out)
 	}
-	var d Decision
-	if e.pol != p || !decideBuiltin(p, &e.st, r.Cost, now, true, &d) {
-		return m.takeOther(s, h, e, r, now, out)
-	}
-	s.lru.Add(h, e)
-	s.mu.Unlock()
-	*out = d
-	return nil
-}
-
-// takeOther is takeOne for a record written under another policy, or a
-// policy of an algorithm other than the built-ins: the interface call
-// decides in the shard's scratch fields, which (unlike the caller's stack)
-// it cannot move to the heap. Requires s.mu, and releases it.
-//
-//go:noinline
-func (m *MemoryStore) takeOther(s *memShard, h uint64, e memEntry, r *Request, now int64, out *Decision) error {
-	p := r.Policy
 	s.cur = e
 	if e.pol != p {
 		s.adopt(&s.cur, p, now)
@@ -490,20 +472,6 @@ func (m *MemoryStore) takeOther(s *memShard, h uint64, e memEntry, r *Request, n
 	return nil
 }
 
-// decide is p.alg.Decide into st and d, which may be on the caller's
-// stack: the built-in algorithms are called directly (through the
-// interface, st and d would escape to the heap); any other algorithm
-// decides in the shard's scratch fields, copied out. Requires s.mu.
-func (s *memShard) decide(p *Policy, st *State, cost, now int64, commit bool, d *Decision) {
-	if decideBuiltin(p, st, cost, now, commit, d) {
-		return
-	}
-	s.scratch = *st
-	p.alg.Decide(p, &s.scratch, cost, now, commit, &s.dec)
-	*st, *d = s.scratch, s.dec
-	s.scratch = State{}
-}
-
 // takeNew is takeOne for a key the store does not hold, apart so that the
 // common case keeps a small frame. Requires s.mu, and releases it.
 //
@@ -512,25 +480,24 @@ func (m *MemoryStore) takeNew(s *memShard, h uint64, r *Request, now int64, out 
 	var ev [1]evictedInfo
 	nev := 0
 	p := r.Policy
-	var (
-		err error
-		st  State
-		d   Decision
-	)
-	s.decide(p, &st, r.Cost, now, true, &d)
-	if d.Allowed {
+	var err error
+	s.scratch = State{}
+	p.alg.Decide(p, &s.scratch, r.Cost, now, true, &s.dec)
+	*out = s.dec
+	if out.Allowed {
 		var retry int64
 		if retry, err = m.makeRoom(s, 1, 0, nil, now, ev[:], &nev); err == nil {
-			m.insert(s, h, r, st)
+			m.insert(s, h, r, s.scratch)
 		} else {
-			st = State{}
-			s.decide(p, &st, 0, now, false, &d)
-			d.Allowed = false
-			d.RetryAfter = time.Duration(retry)
+			s.scratch = State{}
+			p.alg.Decide(p, &s.scratch, 0, now, false, &s.dec)
+			*out = s.dec
+			out.Allowed = false
+			out.RetryAfter = time.Duration(retry)
 		}
 	}
+	s.scratch = State{}
 	s.mu.Unlock()
-	*out = d
 	if nev > 0 {
 		m.report(ev[:], nev)
 	}
