@@ -32,7 +32,7 @@ func goals(r results, m meta) []goal {
 	}
 	if _, ok := r.get("HeapPerKey", ours, "B/key"); ok {
 		// An absolute bound: shown as a ratio to 128 bytes.
-		gs = append(gs, goal{label: "HeapPerKey ÷ 128 B", workload: "HeapPerKey", unit: "B/key", a: ours, bound: 1})
+		gs = append(gs, goal{label: "HeapPerKey (bytes per key ÷ 128)", workload: "HeapPerKey", unit: "B/key", a: ours, bound: 1})
 	}
 	for _, w := range mwWorkloads {
 		if bp, _, ok := r.best(w, "ns/op", m.writesHeaders); ok {
@@ -44,7 +44,14 @@ func goals(r results, m meta) []goal {
 			_, ok1 := r.get(w, pair[0], "decisions/s")
 			_, ok2 := r.get(w, pair[1], "decisions/s")
 			if ok1 && ok2 {
-				gs = append(gs, goal{label: fmt.Sprintf("%s: %s vs %s", strings.TrimPrefix(w, "Redis"), strings.TrimPrefix(pair[0], ours+"-"), pair[1]),
+				keys, alg := "100,000 keys", "token bucket"
+				if w == "RedisHotKeyParallel64" {
+					keys = "one hot key"
+				}
+				if pair[0] != ours {
+					alg = "fixed window"
+				}
+				gs = append(gs, goal{label: fmt.Sprintf("Redis, 64-way, %s: %s vs %s", keys, alg, pair[1]),
 					workload: w, unit: "decisions/s", a: pair[0], b: pair[1], bound: 1, higherBetter: true})
 			}
 		}
@@ -108,7 +115,7 @@ func glance(r results, m meta) string {
 		rows = append(rows, rw)
 	}
 	const (
-		labelW = 330
+		labelW = 400
 		plotW  = 520
 		rowH   = 24
 		top    = 64
