@@ -129,6 +129,12 @@ func TestIdentityUpgrade(t *testing.T) {
 	if d := take(t, s, at, fw, "old", 1); !d.Allowed || d.Remaining != 2 {
 		t.Fatalf("untagged window record: %+v, want 2 remaining", d)
 	}
+	// A window count above the policy's capacity (the Limit was lowered
+	// across the upgrade) is refused with nothing remaining, never less.
+	client.Set(ctx, s.prefix+"fw:over", fmt.Sprintf("f:%d:14", us/10_000_000), time.Hour)
+	if d := take(t, s, at, fw, "over", 1); d.Allowed || d.Remaining != 0 || d.RetryAfter <= 0 {
+		t.Fatalf("untagged window record over capacity: %+v, want refused with 0 remaining", d)
+	}
 	client.Set(ctx, s.prefix+"api:other", "f:1:9", time.Hour)
 	if d := take(t, s, at, p, "other", 1); !d.Allowed || d.Remaining != 9 {
 		t.Fatalf("untagged record of another algorithm: %+v, want fresh (9 remaining)", d)

@@ -782,9 +782,10 @@ func (s *Store) eval(ctx context.Context, ab *argBuf, args []any) ([]int64, erro
 	}
 	ch := make(chan result, 1)
 	s.gate.hold() // within a running Take: the gate cannot have drained
+	script := s.script
 	go func() {
 		defer s.gate.leave()
-		r, err := eval(ctx, s.client, s.script, args)
+		r, err := eval(ctx, s.client, script, args)
 		ab.release() // only now: an abandoned call still reads args
 		ch <- result{r, err}
 	}()

@@ -77,9 +77,10 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
         end
         redis.call('SET', key, sformat(fv, idx, nB, tag), 'PX', sformat(fx, ms))
       end
-      local reset = 0
+      local reset, rem = 0, cap - count
       if count > 0 then reset = e end
-      return { now, allowed, cap - count, reset, retry, 0, idx }
+      if rem < 0 then rem = 0 end -- as fixed.decide: never below 0
+      return { now, allowed, rem, reset, retry, 0, idx }
     end
     -- gcra.decide, with lesseq and ceildiff written out
     local bq, br, clamped = now, 0, false

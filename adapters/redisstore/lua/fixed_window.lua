@@ -40,7 +40,10 @@ modules.fixed = function()
     else
       d.retry = e - now
     end
+    -- a count above the capacity (an untagged record of the previous
+    -- version, under a lowered Limit) leaves nothing, never less
     d.rem = P.cap - count
+    if d.rem < 0 then d.rem = 0 end
     if count > 0 then
       d.reset = e - now
     end

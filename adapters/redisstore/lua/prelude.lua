@@ -4,9 +4,9 @@
 -- Lua numbers in Redis are IEEE doubles: integers are exact up to 2^53.
 -- Every value here is an integer: times and durations in microseconds,
 -- counts in units. Values cross the Lua boundary as decimal strings,
--- formatted with fmt (tostring and '..' would use %.14g and lose digits),
--- except the policy, which comes as MessagePack integers (policyargs), and
--- the take script's reply, an array of integers.
+-- formatted with fmt (helpers.lua; tostring and '..' would use %.14g and
+-- lose digits), except the policy, which comes as MessagePack integers
+-- (policyargs), and the take script's reply, an array of integers.
 
 local P53 = 9007199254740992
 local floor, fmod, frexp = math.floor, math.fmod, math.frexp
