@@ -11,6 +11,7 @@ import (
 	"github.com/limitry/ratelimit/core"
 	"github.com/limitry/ratelimit/core/storetest"
 	"github.com/limitry/ratelimit/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // scriptVariant composes the take script from parts, plus tail.
@@ -69,6 +70,52 @@ func TestFullPath(t *testing.T) {
 // every record of another policy.
 func TestFastPathMatchesFullPath(t *testing.T) {
 	client := newClient(t, redistest.Server(t))
+	st := replayFastVsFull(t, client, storetest.T0, 7, 4000)
+	t.Logf("decided by the fast path: %v (%d refused, %d with the clock stepped back); declined: %v", st.decided, st.refused, st.back, st.declined)
+	for _, a := range []core.Algorithm{core.TokenBucket, core.LeakyBucket, core.FixedWindow} {
+		if st.decided[a.Name()] < st.declined[a.Name()] || st.decided[a.Name()] < 100 {
+			t.Errorf("the fast path decided %d %s requests and declined %d", st.decided[a.Name()], a.Name(), st.declined[a.Name()])
+		}
+		if st.declined[a.Name()] == 0 {
+			t.Errorf("the fast path never declined a %s request (records of another policy)", a.Name())
+		}
+	}
+	if st.decided[core.SlidingWindowCounter.Name()] != 0 {
+		t.Errorf("the fast path decided %d sliding window counter requests", st.decided[core.SlidingWindowCounter.Name()])
+	}
+	if st.refused < 50 || st.back < 50 || st.foreign != 0 {
+		t.Errorf("fast path: %d refusals, %d with the clock stepped back (want 50 or more each), %d foreign values (want 0)", st.refused, st.back, st.foreign)
+	}
+}
+
+// TestFastPathMatchesFullPathAtExtremes replays shorter traces from
+// times before 1970 and near the ends of the range the stores decide in,
+// where window indexes are negative or large.
+func TestFastPathMatchesFullPathAtExtremes(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	for i, base := range []time.Time{
+		time.Unix(0, 0),
+		time.Unix(-3_000_000_000, 123_456_000),
+		time.Unix(0, core.MinTime).Add(time.Hour),
+		time.Unix(0, core.MaxTime).Add(-4 * 24 * time.Hour),
+	} {
+		t.Run(base.UTC().Format(time.RFC3339), func(t *testing.T) {
+			replayFastVsFull(t, client, base, uint64(i+1), 1000)
+		})
+	}
+}
+
+// fastStats counts what the fast path did in a replay.
+type fastStats struct {
+	decided, declined      map[string]int // per algorithm
+	refused, back, foreign int
+}
+
+// replayFastVsFull replays steps random single requests from base (seeded
+// with seed) against a fast-path-only store and a full-path-only store,
+// failing t at the first decision or record that differs.
+func replayFastVsFull(t *testing.T, client *redis.Client, base time.Time, seed uint64, steps int) fastStats {
+	t.Helper()
 	ctx := context.Background()
 	fast := newStore(t, client, &Config{ClientTime: true})
 	full := newStore(t, client, &Config{ClientTime: true})
@@ -113,12 +160,12 @@ func TestFastPathMatchesFullPath(t *testing.T) {
 		}
 	}
 
-	rng := rand.New(rand.NewPCG(7, 13))
-	at, maxAt := storetest.T0, storetest.T0
+	rng := rand.New(rand.NewPCG(seed, 13))
+	at, maxAt := base, base
 	decided := map[string]int{}  // by the fast path, per algorithm
 	declined := map[string]int{} // by the fast path, per algorithm
 	var fastRefused, fastBack, fastForeign int
-	for step := range 4000 {
+	for step := range steps {
 		switch x := rng.IntN(100); {
 		case x < 45:
 		case x < 75:
@@ -147,7 +194,12 @@ func TestFastPathMatchesFullPath(t *testing.T) {
 			switch x {
 			case 0:
 				w := p.Window().Microseconds()
-				v = fmt.Sprintf("f:%d:%d", us/w-int64(rng.IntN(2)), rng.IntN(6))
+				// the current window, the one before, or one ahead
+				idx := us / w
+				if us%w < 0 {
+					idx--
+				}
+				v = fmt.Sprintf("f:%d:%d", idx+1-int64(rng.IntN(3)), rng.IntN(9))
 			case 1:
 				v = fmt.Sprintf("g:%d:0", us+int64(rng.IntN(5_000_000)))
 			default:
@@ -184,25 +236,11 @@ func TestFastPathMatchesFullPath(t *testing.T) {
 			t.Fatalf("step %d: fast path err %v, full path err %v", step, gerr, werr)
 		}
 		if got != want {
-			t.Fatalf("step %d at T0%+v (%s key %q cost %d):\nfast %+v\nfull %+v", step, at.Sub(storetest.T0), p, k, cost, got[0], want[0])
+			t.Fatalf("step %d at %v (%s key %q cost %d):\nfast %+v\nfull %+v", step, at.UTC(), p, k, cost, got[0], want[0])
 		}
 		if g, w := record(keyOf(fast, p, k)), record(keyOf(full, p, k)); g != w {
-			t.Fatalf("step %d at T0%+v (%s key %q cost %d): fast path wrote %q, full path %q", step, at.Sub(storetest.T0), p, k, cost, g, w)
+			t.Fatalf("step %d at %v (%s key %q cost %d): fast path wrote %q, full path %q", step, at.UTC(), p, k, cost, g, w)
 		}
 	}
-	t.Logf("decided by the fast path: %v (%d refused, %d with the clock stepped back); declined: %v", decided, fastRefused, fastBack, declined)
-	for _, a := range []core.Algorithm{core.TokenBucket, core.LeakyBucket, core.FixedWindow} {
-		if decided[a.Name()] < declined[a.Name()] || decided[a.Name()] < 100 {
-			t.Errorf("the fast path decided %d %s requests and declined %d", decided[a.Name()], a.Name(), declined[a.Name()])
-		}
-		if declined[a.Name()] == 0 {
-			t.Errorf("the fast path never declined a %s request (records of another policy)", a.Name())
-		}
-	}
-	if decided[core.SlidingWindowCounter.Name()] != 0 {
-		t.Errorf("the fast path decided %d sliding window counter requests", decided[core.SlidingWindowCounter.Name()])
-	}
-	if fastRefused < 50 || fastBack < 50 || fastForeign != 0 {
-		t.Errorf("fast path: %d refusals, %d with the clock stepped back (want 50 or more each), %d foreign values (want 0)", fastRefused, fastBack, fastForeign)
-	}
+	return fastStats{decided: decided, declined: declined, refused: fastRefused, back: fastBack, foreign: fastForeign}
 }
