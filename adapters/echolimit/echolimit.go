@@ -62,6 +62,7 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/internal/frameworkctx"
 )
 
 // Config configures the echo middleware. The zero value is the default.
@@ -119,7 +120,7 @@ func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc 
 				return next(c)
 			}
 			r := c.Request()
-			kc := &keyContext{Context: ratelimit.WithRoute(r.Context(), RouteOf(c)), c: c}
+			kc := frameworkctx.New(ratelimit.WithRoute(r.Context(), RouteOf(c)), c)
 			r = r.WithContext(kc)
 			// done gives back in-flight slots (Layer.InFlight) when the
 			// handler returns, a panic included.
@@ -153,13 +154,13 @@ func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc 
 }
 
 // admit decides r, whose context is kc, with l, writing to w; with result,
-// an admitted request replaces kc.c's request with its Result in the
-// context. It returns done, which gives back the in-flight slots r holds
-// (see ratelimit.Limiter.AdmitFunc). It clears kc.c: echo reuses the
-// Context once the request is served.
+// an admitted request replaces the carried Context's request with its
+// Result in the context. It returns done, which gives back the in-flight
+// slots r holds (see ratelimit.Limiter.AdmitFunc). It clears kc: echo
+// reuses the Context once the request is served.
 func admit(l *ratelimit.Limiter, result bool, w http.ResponseWriter, kc *keyContext, r *http.Request) (bool, func()) {
-	c := kc.c
-	defer func() { kc.c = nil }()
+	c, _ := kc.Get()
+	defer kc.Clear()
 	if !result {
 		return l.AdmitFunc(w, r)
 	}

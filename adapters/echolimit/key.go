@@ -1,13 +1,10 @@
 package echolimit
 
 import (
-	"context"
-	"fmt"
-	"net/http"
-
 	"github.com/labstack/echo/v4"
 
 	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/internal/frameworkctx"
 )
 
 // ErrNoContext is returned (wrapped) by a [Key] function for a request that
@@ -17,39 +14,12 @@ import (
 // It wraps ratelimit.ErrConfig: the Limiter answers it as a configuration
 // error (500 Internal Server Error unless the error handler writes a
 // response, and one log line), never as a skip.
-var ErrNoContext error = noContextError{}
-
-// noContextError is ErrNoContext: a configuration error with its own words.
-type noContextError struct{}
-
-func (noContextError) Error() string {
-	return "echolimit: Key needs the request decided by echolimit's middleware"
-}
-
-// Is reports that ErrNoContext is a ratelimit.ErrConfig.
-func (noContextError) Is(target error) bool { return target == ratelimit.ErrConfig }
-
-// echoContextKey is the request-context key under which the middleware
-// passes the echo.Context to Key functions.
-type echoContextKey struct{}
+var ErrNoContext = frameworkctx.ConfigError("echolimit: Key needs the request decided by echolimit's middleware")
 
 // keyContext carries the echo.Context while the Limiter decides a request.
-// The middleware clears c once the request is decided: echo reuses its
+// The middleware clears it once the request is decided: echo reuses its
 // Contexts.
-type keyContext struct {
-	context.Context
-	c echo.Context
-}
-
-func (k *keyContext) Value(key any) any {
-	if _, ok := key.(echoContextKey); ok {
-		if k.c == nil {
-			return nil
-		}
-		return k.c
-	}
-	return k.Context.Value(key)
-}
+type keyContext = frameworkctx.Carrier[echo.Context]
 
 // Key returns a [ratelimit.KeyFunc] that keys a request by what fn finds in
 // its echo.Context, such as the user an authentication handler stored with
@@ -67,23 +37,7 @@ func (k *keyContext) Value(key any) any {
 //
 // Key panics if fn is nil.
 func Key(fn func(c echo.Context) (string, error)) ratelimit.KeyFunc {
-	if fn == nil {
-		panic("echolimit: Key called with a nil function")
-	}
-	return func(r *http.Request) (string, error) {
-		c, _ := r.Context().Value(echoContextKey{}).(echo.Context)
-		if c == nil {
-			return "", ErrNoContext
-		}
-		k, err := fn(c)
-		if err != nil {
-			return "", err
-		}
-		if k == "" {
-			return "", ratelimit.ErrEmptyKey
-		}
-		return k, nil
-	}
+	return frameworkctx.Key("echolimit", fn, ErrNoContext)
 }
 
 // Get returns a [Key] function for the common case: the key is the string
@@ -98,16 +52,6 @@ func Get(name string) ratelimit.KeyFunc {
 	}
 	return Key(func(c echo.Context) (string, error) {
 		v := c.Get(name)
-		if v == nil {
-			return "", ratelimit.ErrNoKey
-		}
-		s, ok := v.(string)
-		if !ok {
-			return "", fmt.Errorf("echolimit: Get(%q): the value has type %T, not string", name, v)
-		}
-		if s == "" {
-			return "", ratelimit.ErrNoKey
-		}
-		return s, nil
+		return frameworkctx.String("echolimit", name, v, v != nil)
 	})
 }

@@ -60,6 +60,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/internal/frameworkctx"
 )
 
 // Middleware returns a gin handler that decides every request with l (see
@@ -120,7 +121,7 @@ func middleware(ar *anyRoutes, l *ratelimit.Limiter, opts []Option) gin.HandlerF
 		if route != "" && (ar == nil || !ar.isAny(route)) {
 			route = r.Method + " " + route
 		}
-		kc := &keyContext{Context: ratelimit.WithRoute(r.Context(), route), c: c}
+		kc := frameworkctx.New(ratelimit.WithRoute(r.Context(), route), c)
 		r = r.WithContext(kc)
 		var (
 			admitted bool
@@ -131,7 +132,7 @@ func middleware(ar *anyRoutes, l *ratelimit.Limiter, opts []Option) gin.HandlerF
 		} else {
 			admitted, done = l.AdmitFunc(c.Writer, r)
 		}
-		kc.c = nil // gin reuses c once the request is served
+		kc.Clear() // gin reuses c once the request is served
 		// done gives back in-flight slots (Layer.InFlight) once the rest of
 		// the chain has run, a panic included.
 		defer done()

@@ -1,13 +1,10 @@
 package ginlimit
 
 import (
-	"context"
-	"fmt"
-	"net/http"
-
 	"github.com/gin-gonic/gin"
 
 	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/internal/frameworkctx"
 )
 
 // ErrNoContext is returned (wrapped) by a [Key] function for a request that
@@ -17,39 +14,7 @@ import (
 // It wraps ratelimit.ErrConfig: the Limiter answers it as a configuration
 // error (500 Internal Server Error unless the error handler writes a
 // response, and one log line), never as a skip.
-var ErrNoContext error = noContextError{}
-
-// noContextError is ErrNoContext: a configuration error with its own words.
-type noContextError struct{}
-
-func (noContextError) Error() string {
-	return "ginlimit: Key needs the request decided by ginlimit's middleware"
-}
-
-// Is reports that ErrNoContext is a ratelimit.ErrConfig.
-func (noContextError) Is(target error) bool { return target == ratelimit.ErrConfig }
-
-// ginContextKey is the request-context key under which the middleware
-// passes the *gin.Context to Key functions.
-type ginContextKey struct{}
-
-// keyContext carries the *gin.Context while the Limiter decides a request.
-// The middleware clears c once the request is decided: gin reuses its
-// Contexts.
-type keyContext struct {
-	context.Context
-	c *gin.Context
-}
-
-func (k *keyContext) Value(key any) any {
-	if _, ok := key.(ginContextKey); ok {
-		if k.c == nil {
-			return nil
-		}
-		return k.c
-	}
-	return k.Context.Value(key)
-}
+var ErrNoContext = frameworkctx.ConfigError("ginlimit: Key needs the request decided by ginlimit's middleware")
 
 // Key returns a [ratelimit.KeyFunc] that keys a request by what fn finds in
 // its *gin.Context, such as the user an authentication handler stored with
@@ -67,23 +32,7 @@ func (k *keyContext) Value(key any) any {
 //
 // Key panics if fn is nil.
 func Key(fn func(c *gin.Context) (string, error)) ratelimit.KeyFunc {
-	if fn == nil {
-		panic("ginlimit: Key called with a nil function")
-	}
-	return func(r *http.Request) (string, error) {
-		c, _ := r.Context().Value(ginContextKey{}).(*gin.Context)
-		if c == nil {
-			return "", ErrNoContext
-		}
-		k, err := fn(c)
-		if err != nil {
-			return "", err
-		}
-		if k == "" {
-			return "", ratelimit.ErrEmptyKey
-		}
-		return k, nil
-	}
+	return frameworkctx.Key("ginlimit", fn, ErrNoContext)
 }
 
 // Get returns a [Key] function for the common case: the key is the string
@@ -98,16 +47,6 @@ func Get(name string) ratelimit.KeyFunc {
 	}
 	return Key(func(c *gin.Context) (string, error) {
 		v, ok := c.Get(name)
-		if !ok || v == nil {
-			return "", ratelimit.ErrNoKey
-		}
-		s, ok := v.(string)
-		if !ok {
-			return "", fmt.Errorf("ginlimit: Get(%q): the value has type %T, not string", name, v)
-		}
-		if s == "" {
-			return "", ratelimit.ErrNoKey
-		}
-		return s, nil
+		return frameworkctx.String("ginlimit", name, v, ok)
 	})
 }
