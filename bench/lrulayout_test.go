@@ -146,3 +146,81 @@ func BenchmarkLRULayout(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkLRUInsert isolates the cost of the per-key structure behind
+// NewKey: store a key never seen before, from one goroutine, in 64 locked
+// shards holding memCapacity keys in all, with no clock and no algorithm.
+// "golang-lru-hash" is core.MemoryStore's structure, full: look the key's
+// hash up (a miss), drop the least recently used key, add the new one.
+// "map" is an unbounded map[uint64]state per shard, looked up and
+// inserted into, and cleared whenever it reaches its share of memCapacity
+// (as httprate clears its maps every window; clear keeps the map's
+// tables). Their difference is what the bound costs a new key.
+func BenchmarkLRUInsert(b *testing.B) {
+	const n = 1 << 20
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("n%014d", i)
+	}
+	seed := maphash.MakeSeed()
+	type state struct {
+		a, b    int64
+		exp, at uint32
+	}
+	const per = memCapacity / 64
+	run := func(b *testing.B, do func(h uint64)) {
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			do(maphash.String(seed, keys[i%n]))
+		}
+	}
+	b.Run("golang-lru-hash", func(b *testing.B) {
+		var shards [64]struct {
+			mu sync.Mutex
+			l  *simplelru.LRU[uint64, state]
+			_  [48]byte
+		}
+		for i := range shards {
+			shards[i].l, _ = simplelru.NewLRU[uint64, state](per, nil)
+			for j := 0; j < per; j++ {
+				shards[i].l.Add(uint64(i)<<56|uint64(j), state{})
+			}
+		}
+		run(b, func(h uint64) {
+			s := &shards[h&63]
+			s.mu.Lock()
+			if _, ok := s.l.Peek(h); !ok {
+				if s.l.Len() >= per {
+					s.l.RemoveOldest()
+				}
+				s.l.Add(h, state{a: 1})
+			}
+			s.mu.Unlock()
+		})
+	})
+	b.Run("map", func(b *testing.B) {
+		var shards [64]struct {
+			mu sync.Mutex
+			m  map[uint64]state
+			_  [48]byte
+		}
+		for i := range shards {
+			shards[i].m = make(map[uint64]state)
+			for j := 0; j < per-1; j++ {
+				shards[i].m[uint64(i)<<56|uint64(j)] = state{}
+			}
+		}
+		run(b, func(h uint64) {
+			s := &shards[h&63]
+			s.mu.Lock()
+			if _, ok := s.m[h]; !ok {
+				if len(s.m) >= per {
+					clear(s.m)
+				}
+				s.m[h] = state{a: 1}
+			}
+			s.mu.Unlock()
+		})
+	})
+}

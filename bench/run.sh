@@ -70,9 +70,9 @@ if [ "$MODE" = all ]; then
 		echo "== round $i of $COUNT"
 		bench inmemory '^Benchmark(HotKey|HotKeyParallel|Keys100kParallel|NewKey)$' "$BENCHTIME"
 		bench middleware '^BenchmarkMiddleware(Parallel)?$' "$BENCHTIME"
-		bench redis '^BenchmarkRedis(HotKeyParallel64|Keys100kParallel64)?$' "$BENCHTIME"
+		bench redis '^BenchmarkRedis(HotKeyParallel64|Keys100kParallel64|ScriptOp)?$' "$BENCHTIME"
 		bench heap '^BenchmarkHeapPerKey$' 1x
-		bench layout '^BenchmarkLRULayout$' "$BENCHTIME"
+		bench layout '^BenchmarkLRU(Layout|Insert)$' "$BENCHTIME"
 	done
 
 	: >"$OUT/benchstat.txt"

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// scriptSteps are BenchmarkRedisScriptOp's rows, in the order they are
+// shown, with what each stands for.
+var scriptSteps = []struct{ name, what string }{
+	{"loop", "the Lua loop alone (subtracted below)"},
+	{"INCRBY", "ulule: count the request"},
+	{"PTTL", "ulule: the window's remaining time"},
+	{"TIME", "ours: the server's clock, which aligns windows for the whole fleet"},
+	{"GET", "ours: read the record, to check the policy that wrote it"},
+	{"SET-PX", "ours: write the record, tagged with its policy, and its expiry"},
+	{"SET-KEEPTTL", "(a SET keeping the expiry: Redis 6 and later; not used)"},
+	{"unpack-policy", "ours: decode the policy argument (cmsgpack)"},
+	{"match-record", "ours: parse the record"},
+	{"format-record", "ours: format the record (twice per write: value and expiry)"},
+	{"INCRBY+PTTL", "ulule's commands, together"},
+	{"TIME+GET+SET-PX", "our commands, together"},
+}
+
+// scriptTable is the table of BenchmarkRedisScriptOp, and the ceiling its
+// two sequences put on our fixed window's ratio to ulule's in the 64-way
+// workloads, where the server's CPU is the bottleneck.
+func scriptTable(r results) string {
+	const w = "RedisScriptOp"
+	loop, ok := r.get(w, "loop", "srv-ns/op")
+	if !ok {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n### Steps of a fixed-window script (BenchmarkRedisScriptOp: each step run in a loop inside one script; the server's own clock around the loop)\n\n")
+	fmt.Fprintf(&b, "| step | what | srv ns/op | less the loop |\n|---|---|---:|---:|\n")
+	for _, s := range scriptSteps {
+		v, ok := r.get(w, s.name, "srv-ns/op")
+		if !ok {
+			continue
+		}
+		net := "–"
+		if s.name != "loop" {
+			net = num(v - loop)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", s.name, s.what, num(v), net)
+	}
+	theirs, ok1 := r.get(w, "INCRBY+PTTL", "srv-ns/op")
+	mine, ok2 := r.get(w, "TIME+GET+SET-PX", "srv-ns/op")
+	if !ok1 || !ok2 {
+		return b.String()
+	}
+	extra := mine - theirs
+	fmt.Fprintf(&b, "\nOur three commands cost the server %s ns more per decision than ulule's two, before any other work of either script. ", num(extra))
+	for _, wl := range redis64Workloads {
+		srv, ok := r.get(wl, "ulule", "srv-us/op")
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(&b, "In %s, where ulule's decision costs the server %s µs, that alone bounds our fixed window's ratio to ulule's at %.3f (%s ÷ (%s + %s)). ",
+			wl, num(srv), srv/(srv+extra/1000), num(srv), num(srv), num(extra/1000))
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+// insertTable is the table of BenchmarkLRUInsert: what the bound costs a
+// new key, set against NewKey's gap to the fastest peer.
+func insertTable(r results) string {
+	const w = "LRUInsert"
+	lru, ok1 := r.get(w, "golang-lru-hash", "ns/op")
+	m, ok2 := r.get(w, "map", "ns/op")
+	if !ok1 || !ok2 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n### A new key's structure alone (BenchmarkLRUInsert: 200,000 keys in 64 locked shards, 1 goroutine, no clock or algorithm)\n\n")
+	fmt.Fprintf(&b, "| structure | ns/op | B/op | allocs/op | per-round ratio to map |\n|---|---:|---:|---:|---|\n")
+	fmt.Fprintf(&b, "| golang-lru-hash (the store's: a miss, drop the least recently used key, add) | %s | %s | %s | %s |\n",
+		num(lru), cell(r, w, "golang-lru-hash", "B/op"), cell(r, w, "golang-lru-hash", "allocs/op"), r.pairedNote(w, "golang-lru-hash", "map", "ns/op"))
+	fmt.Fprintf(&b, "| map (unbounded, cleared when full, as httprate's windows) | %s | %s | %s | – |\n",
+		num(m), cell(r, w, "map", "B/op"), cell(r, w, "map", "allocs/op"))
+	fmt.Fprintf(&b, "\nThe bound costs a new key %s ns here. ", num(lru-m))
+	if p, v, ok := r.best("NewKey", "ns/op", func(p string) bool { return !isOurs(p) }); ok {
+		if o, ok := r.get("NewKey", ours, "ns/op"); ok {
+			fmt.Fprintf(&b, "NewKey: ours %s ns, %s %s ns; ours less the bound's cost: %s ns.", num(o), p, num(v), num(o-(lru-m)))
+		}
+	}
+	b.WriteString("\n")
+	return b.String()
+}

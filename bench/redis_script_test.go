@@ -1,0 +1,103 @@
+package bench
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"testing"
+)
+
+// scriptOp is one step a rate-limiting script can take, run in a loop
+// inside one script so that its cost on the server is measured without the
+// call of the script, the round trip or the client.
+type scriptOp struct {
+	name string
+	body string // Lua, run once per iteration; x is a local to assign to
+}
+
+// scriptOps are the steps of the fixed-window scripts compared in
+// BenchmarkRedisHotKeyParallel64 and BenchmarkRedisKeys100kParallel64:
+// ulule's (INCRBY, then PTTL) and ours (unpack the policy, GET the tagged
+// record, match it, read the server clock, format the record, SET it with
+// its expiry), and the two sequences whole. "loop" is the loop alone, to be
+// subtracted from the others.
+var scriptOps = []scriptOp{
+	{"loop", `x = i`},
+	{"TIME", `x = redis.call('TIME')`},
+	{"GET", `x = redis.call('GET', KEYS[1])`},
+	{"SET-PX", `x = redis.call('SET', KEYS[1], 'f:29527333:17;Kx9a2bQe', 'PX', '60250')`},
+	{"SET-KEEPTTL", `x = redis.call('SET', KEYS[1], 'f:29527333:17;Kx9a2bQe', 'KEEPTTL')`},
+	{"INCRBY", `x = redis.call('INCRBY', KEYS[2], '1')`},
+	{"PTTL", `x = redis.call('PTTL', KEYS[2])`},
+	{"unpack-policy", `local ok, a, b, c, d, e, f, g, h = pcall(cmsgpack.unpack, P) x = h`},
+	{"match-record", `local a, b, r = string.match(V, '^f:(%-?%d+):(%d+)(.*)$') x = r`},
+	{"format-record", `x = string.format('f:%d:%d;%s', 29527333, 17, 'Kx9a2bQe')`},
+	{"INCRBY+PTTL", `x = redis.call('INCRBY', KEYS[2], '1') x = redis.call('PTTL', KEYS[2])`},
+	{"TIME+GET+SET-PX", `x = redis.call('TIME') x = redis.call('GET', KEYS[1]) x = redis.call('SET', KEYS[1], 'f:29527333:17;Kx9a2bQe', 'PX', '60250')`},
+}
+
+// scriptLoop wraps body in a loop of ARGV[1] iterations and returns the
+// server's microseconds for the loop, read with TIME around it.
+func scriptLoop(body string) string {
+	return `
+local n = tonumber(ARGV[1])
+local P = ARGV[2]
+local V = 'f:29527333:17;Kx9a2bQe'
+redis.call('SET', KEYS[1], V, 'PX', '600000')
+redis.call('SET', KEYS[2], '0', 'PX', '600000')
+local x
+local t0 = redis.call('TIME')
+for i = 1, n do
+` + body + `
+end
+local t1 = redis.call('TIME')
+return (tonumber(t1[1]) - tonumber(t0[1])) * 1000000 + tonumber(t1[2]) - tonumber(t0[2])
+`
+}
+
+// policyArgs is a MessagePack array like the policy argument of our
+// script: 'f', a tag, then six integers (fixarray of 8).
+var policyArgs = string([]byte{
+	0x98, 0xa1, 'f', 0xa8, 'K', 'x', '9', 'a', '2', 'b', 'Q', 'e',
+	0xcf, 0, 0, 0, 0x0d, 0xf8, 0x47, 0x58, 0x00, // 60,000,000,000
+	0xce, 0x3b, 0x9a, 0xca, 0x00, // 1,000,000,000
+	0xce, 0x3b, 0x9a, 0xca, 0x00,
+	0x00, 0x00, 0x00,
+})
+
+// BenchmarkRedisScriptOp reports what each step of a fixed-window script
+// costs redis-server, run b.N times in loops inside scripts: srv-ns/op is
+// the server's own clock around the loop (ns/op adds one round trip per
+// 20,000 iterations). Subtract the "loop" row for a step's own cost.
+func BenchmarkRedisScriptOp(b *testing.B) {
+	const chunk = 20_000
+	for _, op := range scriptOps {
+		b.Run(op.name, func(b *testing.B) {
+			c, _ := redisClient(b, nil)
+			ctx := context.Background()
+			src := scriptLoop(op.body)
+			keys := []string{"script-op:record", "script-op:counter"}
+			// One run first: it compiles the script and checks it.
+			if _, err := c.Eval(ctx, src, keys, 1, policyArgs).Int64(); err != nil {
+				b.Fatalf("%s: %v", op.name, err)
+			}
+			b.ResetTimer()
+			var us int64
+			for done := 0; done < b.N; done += chunk {
+				n := min(chunk, b.N-done)
+				v, err := c.EvalSha(ctx, scriptSHA(src), keys, n, policyArgs).Int64()
+				if err != nil {
+					b.Fatalf("%s: %v", op.name, err)
+				}
+				us += v
+			}
+			b.ReportMetric(float64(us)*1e3/float64(b.N), "srv-ns/op")
+		})
+	}
+}
+
+// scriptSHA returns the SHA-1 that Redis names src by.
+func scriptSHA(src string) string {
+	sum := sha1.Sum([]byte(src))
+	return hex.EncodeToString(sum[:])
+}
