@@ -404,6 +404,11 @@ func (c *ipConfig) keyOfText(a netip.Addr, text string) string {
 		bits = c.v4Bits
 	}
 	if bits == a.BitLen() {
+		if bits == 32 && text != "" && strings.IndexByte(text, ':') < 0 {
+			// IPv4 text that netip parsed as IPv4 is canonical already:
+			// four decimal octets without leading zeros.
+			return text
+		}
 		var buf [64]byte
 		b := a.AppendTo(buf[:0])
 		if string(b) == text {
