@@ -103,9 +103,21 @@ type MemoryConfig struct {
 // a collision; the key itself is not stored unless an Observer is set.
 // Two distinct (Name, key) pairs sharing a hash would share a record: among
 // n live keys that happens with probability about n²/2⁶⁵, 3·10⁻⁸ for
-// 1,000,000 keys. The state lives inline in golang-lru's list entry, so a
-// decision touches the map slot and the entry alone, and every decision
-// moves its key to the front of its shard's LRU.
+// 1,000,000 keys.
+//
+// Each shard's golang-lru list holds, for each key, where its state is: a
+// slot of the shard, written in place by every decision. Recency is kept
+// lazily, as memcached keeps its LRU: a decision moves its key to the front
+// of the shard's list only when the key may have drifted into the back half
+// (more than half a shard's capacity of keys have gone to the front since
+// it last did, and the shard holds more keys than that). A key is therefore
+// evicted only after at least half a shard's capacity of other keys have
+// been added or moved to the front since its last use (an exact LRU waits
+// for a whole shard's), and most decisions write no list links: the links
+// of a key's neighbours and of the list's head are memory that every core
+// deciding in the shard would otherwise pass back and forth. A new key, a
+// key whose policy changes, and every key of a multi-request batch go to
+// the front.
 //
 // Deciding an existing key allocates nothing. A new key costs one
 // allocation (its LRU entry; with an Observer, one more for its text). A
@@ -124,15 +136,6 @@ type MemoryStore struct {
 }
 
 var _ Store = (*MemoryStore)(nil)
-
-// memEntry is the record of a key, held by value in its LRU entry: 32
-// bytes, which with the 57 bytes of golang-lru's own fields (list links,
-// key, expiry) fill one 96-byte allocation.
-type memEntry struct {
-	st State
-	// pol is the policy that last wrote st.
-	pol *Policy
-}
 
 // expiry returns the Unix nanosecond from which the entry's state equals a
 // fresh state. It is computed when a full shard examines the entry, so
@@ -158,9 +161,27 @@ func (s *memShard) adopt(e *memEntry, p *Policy, now int64) {
 }
 
 type memShard struct {
-	mu      sync.Mutex
-	lru     *simplelru.LRU[uint64, memEntry]
-	cap     int
+	mu  sync.Mutex
+	lru *simplelru.LRU[uint64, memRef]
+	cap int
+	// lazy is half the shard's capacity: how far from the front a key
+	// may drift before a decision moves it back there (see put).
+	lazy uint64
+	tick uint64 // keys gone to the front so far
+
+	slab   [][]memSlot // chunks of slabChunk slots
+	nslots uint32      // slots handed out so far
+	free   uint32      // 1 + the first free slot; 0 for none
+	// logs holds the sliding logs of the shard's records by slot; nil
+	// until the first is stored.
+	logs map[uint32]*timeLog
+
+	pols     []*Policy // the policies of the shard's records; nil where free
+	polRefs  []uint32  // records of each policy
+	polFree  []uint32  // free indexes of pols
+	polIndex map[*Policy]uint32
+	lastPol  uint32 // the index acquire last returned
+
 	scratch State    // state of a key not yet stored; guarded by mu
 	cur     memEntry // copy of the record being decided; guarded by mu
 	exam    memEntry // copy of a record examined by makeRoom; guarded by mu
@@ -172,7 +193,8 @@ type memShard struct {
 }
 
 // NewMemoryStore returns a MemoryStore configured by cfg (nil for the
-// defaults). It returns an error for a negative Capacity or Shards.
+// defaults). It returns an error for a negative Capacity or Shards, and for
+// more than 2³²-1 keys per shard.
 func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 	var c MemoryConfig
 	if cfg != nil {
@@ -200,15 +222,20 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 		keepActive: c.KeepActive,
 		observer:   c.Observer,
 	}
+	if uint64(per) > maxShardCapacity {
+		return nil, fmt.Errorf("ratelimit: memory store: %d keys per shard is more than the %d a shard holds; raise Shards", per, maxShardCapacity)
+	}
 	for i := range m.shards {
-		l, err := simplelru.NewLRU[uint64, memEntry](per, nil)
+		s := &m.shards[i]
+		l, err := simplelru.NewLRU[uint64, memRef](per, s.evicted)
 		if err != nil {
 			return nil, fmt.Errorf("ratelimit: memory store: %w", err)
 		}
-		m.shards[i].lru = l
-		m.shards[i].cap = per
+		s.lru = l
+		s.cap = per
+		s.lazy = uint64(per / 2)
 		if c.Observer != nil {
-			m.shards[i].keys = make(map[uint64]string)
+			s.keys = make(map[uint64]string)
 		}
 	}
 	return m, nil
@@ -327,22 +354,9 @@ func held(h uint64, batch []uint64) bool {
 	return false
 }
 
-// remove forgets the record under h. Requires s.mu.
-func (s *memShard) remove(h uint64) {
-	s.lru.Remove(h)
-	if s.keys != nil {
-		delete(s.keys, h)
-	}
-}
-
-// removeOldest forgets the least recently used record, whose hash is h.
+// remove forgets the record under h (evicted frees what it held).
 // Requires s.mu.
-func (s *memShard) removeOldest(h uint64) {
-	s.lru.RemoveOldest()
-	if s.keys != nil {
-		delete(s.keys, h)
-	}
-}
+func (s *memShard) remove(h uint64) { s.lru.Remove(h) }
 
 // makeRoom frees space for need new keys in s, whose batch already holds
 // own entries there (batch lists them; they are never removed). It drops
@@ -356,13 +370,14 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 	}
 	for s.lru.Len()+need > s.cap {
 		if m.keepActive {
-			k, e, _ := s.lru.GetOldest()
-			s.exam = e
+			_, ref, _ := s.lru.GetOldest()
+			s.load(ref, &s.exam)
 			if exp := s.exam.expiry(); exp > now {
 				s.exam = memEntry{}
 				return exp - now, ErrStoreFull
 			}
-			s.removeOldest(k)
+			s.exam = memEntry{}
+			s.lru.RemoveOldest()
 			continue
 		}
 		var (
@@ -373,26 +388,26 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 			dropped   bool
 		)
 		for seen := 0; seen < EvictionScan; {
-			k, e, _ := s.lru.GetOldest()
+			k, ref, _ := s.lru.GetOldest()
 			if found && k == firstKey {
 				break // every key of the shard has been examined
 			}
 			if held(k, batch) {
-				s.lru.Get(k)
+				s.front(k, ref)
 				continue
 			}
 			seen++
-			s.exam = e
+			s.load(ref, &s.exam)
 			exp := s.exam.expiry()
 			if exp <= now {
-				s.removeOldest(k)
+				s.lru.RemoveOldest()
 				dropped = true
 				break
 			}
 			if !found {
-				firstKey, firstName, firstExp, found = k, e.pol.rule.Name, exp, true
+				firstKey, firstName, firstExp, found = k, s.exam.pol.rule.Name, exp, true
 			}
-			s.lru.Get(k) // a second chance for a key holding state
+			s.front(k, ref) // a second chance for a key holding state
 		}
 		s.exam = memEntry{}
 		if dropped {
@@ -411,7 +426,9 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 // insert stores st as the state of r, whose hash is h; makeRoom has made
 // space. Requires s.mu.
 func (m *MemoryStore) insert(s *memShard, h uint64, r *Request, st State) {
-	s.lru.Add(h, memEntry{st: st, pol: r.Policy})
+	s.cur = memEntry{st: st, pol: r.Policy}
+	s.add(h, &s.cur)
+	s.cur = memEntry{}
 	if s.keys != nil {
 		s.keys[h] = strings.Clone(r.Key)
 	}
@@ -456,16 +473,16 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	h := m.hash(r)
 	s := &m.shards[m.shard(h)]
 	s.mu.Lock()
-	e, ok := s.lru.Peek(h)
+	ref, ok := s.lru.Peek(h)
 	if !ok {
 		return m.takeNew(s, h, r, now, out)
 	}
-	s.cur = e
-	if e.pol != p {
+	sl := s.load(ref, &s.cur)
+	if s.cur.pol != p {
 		s.adopt(&s.cur, p, now)
 	}
 	p.alg.Decide(p, &s.cur.st, r.Cost, now, true, &s.dec)
-	s.lru.Add(h, s.cur)
+	s.put(h, ref, sl, &s.cur)
 	s.cur = memEntry{}
 	*out = s.dec
 	s.mu.Unlock()
@@ -510,6 +527,7 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		order    [MaxBatch]int // distinct shard indices, ascending
 		hashes   [MaxBatch]uint64
 		entries  [MaxBatch]memEntry // copies of the held records
+		refs     [MaxBatch]memRef   // their LRU values
 		found    [MaxBatch]bool
 		ev       [MaxBatch]evictedInfo
 	)
@@ -523,10 +541,11 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
 		var st *State
-		if e, ok := s.lru.Get(hashes[i]); ok {
-			found[i] = true
-			s.cur = e
-			if e.pol != r.Policy {
+		if ref, ok := s.lru.Peek(hashes[i]); ok {
+			// To the front, so that making room keeps the batch's keys.
+			refs[i], found[i] = s.front(hashes[i], ref), true
+			s.load(ref, &s.cur)
+			if s.cur.pol != r.Policy {
 				s.adopt(&s.cur, r.Policy, now)
 			}
 			st = &s.cur.st
@@ -602,7 +621,7 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			if found[i] {
 				s.cur = entries[i]
 				p.alg.Decide(p, &s.cur.st, r.Cost, now, true, &s.dec)
-				s.lru.Add(hashes[i], s.cur)
+				s.put(hashes[i], refs[i], s.at(refs[i].slot), &s.cur)
 				out[i] = s.dec
 				continue
 			}
@@ -624,7 +643,7 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			if found[i] {
 				s.cur = entries[i]
 				r.Policy.alg.Decide(r.Policy, &s.cur.st, 0, now, true, &s.dec)
-				s.lru.Add(hashes[i], s.cur)
+				s.put(hashes[i], refs[i], s.at(refs[i].slot), &s.cur)
 			} else if !refused {
 				s.scratch = State{}
 				r.Policy.alg.Decide(r.Policy, &s.scratch, 0, now, false, &s.dec)

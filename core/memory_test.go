@@ -373,9 +373,10 @@ func TestZeroFakeClock(t *testing.T) {
 	}
 }
 
-// A decision moves its key to the front of the LRU at once, even within
-// the second of its last move, so the key evicted is the one least
-// recently decided.
+// A decision moves a key that may have drifted into the back half of its
+// shard to the front of the LRU at once, even within the second of its last
+// move, so the key evicted is the one least recently decided (see
+// TestMemShardLazyRecency for keys in the front half).
 func TestMemoryEveryDecisionRenewsRecency(t *testing.T) {
 	rec := &recorder{}
 	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 4, Shards: 1, Observer: rec})
@@ -423,8 +424,8 @@ func TestMemoryAllocations(t *testing.T) {
 	}
 }
 
-// A refund moves its key to the front of the LRU, as a decision does;
-// Peek moves nothing.
+// A refund moves its key to the front of the LRU, as a decision does (the
+// key is in the back half of its shard); Peek moves nothing.
 func TestMemoryRefundRenewsRecencyPeekDoesNot(t *testing.T) {
 	rec := &recorder{}
 	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 4, Shards: 1, Observer: rec})

@@ -166,16 +166,16 @@ func (m *MemoryStore) refund(reqs []Request, now int64) error {
 	for i := range reqs {
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
-		e, ok := s.lru.Peek(hashes[i])
+		ref, ok := s.lru.Peek(hashes[i])
 		if !ok {
 			continue // never charged, or forgotten: nothing in use
 		}
-		s.cur = e
-		if e.pol != r.Policy {
+		sl := s.load(ref, &s.cur)
+		if s.cur.pol != r.Policy {
 			s.adopt(&s.cur, r.Policy, now)
 		}
 		r.Policy.alg.(AlgorithmRefunder).Refund(r.Policy, &s.cur.st, r.Cost, now)
-		s.lru.Add(hashes[i], s.cur)
+		s.put(hashes[i], ref, sl, &s.cur)
 	}
 	for k := nord - 1; k >= 0; k-- {
 		s := &m.shards[order[k]]
@@ -214,7 +214,10 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 	for i := 0; i < n; i++ {
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
-		held[i], found[i] = s.lru.Peek(hashes[i])
+		if ref, ok := s.lru.Peek(hashes[i]); ok {
+			s.load(ref, &held[i])
+			found[i] = true
+		}
 		m.peekState(s, held[i], found[i], r.Policy, now, &s.scratch)
 		cost := r.Cost
 		if i == over {
@@ -321,7 +324,8 @@ func (m *MemoryStore) roomFor(s *memShard, need, own int, batch []uint64, now in
 		if held(k, batch) {
 			continue // Take moves the batch's keys to the front
 		}
-		s.exam, _ = s.lru.Peek(k)
+		ref, _ := s.lru.Peek(k)
+		s.load(ref, &s.exam)
 		exp := s.exam.expiry()
 		s.exam = memEntry{}
 		if exp > now {
