@@ -69,7 +69,7 @@ if [ "$MODE" = all ]; then
 	for i in $(seq "$COUNT"); do
 		echo "== round $i of $COUNT"
 		bench inmemory '^Benchmark(HotKey|HotKeyParallel|Keys100kParallel|NewKey)$' "$BENCHTIME"
-		bench middleware '^BenchmarkMiddleware(Parallel)?$' "$BENCHTIME"
+		bench middleware '^BenchmarkMiddleware(Parallel|Parts|PartsParallel)?$' "$BENCHTIME"
 		bench redis '^BenchmarkRedis(HotKeyParallel64|Keys100kParallel64|ScriptOp)?$' "$BENCHTIME"
 		bench heap '^BenchmarkHeapPerKey$' 1x
 		bench layout '^BenchmarkLRU(Layout|Insert)$' "$BENCHTIME"

@@ -535,6 +535,7 @@ func report(r results, m meta, machine string, runs int) string {
 			bold(p, cell(r, "RedisKeys100kParallel64", p, "decisions/s")), cell(r, "RedisKeys100kParallel64", p, "srv-us/op"), cell(r, "RedisKeys100kParallel64", p, "cmds/op"),
 			cell(r, "RedisKeys100kParallel64", p, "B/op"), cell(r, "RedisKeys100kParallel64", p, "allocs/op"))
 	}
+	pf("%s", mwPartsTable(r, m))
 	pf("%s", scriptTable(r))
 	pf("%s", layoutTable(r))
 	pf("%s", insertTable(r))
