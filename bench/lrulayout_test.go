@@ -14,13 +14,16 @@ import (
 // Keys100kParallel: look a key up among 100,000 and update its 24-byte
 // state, from 2 goroutines, in 64 locked shards, with no clock and no
 // algorithm. "golang-lru" keeps the state behind a pointer in a
-// simplelru.LRU[string, *state], as core.MemoryStore did; "golang-lru-hash"
-// keeps it inline in a simplelru.LRU[uint64, state] keyed by the key's
-// maphash, read with Peek and written back with Add (which moves the key
-// to the front), as core.MemoryStore does now; "slab" keeps it inline in a
-// node of a per-shard slice indexed by a map[string]uint32;
-// "golang-lru-hash-ptr" keys a simplelru.LRU[uint64, *state] by the hash
-// and writes the state in place, without moving the key.
+// simplelru.LRU[string, *state], as core.MemoryStore once did;
+// "golang-lru-hash" keeps it inline in a simplelru.LRU[uint64, state] keyed
+// by the key's maphash, read with Peek and written back with Add (which
+// moves the key to the front), as core.MemoryStore did until it took the
+// "golang-lru-slot" layout: the LRU maps the hash to a slot of a per-shard
+// slab, written in place, and a key goes to the front only when it may
+// have drifted into the back half of its shard; "golang-lru-hash-ptr" keys
+// a simplelru.LRU[uint64, *state] by the hash and writes the state in
+// place, without moving the key; "slab" keeps the state in a node of a
+// per-shard slice indexed by a map[string]uint32, with no LRU at all.
 func BenchmarkLRULayout(b *testing.B) {
 	const n = 100_000
 	keys := make([]string, n)
@@ -93,6 +96,44 @@ func BenchmarkLRULayout(b *testing.B) {
 			s.mu.Unlock()
 		})
 	})
+	b.Run("golang-lru-slot", func(b *testing.B) {
+		type ref struct {
+			slot, pol uint32
+			stamp     uint64
+		}
+		const per = 2 * n / 64
+		var shards [64]struct {
+			mu   sync.Mutex
+			l    *simplelru.LRU[uint64, ref]
+			slab []state
+			tick uint64
+			_    [40]byte
+		}
+		for i := range shards {
+			shards[i].l, _ = simplelru.NewLRU[uint64, ref](per, nil)
+		}
+		for _, k := range keys {
+			h := maphash.String(seed, k)
+			s := &shards[h&63]
+			s.tick++
+			s.l.Add(h, ref{slot: uint32(len(s.slab)), stamp: s.tick})
+			s.slab = append(s.slab, state{})
+		}
+		run(b, func(k string) {
+			h := maphash.String(seed, k)
+			s := &shards[h&63]
+			s.mu.Lock()
+			if e, ok := s.l.Peek(h); ok {
+				s.slab[e.slot].a++
+				if s.tick-e.stamp > per/2 && s.l.Len() > per/2+1 {
+					s.tick++
+					e.stamp = s.tick
+					s.l.Add(h, e)
+				}
+			}
+			s.mu.Unlock()
+		})
+	})
 	b.Run("golang-lru-hash-ptr", func(b *testing.B) {
 		var shards [64]struct {
 			mu sync.Mutex
@@ -150,8 +191,9 @@ func BenchmarkLRULayout(b *testing.B) {
 // BenchmarkLRUInsert isolates the cost of the per-key structure behind
 // NewKey: store a key never seen before, from one goroutine, in 64 locked
 // shards holding memCapacity keys in all, with no clock and no algorithm.
-// "golang-lru-hash" is core.MemoryStore's structure, full: look the key's
-// hash up (a miss), drop the least recently used key, add the new one.
+// "golang-lru-slot" is core.MemoryStore's structure, full: look the key's
+// hash up (a miss), drop the least recently used key (its slot goes back to
+// the shard's free list), add the new one in the slot freed.
 // "map" is an unbounded map[uint64]state per shard, looked up and
 // inserted into, and cleared whenever it reaches its share of memCapacity
 // (as httprate clears its maps every window; clear keeps the map's
@@ -175,16 +217,27 @@ func BenchmarkLRUInsert(b *testing.B) {
 			do(maphash.String(seed, keys[i%n]))
 		}
 	}
-	b.Run("golang-lru-hash", func(b *testing.B) {
-		var shards [64]struct {
-			mu sync.Mutex
-			l  *simplelru.LRU[uint64, state]
-			_  [48]byte
+	b.Run("golang-lru-slot", func(b *testing.B) {
+		type ref struct {
+			slot, pol uint32
+			stamp     uint64
 		}
+		type shard struct {
+			mu   sync.Mutex
+			l    *simplelru.LRU[uint64, ref]
+			slab []state
+			free []uint32
+			tick uint64
+			_    [16]byte
+		}
+		var shards [64]shard
 		for i := range shards {
-			shards[i].l, _ = simplelru.NewLRU[uint64, state](per, nil)
+			s := &shards[i]
+			s.l, _ = simplelru.NewLRU[uint64, ref](per, func(_ uint64, r ref) { s.free = append(s.free, r.slot) })
+			s.slab = make([]state, per)
 			for j := 0; j < per; j++ {
-				shards[i].l.Add(uint64(i)<<56|uint64(j), state{})
+				s.tick++
+				s.l.Add(uint64(i)<<56|uint64(j), ref{slot: uint32(j), stamp: s.tick})
 			}
 		}
 		run(b, func(h uint64) {
@@ -194,7 +247,11 @@ func BenchmarkLRUInsert(b *testing.B) {
 				if s.l.Len() >= per {
 					s.l.RemoveOldest()
 				}
-				s.l.Add(h, state{a: 1})
+				slot := s.free[len(s.free)-1]
+				s.free = s.free[:len(s.free)-1]
+				s.slab[slot] = state{a: 1}
+				s.tick++
+				s.l.Add(h, ref{slot: slot, stamp: s.tick})
 			}
 			s.mu.Unlock()
 		})

@@ -68,7 +68,7 @@ func scriptTable(r results) string {
 // new key, set against NewKey's gap to the fastest peer.
 func insertTable(r results) string {
 	const w = "LRUInsert"
-	lru, ok1 := r.get(w, "golang-lru-hash", "ns/op")
+	lru, ok1 := r.get(w, "golang-lru-slot", "ns/op")
 	m, ok2 := r.get(w, "map", "ns/op")
 	if !ok1 || !ok2 {
 		return ""
@@ -76,8 +76,8 @@ func insertTable(r results) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n### A new key's structure alone (BenchmarkLRUInsert: 200,000 keys in 64 locked shards, 1 goroutine, no clock or algorithm)\n\n")
 	fmt.Fprintf(&b, "| structure | ns/op | B/op | allocs/op | per-round ratio to map |\n|---|---:|---:|---:|---|\n")
-	fmt.Fprintf(&b, "| golang-lru-hash (the store's: a miss, drop the least recently used key, add) | %s | %s | %s | %s |\n",
-		num(lru), cell(r, w, "golang-lru-hash", "B/op"), cell(r, w, "golang-lru-hash", "allocs/op"), r.pairedNote(w, "golang-lru-hash", "map", "ns/op"))
+	fmt.Fprintf(&b, "| golang-lru-slot (the store's: a miss, drop the least recently used key, add one in its slot) | %s | %s | %s | %s |\n",
+		num(lru), cell(r, w, "golang-lru-slot", "B/op"), cell(r, w, "golang-lru-slot", "allocs/op"), r.pairedNote(w, "golang-lru-slot", "map", "ns/op"))
 	fmt.Fprintf(&b, "| map (unbounded, cleared when full, as httprate's windows) | %s | %s | %s | – |\n",
 		num(m), cell(r, w, "map", "B/op"), cell(r, w, "map", "allocs/op"))
 	fmt.Fprintf(&b, "\nThe bound costs a new key %s ns here. ", num(lru-m))

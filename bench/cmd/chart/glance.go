@@ -183,21 +183,21 @@ func layoutTable(r results) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n### Per-key layouts (BenchmarkLRULayout: 100,000 keys, 2 goroutines, 64 locked shards, no clock or algorithm)\n\n")
-	fmt.Fprintf(&b, "| layout | ns/op | per-round ratio to golang-lru-hash (the store's layout) |\n|---|---:|---|\n")
+	fmt.Fprintf(&b, "| layout | ns/op | per-round ratio to golang-lru-slot (the store's layout) |\n|---|---:|---|\n")
 	for _, p := range ps {
 		note := "–"
-		if p != "golang-lru-hash" {
-			note = r.pairedNote("LRULayout", p, "golang-lru-hash", "ns/op")
+		if p != "golang-lru-slot" {
+			note = r.pairedNote("LRULayout", p, "golang-lru-slot", "ns/op")
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", p, cell(r, "LRULayout", p, "ns/op"), note)
 	}
-	lru, ok1 := r.get("LRULayout", "golang-lru-hash", "ns/op")
+	lru, ok1 := r.get("LRULayout", "golang-lru-slot", "ns/op")
 	slab, ok2 := r.get("LRULayout", "slab", "ns/op")
 	if ok1 && ok2 {
-		fmt.Fprintf(&b, "\nThe LRU (its list, and the write-back that moves the key) costs a decision %s ns here against the slab, which has neither. ", num(lru-slab))
+		fmt.Fprintf(&b, "\nThe store's layout costs a decision %s ns here against the slab, which has no LRU (a golang-lru lookup, then the slot; now and then a move to the front). ", num(lru-slab))
 		if p, v, ok := r.best("Keys100kParallel", "ns/op", func(p string) bool { return !isOurs(p) }); ok {
 			if o, ok := r.get("Keys100kParallel", ours, "ns/op"); ok {
-				fmt.Fprintf(&b, "Keys100kParallel: ours %s ns, %s %s ns; ours less the LRU's cost: %s ns.", num(o), p, num(v), num(o-(lru-slab)))
+				fmt.Fprintf(&b, "Keys100kParallel: ours %s ns, %s %s ns; ours less that: %s ns.", num(o), p, num(v), num(o-(lru-slab)))
 			}
 		}
 		b.WriteString("\n")
