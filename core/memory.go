@@ -65,14 +65,18 @@ type MemoryConfig struct {
 	// Decision's RetryAfter is the time until that key recovers (exact,
 	// never early, if nothing else arrives), so a client over its limit
 	// cannot be released by a flood of other keys. Only the least recently
-	// used key is examined, and only recovered keys are ever dropped.
+	// used key is examined, and only recovered keys are ever dropped; such
+	// a store keeps exact recency (every decision moves its key to the
+	// front), so that the key examined is the least recently used.
 	//
 	// The default value, false, examines up to EvictionScan keys from the
-	// least recently used end of a full shard: the first of them that has
-	// fully recovered is dropped, silently (forgetting it changes no
-	// decision); the examined keys that still hold state are moved to the
-	// front, a second chance; when none of them has recovered, the least
-	// recently used one is evicted, counted and reported to the Observer.
+	// end of a full shard's list (its least recently used keys, as far as
+	// the store's lazy recency tells them apart: see MemoryStore): the
+	// first of them that has fully recovered is dropped, silently
+	// (forgetting it changes no decision); the examined keys that still
+	// hold state are moved to the front, a second chance; when none of them
+	// has recovered, the first of them (the one that was at the very end)
+	// is evicted, counted and reported to the Observer.
 	KeepActive bool
 
 	// Observer receives evictions of keys that still held state. The
@@ -117,9 +121,10 @@ type MemoryConfig struct {
 // of a key's neighbours and of the list's head are memory that every core
 // deciding in the shard would otherwise pass back and forth. A new key, a
 // key whose policy changes, and every key of a multi-request batch go to
-// the front.
+// the front. A store with KeepActive keeps exact recency instead.
 //
-// Deciding an existing key allocates nothing. A new key costs one
+// Deciding an existing key allocates nothing (unless its policy changes,
+// when the shard's table of policies may grow). A new key costs one
 // allocation (its LRU entry; with an Observer, one more for its text). A
 // full shard drops a recovered key before evicting one that holds state
 // (see MemoryConfig.KeepActive for how far it looks). Times outside
@@ -164,8 +169,9 @@ type memShard struct {
 	mu  sync.Mutex
 	lru *simplelru.LRU[uint64, memRef]
 	cap int
-	// lazy is half the shard's capacity: how far from the front a key
-	// may drift before a decision moves it back there (see put).
+	// lazy is how far from the front a key may drift before a decision
+	// moves it back there (see put): half the shard's capacity, or 0 with
+	// KeepActive (exact recency).
 	lazy uint64
 	tick uint64 // keys gone to the front so far
 
@@ -233,7 +239,11 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 		}
 		s.lru = l
 		s.cap = per
-		s.lazy = uint64(per / 2)
+		if !c.KeepActive {
+			// KeepActive examines only the last key of the list, which
+			// must then be the least recently used: it keeps exact recency.
+			s.lazy = uint64(per / 2)
+		}
 		if c.Observer != nil {
 			s.keys = make(map[uint64]string)
 		}
@@ -527,7 +537,6 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		order    [MaxBatch]int // distinct shard indices, ascending
 		hashes   [MaxBatch]uint64
 		entries  [MaxBatch]memEntry // copies of the held records
-		refs     [MaxBatch]memRef   // their LRU values
 		found    [MaxBatch]bool
 		ev       [MaxBatch]evictedInfo
 	)
@@ -543,7 +552,8 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		var st *State
 		if ref, ok := s.lru.Peek(hashes[i]); ok {
 			// To the front, so that making room keeps the batch's keys.
-			refs[i], found[i] = s.front(hashes[i], ref), true
+			s.front(hashes[i], ref)
+			found[i] = true
 			s.load(ref, &s.cur)
 			if s.cur.pol != r.Policy {
 				s.adopt(&s.cur, r.Policy, now)
@@ -621,14 +631,21 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			if found[i] {
 				s.cur = entries[i]
 				p.alg.Decide(p, &s.cur.st, r.Cost, now, true, &s.dec)
-				s.put(hashes[i], refs[i], s.at(refs[i].slot), &s.cur)
+				s.putAgain(hashes[i], &s.cur)
 				out[i] = s.dec
 				continue
 			}
 			s.scratch = State{}
 			p.alg.Decide(p, &s.scratch, r.Cost, now, true, &s.dec)
 			out[i] = s.dec
-			m.insert(s, hashes[i], r, s.scratch)
+			if s.lru.Contains(hashes[i]) {
+				// Another request of the batch, whose (Name, key) shares
+				// this hash, has just stored it: they share a record.
+				s.cur = memEntry{st: s.scratch, pol: p}
+				s.putAgain(hashes[i], &s.cur)
+			} else {
+				m.insert(s, hashes[i], r, s.scratch)
+			}
 			s.scratch = State{}
 		}
 	} else {
@@ -643,7 +660,7 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			if found[i] {
 				s.cur = entries[i]
 				r.Policy.alg.Decide(r.Policy, &s.cur.st, 0, now, true, &s.dec)
-				s.put(hashes[i], refs[i], s.at(refs[i].slot), &s.cur)
+				s.putAgain(hashes[i], &s.cur)
 			} else if !refused {
 				s.scratch = State{}
 				r.Policy.alg.Decide(r.Policy, &s.scratch, 0, now, false, &s.dec)

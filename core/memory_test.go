@@ -377,7 +377,7 @@ func TestZeroFakeClock(t *testing.T) {
 // shard to the front of the LRU at once, even within the second of its last
 // move, so the key evicted is the one least recently decided (see
 // TestMemShardLazyRecency for keys in the front half).
-func TestMemoryEveryDecisionRenewsRecency(t *testing.T) {
+func TestMemoryDecisionRenewsRecency(t *testing.T) {
 	rec := &recorder{}
 	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 4, Shards: 1, Observer: rec})
 	p := core.MustPolicy(core.Rule{Name: "r", Limit: 10, Window: time.Hour})
@@ -564,5 +564,24 @@ func TestMemoryCustomAlgorithm(t *testing.T) {
 	take(t, m2, t0, tb, "a")
 	if d := take(t, m2, t0, p, "a"); !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("budget after 2 units of a token bucket: %+v, want allowed with 0 remaining", d)
+	}
+}
+
+// A KeepActive store keeps exact recency: the key it examines is the least
+// recently used one, so a key used recently never stands in front of older
+// recovered keys and refuses a new key in their place.
+func TestMemoryKeepActiveExactRecency(t *testing.T) {
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 4, Shards: 1, KeepActive: true})
+	q := core.MustPolicy(core.Rule{Name: "q", Limit: 1, Window: time.Millisecond})
+	p := core.MustPolicy(core.Rule{Name: "p", Limit: 100, Window: time.Hour})
+	take(t, m, t0, q, "a")
+	take(t, m, t0, p, "b")
+	take(t, m, t0, q, "c")
+	take(t, m, t0, q, "d")
+	take(t, m, t0.Add(time.Second), p, "b")   // b: 2 from the front, used again
+	take(t, m, t0.Add(2*time.Second), q, "e") // drops a, recovered
+	// c and d have recovered and were used before b: one of them makes room.
+	if d := take(t, m, t0.Add(3*time.Second), q, "f"); !d.Allowed {
+		t.Fatalf("f refused (RetryAfter %v): the store examined b, not the least recently used key", d.RetryAfter)
 	}
 }

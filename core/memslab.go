@@ -87,6 +87,16 @@ func (s *memShard) put(h uint64, ref memRef, sl *memSlot, e *memEntry) {
 	}
 }
 
+// putAgain is put for the key hashed h as the LRU holds it now: a batch
+// whose requests share a hash (distinct (Name, key) pairs, see
+// MemoryStore) writes their one record once per request, the last write
+// winning, as for any shared record. Requires s.mu.
+func (s *memShard) putAgain(h uint64, e *memEntry) {
+	if ref, ok := s.lru.Peek(h); ok {
+		s.put(h, ref, s.at(ref.slot), e)
+	}
+}
+
 // setLog records l as the sliding log of slot i (nil for none). Requires
 // s.mu.
 func (s *memShard) setLog(i uint32, l *timeLog) {
@@ -133,7 +143,9 @@ func (s *memShard) newSlot() uint32 {
 	}
 	i := s.nslots
 	if i&slabMask == 0 {
-		s.slab = append(s.slab, make([]memSlot, slabChunk))
+		// A shard never holds more than cap slots (a slot is freed with
+		// its key, and reused first): the last chunk holds no more.
+		s.slab = append(s.slab, make([]memSlot, min(slabChunk, s.cap-int(i))))
 	}
 	s.nslots++
 	return i

@@ -73,6 +73,16 @@ func checkShard(t *testing.T, s *memShard) {
 	if live != len(s.polIndex) || live+len(s.polFree) != len(s.pols) {
 		t.Fatalf("%d live policies, %d indexed, %d free, %d in the table", live, len(s.polIndex), len(s.polFree), len(s.pols))
 	}
+	if s.keys != nil {
+		if len(s.keys) != n {
+			t.Fatalf("%d key texts for %d keys", len(s.keys), n)
+		}
+		for _, h := range keys {
+			if _, ok := s.keys[h]; !ok {
+				t.Fatalf("no text for key %x", h)
+			}
+		}
+	}
 	for slot, l := range s.logs {
 		if !used[slot] || l == nil {
 			t.Fatalf("sliding log of slot %d, held %v", slot, used[slot])
@@ -80,12 +90,18 @@ func checkShard(t *testing.T, s *memShard) {
 	}
 }
 
-// Random decisions, batches, refunds, peeks and rule changes over more
-// keys than a one-shard store holds keep the shard's bookkeeping exact.
+// Random decisions, batches, refunds, peeks, resets and rule changes over
+// more keys than a one-shard store holds keep the shard's bookkeeping
+// exact, for shards of 1 to 16 keys, with and without KeepActive and an
+// Observer.
 func TestMemShardBookkeeping(t *testing.T) {
-	for _, keepActive := range []bool{false, true} {
-		t.Run(fmt.Sprint("KeepActive=", keepActive), func(t *testing.T) {
-			m := MustMemoryStore(&MemoryConfig{Capacity: 16, Shards: 1, KeepActive: keepActive})
+	for _, c := range []MemoryConfig{
+		{Capacity: 16}, {Capacity: 16, KeepActive: true}, {Capacity: 16, Observer: NopObserver{}},
+		{Capacity: 1}, {Capacity: 2}, {Capacity: 3, Observer: NopObserver{}}, {Capacity: 5, KeepActive: true},
+	} {
+		c.Shards = 1
+		t.Run(fmt.Sprintf("%d,KeepActive=%v,Observer=%v", c.Capacity, c.KeepActive, c.Observer != nil), func(t *testing.T) {
+			m := MustMemoryStore(&c)
 			rng := rand.New(rand.NewPCG(1, 2))
 			var pols []*Policy
 			for _, r := range []Rule{
@@ -105,18 +121,19 @@ func TestMemShardBookkeeping(t *testing.T) {
 				req := func() Request {
 					return Request{Policy: pols[rng.IntN(len(pols))], Key: fmt.Sprint("k", rng.IntN(40)), Cost: 1}
 				}
-				switch op := rng.IntN(10); {
-				case op < 6:
+				switch op := rng.IntN(20); {
+				case op < 11:
 					m.Take(ctx, now, []Request{req()}, out[:1])
-				case op < 8:
-					a, b := req(), req()
-					if a.Key != b.Key || a.Policy.rule.Name != b.Policy.rule.Name {
-						m.Take(ctx, now, []Request{a, b}, out[:2])
-					}
-				case op < 9:
+				case op < 16:
+					batch := []Request{req(), req(), req(), req()}[:2+rng.IntN(3)]
+					m.Take(ctx, now, batch, out[:len(batch)]) // ErrDuplicateRequest at times
+				case op < 18:
 					m.Refund(ctx, now, []Request{req()})
-				default:
+				case op < 19:
 					m.Peek(ctx, now, []Request{req()}, out[:1])
+				default:
+					r := req()
+					m.Reset(ctx, r.Policy, r.Key)
 				}
 				checkShard(t, &m.shards[0])
 			}
@@ -178,4 +195,57 @@ func TestMemShardForgetsUnusedPolicies(t *testing.T) {
 	if len(s.polIndex) != 1 || len(s.pols) > 2 {
 		t.Fatalf("%d policies indexed, a table of %d, after 1000 rule sets on 3 keys; want 1 and at most 2", len(s.polIndex), len(s.pols))
 	}
+}
+
+// Two requests of one batch whose (Name, key) pairs share a hash share one
+// record, as the store documents, and leave its bookkeeping exact, new or
+// held, with or without a change of policy.
+func TestMemShardBatchHashCollision(t *testing.T) {
+	m := MustMemoryStore(&MemoryConfig{Capacity: 8, Shards: 1})
+	ctx := context.Background()
+	newPair := func(limit int64) (a, b *Policy) {
+		a = MustPolicy(Rule{Name: "A", Limit: limit, Window: time.Minute})
+		b = MustPolicy(Rule{Name: "B", Limit: limit + 1, Window: time.Minute})
+		// Make hash(B, "y") equal hash(A, "x").
+		b.nameHash = a.nameHash ^ maphashString(m, "x") ^ maphashString(m, "y")
+		return a, b
+	}
+	var out [2]Decision
+	for i := 0; i < 20; i++ {
+		a, b := newPair(int64(5 + i%3))
+		reqs := []Request{{Policy: a, Key: "x", Cost: 1}, {Policy: b, Key: "y", Cost: 1}}
+		if m.hash(&reqs[0]) != m.hash(&reqs[1]) {
+			t.Fatal("the test's hashes do not collide")
+		}
+		if err := m.Take(ctx, time.Unix(int64(i), 0), reqs, out[:]); err != nil {
+			t.Fatal(err)
+		}
+		checkShard(t, &m.shards[0])
+		if n := m.Len(); n != 1 {
+			t.Fatalf("%d keys held, want the one record both requests share", n)
+		}
+		if i%5 == 4 {
+			m.Reset(ctx, a, "x")
+			checkShard(t, &m.shards[0])
+		}
+	}
+}
+
+func maphashString(m *MemoryStore, s string) uint64 {
+	return m.hash(&Request{Policy: &Policy{}, Key: s})
+}
+
+// A shard smaller than a slab chunk gets a chunk of its own size.
+func TestMemShardSmallSlab(t *testing.T) {
+	m := MustMemoryStore(&MemoryConfig{Capacity: 10, Shards: 1})
+	p := MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Minute})
+	var out [1]Decision
+	for i := 0; i < 50; i++ {
+		m.Take(context.Background(), time.Unix(int64(i), 0), []Request{{Policy: p, Key: fmt.Sprint(i), Cost: 1}}, out[:])
+	}
+	s := &m.shards[0]
+	if len(s.slab) != 1 || len(s.slab[0]) != 10 {
+		t.Fatalf("slab of %d chunks, the first of %d slots; want one of 10", len(s.slab), len(s.slab[0]))
+	}
+	checkShard(t, s)
 }

@@ -145,8 +145,8 @@ func (m *MemoryStore) Reset(_ context.Context, p *Policy, key string) error {
 }
 
 // Refund implements Refunder. It locks the batch's shards in index order,
-// as Take does, so the batch is refunded atomically. A refunded key is
-// moved to the front of its shard's LRU, as a decision moves it.
+// as Take does, so the batch is refunded atomically. A refund renews its
+// key's recency as a decision does (see MemoryStore).
 func (m *MemoryStore) Refund(_ context.Context, now time.Time, reqs []Request) error {
 	return m.refund(reqs, ClampTime(now))
 }
