@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"net/http"
-	"sync/atomic"
 	"testing"
 
 	"github.com/limitry/ratelimit"
@@ -97,20 +96,7 @@ func BenchmarkMiddlewarePartsParallel(b *testing.B) {
 	reqs := mwRequests()
 	for _, p := range mwParts() {
 		b.Run(p.name, func(b *testing.B) {
-			do := p.setup(b, reqs)
-			var seed atomic.Int64
-			b.ReportAllocs()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				w := &benchWriter{h: make(http.Header)}
-				i := int(seed.Add(1)*7919) % len(reqs)
-				for pb.Next() {
-					do(w, i)
-					if i++; i == len(reqs) {
-						i = 0
-					}
-				}
-			})
+			serveParallel(b, len(reqs), p.setup(b, reqs))
 		})
 	}
 }
