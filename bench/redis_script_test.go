@@ -25,15 +25,15 @@ var scriptOps = []scriptOp{
 	{"loop", `x = i`},
 	{"TIME", `x = redis.call('TIME')`},
 	{"GET", `x = redis.call('GET', KEYS[1])`},
-	{"SET-PX", `x = redis.call('SET', KEYS[1], 'f:29527333:17;Kx9a2bQe', 'PX', '60250')`},
-	{"SET-KEEPTTL", `x = redis.call('SET', KEYS[1], 'f:29527333:17;Kx9a2bQe', 'KEEPTTL')`},
+	{"SET-PX", `x = redis.call('SET', KEYS[1], 'f:29527333:17;f,1000000000,1000000,1000000000', 'PX', '60250')`},
+	{"SET-KEEPTTL", `x = redis.call('SET', KEYS[1], 'f:29527333:17;f,1000000000,1000000,1000000000', 'KEEPTTL')`},
 	{"INCRBY", `x = redis.call('INCRBY', KEYS[2], '1')`},
 	{"PTTL", `x = redis.call('PTTL', KEYS[2])`},
 	{"unpack-policy", `local ok, a, b, c, d, e, f, g, h = pcall(cmsgpack.unpack, P) x = h`},
 	{"match-record", `local a, b, r = string.match(V, '^f:(%-?%d+):(%d+)(.*)$') x = r`},
-	{"format-record", `x = string.format('f:%d:%d;%s', 29527333, 17, 'Kx9a2bQe')`},
+	{"format-record", `x = string.format('f:%d:%d;%s', 29527333, 17, 'f,1000000000,1000000,1000000000')`},
 	{"INCRBY+PTTL", `x = redis.call('INCRBY', KEYS[2], '1') x = redis.call('PTTL', KEYS[2])`},
-	{"TIME+GET+SET-PX", `x = redis.call('TIME') x = redis.call('GET', KEYS[1]) x = redis.call('SET', KEYS[1], 'f:29527333:17;Kx9a2bQe', 'PX', '60250')`},
+	{"TIME+GET+SET-PX", `x = redis.call('TIME') x = redis.call('GET', KEYS[1]) x = redis.call('SET', KEYS[1], 'f:29527333:17;f,1000000000,1000000,1000000000', 'PX', '60250')`},
 }
 
 // scriptLoop wraps body in a loop of ARGV[1] iterations and returns the
@@ -42,7 +42,7 @@ func scriptLoop(body string) string {
 	return `
 local n = tonumber(ARGV[1])
 local P = ARGV[2]
-local V = 'f:29527333:17;Kx9a2bQe'
+local V = 'f:29527333:17;f,1000000000,1000000,1000000000'
 redis.call('SET', KEYS[1], V, 'PX', '600000')
 redis.call('SET', KEYS[2], '0', 'PX', '600000')
 local x
@@ -55,15 +55,34 @@ return (tonumber(t1[1]) - tonumber(t0[1])) * 1000000 + tonumber(t1[2]) - tonumbe
 `
 }
 
-// policyArgs is a MessagePack array like the policy argument of our
-// script: 'f', a tag, then six integers (fixarray of 8).
-var policyArgs = string([]byte{
-	0x98, 0xa1, 'f', 0xa8, 'K', 'x', '9', 'a', '2', 'b', 'Q', 'e',
-	0xcf, 0, 0, 0, 0x0d, 0xf8, 0x47, 0x58, 0x00, // 60,000,000,000
-	0xce, 0x3b, 0x9a, 0xca, 0x00, // 1,000,000,000
-	0xce, 0x3b, 0x9a, 0xca, 0x00,
-	0x00, 0x00, 0x00,
-})
+// recordTag is the identity tag our store writes with a fixed window of
+// the benchmarks' quota (1e9 per second): the algorithm's code, Limit,
+// Window in microseconds, capacity.
+const recordTag = "f,1000000000,1000000,1000000000"
+
+// policyArgs is our script's policy argument for that fixed window, as
+// adapters/redisstore encodes it: eight MessagePack values in a row (not an
+// array), the algorithm's code as a fixstr, the tag as a raw16, then Window
+// in microseconds, Limit, capacity, MaxDelay in microseconds and the
+// quotient and remainder of capacity x Window / Limit, each in its shortest
+// unsigned form.
+var policyArgs = string(append(append([]byte{0xa1, 'f', 0xda, 0, byte(len(recordTag))}, recordTag...),
+	0xce, 0x00, 0x0f, 0x42, 0x40, // Window: 1,000,000 µs
+	0xce, 0x3b, 0x9a, 0xca, 0x00, // Limit: 1,000,000,000
+	0xce, 0x3b, 0x9a, 0xca, 0x00, // capacity: 1,000,000,000
+	0x00,                         // MaxDelay: 0
+	0xce, 0x00, 0x0f, 0x42, 0x40, // quotient: 1,000,000
+	0x00, // remainder: 0
+))
+
+// checkPolicyArgs is the decoding our script does, checked once.
+const checkPolicyArgs = `
+local ok, alg, tag, W, L, cap, md, tauQ, tauR = pcall(cmsgpack.unpack, ARGV[1])
+if not ok or alg ~= 'f' or tag ~= ARGV[2] or W ~= 1000000 or L ~= 1000000000 or cap ~= 1000000000 or md ~= 0 or tauQ ~= 1000000 or tauR ~= 0 then
+  return redis.error_reply('policy argument decodes as ' .. tostring(alg) .. ' ' .. tostring(tag) .. ' ' .. tostring(W) .. ' ' .. tostring(tauR))
+end
+return 1
+`
 
 // BenchmarkRedisScriptOp reports what each step of a fixed-window script
 // costs redis-server, run b.N times in loops inside scripts: srv-ns/op is
@@ -75,6 +94,9 @@ func BenchmarkRedisScriptOp(b *testing.B) {
 		b.Run(op.name, func(b *testing.B) {
 			c, _ := redisClient(b, nil)
 			ctx := context.Background()
+			if err := c.Eval(ctx, checkPolicyArgs, nil, policyArgs, recordTag).Err(); err != nil {
+				b.Fatal(err)
+			}
 			src := scriptLoop(op.body)
 			keys := []string{"script-op:record", "script-op:counter"}
 			// One run first: it compiles the script and checks it.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run.sh: the whole comparison in one command (about 12 minutes on 2 cores).
+# run.sh: the whole comparison in one command (about 20 minutes on 2 cores with COUNT=8).
 #
 #   cd bench && ./run.sh            # everything
 #   cd bench && ./run.sh profiles   # only the profiles, then the report
@@ -72,7 +72,7 @@ if [ "$MODE" = all ]; then
 		bench middleware '^BenchmarkMiddleware(Parallel|Parts|PartsParallel)?$' "$BENCHTIME"
 		bench redis '^BenchmarkRedis(HotKeyParallel64|Keys100kParallel64|ScriptOp)?$' "$BENCHTIME"
 		bench heap '^BenchmarkHeapPerKey$' 1x
-		bench layout '^BenchmarkLRU(Layout|Insert)$' "$BENCHTIME"
+		bench layout '^BenchmarkLRU(Layout|LayoutWarm|Insert)$' "$BENCHTIME"
 	done
 
 	: >"$OUT/benchstat.txt"

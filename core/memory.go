@@ -29,8 +29,8 @@ const DefaultShards = 64
 // of shards keeps, halving the shards of a small store.
 const minShardCapacity = 4 * MaxBatch
 
-// EvictionScan is the most keys a full shard examines, from its least
-// recently used end, to find room for one new key.
+// EvictionScan is the most keys a full shard examines, from the end of its
+// LRU list, to find room for one new key.
 const EvictionScan = 8
 
 // MemoryConfig configures a MemoryStore. A nil *MemoryConfig means the
@@ -117,9 +117,11 @@ type MemoryConfig struct {
 // it last did, and the shard holds more keys than that). A key is therefore
 // evicted only after at least half a shard's capacity of other keys have
 // been added or moved to the front since its last use (an exact LRU waits
-// for a whole shard's), and most decisions write no list links: the links
-// of a key's neighbours and of the list's head are memory that every core
-// deciding in the shard would otherwise pass back and forth. A new key, a
+// for a whole shard's). While a shard's busy keys are fewer than about half
+// its capacity, almost no decision writes list links (the links of a key's
+// neighbours and of the list's head, memory that every core deciding in the
+// shard would otherwise pass back and forth); a full shard under uniform
+// traffic still moves more than half of its decisions' keys. A new key, a
 // key whose policy changes, and every key of a multi-request batch go to
 // the front. A store with KeepActive keeps exact recency instead.
 //

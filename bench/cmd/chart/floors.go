@@ -57,7 +57,7 @@ func scriptTable(r results) string {
 		if !ok {
 			continue
 		}
-		fmt.Fprintf(&b, "In %s, where ulule's decision costs the server %s µs, that alone bounds our fixed window's ratio to ulule's at %.3f (%s ÷ (%s + %s)). ",
+		fmt.Fprintf(&b, "In %s, where ulule's decision costs the server %s µs, that alone bounds our fixed window's ratio to ulule's at %.3f (%s ÷ (%s + %s)), as long as the rest of our script costs at least what the rest of ulule's does. ",
 			wl, num(srv), srv/(srv+extra/1000), num(srv), num(srv), num(extra/1000))
 	}
 	b.WriteString("\n")
@@ -80,10 +80,10 @@ func insertTable(r results) string {
 		num(lru), cell(r, w, "golang-lru-slot", "B/op"), cell(r, w, "golang-lru-slot", "allocs/op"), r.pairedNote(w, "golang-lru-slot", "map", "ns/op"))
 	fmt.Fprintf(&b, "| map (unbounded, cleared when full, as httprate's windows) | %s | %s | %s | – |\n",
 		num(m), cell(r, w, "map", "B/op"), cell(r, w, "map", "allocs/op"))
-	fmt.Fprintf(&b, "\nThe bound costs a new key %s ns here. ", num(lru-m))
+	fmt.Fprintf(&b, "\ngolang-lru's bounded structure costs a new key %s ns more than an unbounded map here. ", num(lru-m))
 	if p, v, ok := r.best("NewKey", "ns/op", func(p string) bool { return !isOurs(p) }); ok {
 		if o, ok := r.get("NewKey", ours, "ns/op"); ok {
-			fmt.Fprintf(&b, "NewKey: ours %s ns, %s %s ns; ours less the bound's cost: %s ns.", num(o), p, num(v), num(o-(lru-m)))
+			fmt.Fprintf(&b, "NewKey: ours %s ns, %s %s ns; ours less that: %s ns.", num(o), p, num(v), num(o-(lru-m)))
 		}
 	}
 	b.WriteString("\n")
