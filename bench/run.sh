@@ -5,6 +5,7 @@
 #   cd bench && ./run.sh profiles   # only the profiles, then the report
 #   cd bench && ./run.sh report     # only the tables and chart, from results/
 #   cd bench && ./run.sh lease      # only the quota-lease workloads (about 2 minutes)
+#   cd bench && ./run.sh steps      # only Keys100kParallel split into steps (about 2 minutes)
 #
 # Runs every workload COUNT times (default 6), round-robin so that machine
 # noise spreads over every peer alike, with -benchmem; writes the raw output
@@ -43,6 +44,25 @@ if [ "$MODE" = lease ]; then
 	done
 	go run "$BENCHSTAT" "$OUT/lease-raw.txt" >"$OUT/lease-benchstat.txt"
 	cat "$OUT/lease-benchstat.txt"
+	exit 0
+fi
+
+if [ "$MODE" = steps ]; then
+	# Keys100kParallel split into steps (core's
+	# BenchmarkKeys100kParallelSteps), each round beside the Keys100kParallel
+	# rows of ours and sethvargo: their own raw file and benchstat summary;
+	# BENCHMARKS.md's figures for them are written from these by hand.
+	(cd .. && go test -c -o "$tmp/core.test" ./core)
+	: >"$OUT/steps-raw.txt"
+	for i in $(seq "$COUNT"); do
+		echo "== round $i of $COUNT"
+		{
+			"$tmp/core.test" -test.run '^$' -test.bench '^BenchmarkKeys100kParallelSteps$' -test.benchtime "$BENCHTIME" -test.benchmem -test.count 1
+			"$bin" -test.run '^$' -test.bench '^BenchmarkKeys100kParallel$/^(ratelimit|sethvargo)$' -test.benchtime "$BENCHTIME" -test.benchmem -test.count 1
+		} | tee -a "$OUT/steps-raw.txt" | grep -E '^(Benchmark|FAIL|---|panic)' || true
+	done
+	go run "$BENCHSTAT" "$OUT/steps-raw.txt" >"$OUT/steps-benchstat.txt"
+	cat "$OUT/steps-benchstat.txt"
 	exit 0
 fi
 
