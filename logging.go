@@ -32,10 +32,26 @@ const (
 	numLogKinds
 )
 
+// ForwardedCheckFirst is the number of a Limiter's first requests on which
+// the forwarded-header warning (see [WithLogger]) examines every request.
+// After them it examines about one request in 64, chosen by the low bits of
+// the decision's time: behind an untrusted proxy every request carries the
+// header, so the warning still comes within a few dozen requests, and the
+// others skip three header lookups.
+const ForwardedCheckFirst = 1024
+
+// forwardedSampleMask selects the requests examined after the first
+// ForwardedCheckFirst: those whose decision time, in units of 1,024 ns, is
+// 0 modulo 64.
+const forwardedSampleMask = 63
+
 // logState remembers which lines a Limiter has logged.
 type logState struct {
 	done [numLogKinds]atomic.Bool
 	keys []keyStat // per layer
+	// forwardedSeen counts the requests the forwarded-header check has
+	// examined, up to about ForwardedCheckFirst.
+	forwardedSeen atomic.Int64
 }
 
 // keyStat counts the requests a layer found no key for, until it finds one
@@ -71,6 +87,18 @@ func (l *Limiter) noteKey(i int, present bool) {
 
 // forwardedHeaders are the client-IP headers proxies commonly set.
 var forwardedHeaders = [...]string{"X-Forwarded-For", "Forwarded", "X-Real-Ip"}
+
+// sampleForwarded reports whether the forwarded-header check examines the
+// request decided at at (Unix nanoseconds): each of the Limiter's first
+// ForwardedCheckFirst requests, then those whose time falls in one slot of
+// 64.
+func (l *Limiter) sampleForwarded(at int64) bool {
+	if l.logs.forwardedSeen.Load() < ForwardedCheckFirst {
+		l.logs.forwardedSeen.Add(1)
+		return true
+	}
+	return uint64(at)>>10&forwardedSampleMask == 0
+}
 
 // checkForwarded logs once when r carries a forwarded header from a loopback
 // or private peer and one of the keys it is charged to is that peer's
@@ -120,7 +148,9 @@ func (l *Limiter) checkForwarded(r *http.Request, reqs []core.Request) {
 // its first [AbsentKeyLogAfter] requests, store errors served fail-open, and
 // configuration errors met at request time. Each is logged at most once per
 // Limiter, at level Warn, and never carries a key or an address in full.
-// The default value is slog.Default(); WithLogger(nil) silences them.
+// The default value is slog.Default(); WithLogger(nil) silences them. The
+// forwarded-header check examines each of a Limiter's first
+// [ForwardedCheckFirst] requests, then about one in 64.
 func WithLogger(logger *slog.Logger) Option {
 	return func(c *config) { c.logger = logger }
 }

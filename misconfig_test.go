@@ -450,6 +450,33 @@ func TestForwardedFromPrivatePeerLogged(t *testing.T) {
 	}
 }
 
+// TestForwardedSampledAfterFirstRequests checks that after its first
+// ForwardedCheckFirst requests a Limiter examines forwarded headers only on
+// requests whose decision time falls in the sampled slot of 64 (units of
+// 1,024 ns), and that one such request is enough for the warning.
+func TestForwardedSampledAfterFirstRequests(t *testing.T) {
+	logs, logOpt := newLogBuf()
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1 << 20).Named("ip")}}, logOpt)
+	for range ratelimit.ForwardedCheckFirst {
+		e.do(t, mwReq("203.0.113.9:5"))
+	}
+	const warning = "forwarded headers arrive from a loopback or private peer"
+	// A time whose slot is sampled, then the 63 slots after it, which are not.
+	base := (mwT0.UnixNano()>>16 + 1) << 16
+	for k := int64(1); k < 64; k++ {
+		e.clk.Set(time.Unix(0, base+k*1024))
+		e.do(t, mwReq("10.1.2.3:5", "X-Forwarded-For", "198.51.100.77"))
+	}
+	if n := logs.count(warning); n != 0 {
+		t.Fatalf("logged %d times on requests outside the sampled slot:\n%s", n, logs)
+	}
+	e.clk.Set(time.Unix(0, base+64*1024+1023))
+	e.do(t, mwReq("10.1.2.3:5", "X-Forwarded-For", "198.51.100.77"))
+	if n := logs.count(warning); n != 1 {
+		t.Fatalf("logged %d times after a request in the sampled slot, want 1:\n%s", n, logs)
+	}
+}
+
 // TestAbsentKeyLogged checks the one-time warning for a layer whose key was
 // absent on every one of its first AbsentKeyLogAfter requests, and that
 // WithLogger(nil) silences it.
