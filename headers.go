@@ -302,13 +302,15 @@ func ietfValues(rs *ruleSet, ls []LayerResult, speaker int, b []byte, pks [][pkL
 			t = d.RetryAfter
 		}
 		start := len(b)
-		var prefix int // the length of `"name";r=`
+		var prefix int  // the length of `"name";r=`
+		digitsEnd := -1 // where the digits of r end, when known
 		if pks == nil && own(rs, &ls[j]) {
 			// The layer's own name: its item's prefix is precomputed.
 			sp := rs.rules[ls[j].index].stateItem
 			prefix = len(sp)
 			b = append(b, sp...)
 			b = strconv.AppendInt(b, clampSF(d.Remaining), 10)
+			digitsEnd = len(b)
 			b = append(b, ';')
 			b = append(b, ietfReset...)
 			b = append(b, '=')
@@ -320,9 +322,12 @@ func ietfValues(rs *ruleSet, ls []LayerResult, speaker int, b []byte, pks [][pkL
 		if j == speaker {
 			// The item is `"name";r=<digits>;...`.
 			remStart = start + prefix
-			remEnd = remStart
-			for remEnd < len(b) && b[remEnd] >= '0' && b[remEnd] <= '9' {
-				remEnd++
+			remEnd = digitsEnd
+			if remEnd < 0 {
+				remEnd = remStart
+				for remEnd < len(b) && b[remEnd] >= '0' && b[remEnd] <= '9' {
+					remEnd++
+				}
 			}
 		}
 	}
