@@ -140,3 +140,23 @@ func ParseAlgorithm(name string) (Algorithm, error) {
 	}
 	return nil, fmt.Errorf("%w %q (want one of token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter)", ErrUnknownAlgorithm, name)
 }
+
+// decideBuiltin calls Decide on p's algorithm directly when it is one of
+// the built-ins, so that s and d may stay on the caller's stack (passed
+// through the Algorithm interface, they would escape to the heap), and
+// reports whether it did; for any other algorithm it does nothing.
+func decideBuiltin(p *Policy, s *State, cost, now int64, commit bool, d *Decision) bool {
+	switch p.alg.(type) {
+	case tokenBucket, leakyBucket:
+		gcraDecide(p, s, cost, now, commit, d)
+	case fixedWindow:
+		fixedWindow{}.Decide(p, s, cost, now, commit, d)
+	case slidingWindowCounter:
+		slidingWindowCounter{}.Decide(p, s, cost, now, commit, d)
+	case slidingWindowLog:
+		slidingWindowLog{}.Decide(p, s, cost, now, commit, d)
+	default:
+		return false
+	}
+	return true
+}

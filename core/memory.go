@@ -489,7 +489,25 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	if !ok {
 		return m.takeNew(s, h, r, now, out)
 	}
-	sl := s.load(ref, &s.cur)
+	var e memEntry
+	sl := s.load(ref, &e)
+	if e.pol != p || !decideBuiltin(p, &e.st, r.Cost, now, true, out) {
+		return m.takeOther(s, h, ref, sl, r, now, out)
+	}
+	s.put(h, ref, sl, &e)
+	s.mu.Unlock()
+	return nil
+}
+
+// takeOther is takeOne for a record written under another policy, or for
+// a policy of an algorithm other than the built-ins: the interface call
+// decides in the shard's scratch fields, which (unlike the caller's stack)
+// it cannot move to the heap. Requires s.mu, and releases it.
+//
+//go:noinline
+func (m *MemoryStore) takeOther(s *memShard, h uint64, ref memRef, sl *memSlot, r *Request, now int64, out *Decision) error {
+	p := r.Policy
+	s.load(ref, &s.cur)
 	if s.cur.pol != p {
 		s.adopt(&s.cur, p, now)
 	}
