@@ -519,6 +519,20 @@ func (m *MemoryStore) takeOther(s *memShard, h uint64, ref memRef, sl *memSlot, 
 	return nil
 }
 
+// decide is p's Decide into st and d, which may be on the caller's stack:
+// the built-in algorithms are called directly; any other decides in the
+// shard's scratch fields (through the Algorithm interface, st and d would
+// escape to the heap), copied in and out. Requires s.mu.
+func (s *memShard) decide(p *Policy, st *State, cost, now int64, commit bool, d *Decision) {
+	if decideBuiltin(p, st, cost, now, commit, d) {
+		return
+	}
+	s.scratch = *st
+	p.alg.Decide(p, &s.scratch, cost, now, commit, &s.dec)
+	*st, *d = s.scratch, s.dec
+	s.scratch = State{}
+}
+
 // takeNew is takeOne for a key the store does not hold, apart so that the
 // common case keeps a small frame. Requires s.mu, and releases it.
 //
@@ -527,23 +541,22 @@ func (m *MemoryStore) takeNew(s *memShard, h uint64, r *Request, now int64, out 
 	var ev [1]evictedInfo
 	nev := 0
 	p := r.Policy
-	var err error
-	s.scratch = State{}
-	p.alg.Decide(p, &s.scratch, r.Cost, now, true, &s.dec)
-	*out = s.dec
+	var (
+		err error
+		st  State
+	)
+	s.decide(p, &st, r.Cost, now, true, out)
 	if out.Allowed {
 		var retry int64
 		if retry, err = m.makeRoom(s, 1, 0, nil, now, ev[:], &nev); err == nil {
-			m.insert(s, h, r, s.scratch)
+			m.insert(s, h, r, st)
 		} else {
-			s.scratch = State{}
-			p.alg.Decide(p, &s.scratch, 0, now, false, &s.dec)
-			*out = s.dec
+			st = State{}
+			s.decide(p, &st, 0, now, false, out)
 			out.Allowed = false
 			out.RetryAfter = time.Duration(retry)
 		}
 	}
-	s.scratch = State{}
 	s.mu.Unlock()
 	if nev > 0 {
 		m.report(ev[:], nev)

@@ -14,8 +14,9 @@ package core
 //
 // Writing in place lets a decision leave the LRU list alone unless its key
 // may have drifted into the back half of the shard (see put): most
-// decisions then write only the shard's lock, its scratch record and the
-// key's slot, where moving the key to the front would also write its two
+// decisions then write only the shard's lock and the key's slot (a held
+// key under its own built-in policy is decided on the caller's stack, see
+// MemoryStore.takeOne), where moving the key to the front would also write its two
 // neighbours in the list, the list's head and the former first entry,
 // memory that the other cores use too.
 
