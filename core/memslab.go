@@ -16,9 +16,9 @@ package core
 // may have drifted into the back half of the shard (see put): most
 // decisions then write only the shard's lock and the key's slot (a held
 // key under its own built-in policy is decided on the caller's stack, see
-// MemoryStore.takeOne), where moving the key to the front would also write its two
-// neighbours in the list, the list's head and the former first entry,
-// memory that the other cores use too.
+// MemoryStore.takeOne), where moving the key to the front would also
+// write its two neighbours in the list, the list's head and the former
+// first entry, memory that the other cores use too.
 
 // memRef is the value of a key in its shard's LRU.
 type memRef struct {
