@@ -35,9 +35,11 @@ const (
 // ForwardedCheckFirst is the number of a Limiter's first requests on which
 // the forwarded-header warning (see [WithLogger]) examines every request.
 // After them it examines about one request in 64, chosen by the low bits of
-// the decision's time: behind an untrusted proxy every request carries the
-// header, so the warning still comes within a few dozen requests, and the
-// others skip three header lookups.
+// the decision's time on the Limiter's clock (see [WithClock]): behind an
+// untrusted proxy every request carries the header, so the warning still
+// comes within a few dozen requests, and the others skip three header
+// lookups. A clock that stands still or moves in coarse steps samples
+// fewer requests, or none.
 const ForwardedCheckFirst = 1024
 
 // forwardedSampleMask selects the requests examined after the first

@@ -861,6 +861,10 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		res.Proceed = true
 		return 0
 	}
+	res.at = l.cl.NowUnixNano()
+	if l.cfg.logger != nil && !l.logs.done[logForwarded].Load() && l.sampleForwarded(res.at) {
+		l.checkForwarded(r, reqs[:n])
+	}
 	if shaped && reserve && !l.cfg.dryRun {
 		// Take a waiting-room slot before charging, so that a request
 		// refused for a full room is charged nothing.
@@ -870,10 +874,6 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			return 0
 		}
 		res.reserved = true
-	}
-	res.at = l.cl.NowUnixNano()
-	if l.cfg.logger != nil && !l.logs.done[logForwarded].Load() && l.sampleForwarded(res.at) {
-		l.checkForwarded(r, reqs[:n])
 	}
 	m := n
 	if peek && l.slots != nil {

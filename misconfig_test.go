@@ -450,30 +450,81 @@ func TestForwardedFromPrivatePeerLogged(t *testing.T) {
 	}
 }
 
-// TestForwardedSampledAfterFirstRequests checks that after its first
-// ForwardedCheckFirst requests a Limiter examines forwarded headers only on
-// requests whose decision time falls in the sampled slot of 64 (units of
-// 1,024 ns), and that one such request is enough for the warning.
+// TestForwardedSampledAfterFirstRequests checks that a Limiter examines
+// forwarded headers on each of its first ForwardedCheckFirst requests
+// whatever the time, and after them only on requests whose decision time
+// falls in the sampled slot of 64 (units of 1,024 ns), one such request
+// being enough for the warning.
 func TestForwardedSampledAfterFirstRequests(t *testing.T) {
-	logs, logOpt := newLogBuf()
-	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1 << 20).Named("ip")}}, logOpt)
-	for range ratelimit.ForwardedCheckFirst {
-		e.do(t, mwReq("203.0.113.9:5"))
-	}
 	const warning = "forwarded headers arrive from a loopback or private peer"
-	// A time whose slot is sampled, then the 63 slots after it, which are not.
+	// base is a sampled time; base+k*1024 for k in 1..63 are not.
 	base := (mwT0.UnixNano()>>16 + 1) << 16
-	for k := int64(1); k < 64; k++ {
-		e.clk.Set(time.Unix(0, base+k*1024))
-		e.do(t, mwReq("10.1.2.3:5", "X-Forwarded-For", "198.51.100.77"))
+	unsampled := time.Unix(0, base+1024)
+	forwarded := func() *http.Request { return mwReq("10.1.2.3:5", "X-Forwarded-For", "198.51.100.77") }
+	newEnv := func(t *testing.T, plain int) (*mwEnv, *logBuf) {
+		logs, logOpt := newLogBuf()
+		e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1 << 20).Named("ip")}}, logOpt)
+		e.clk.Set(unsampled)
+		for range plain {
+			e.do(t, mwReq("203.0.113.9:5"))
+		}
+		return e, logs
 	}
-	if n := logs.count(warning); n != 0 {
-		t.Fatalf("logged %d times on requests outside the sampled slot:\n%s", n, logs)
+
+	t.Run("last of the first requests", func(t *testing.T) {
+		e, logs := newEnv(t, ratelimit.ForwardedCheckFirst-1)
+		e.do(t, forwarded())
+		if n := logs.count(warning); n != 1 {
+			t.Fatalf("request %d, outside the sampled slot: logged %d times, want 1:\n%s", ratelimit.ForwardedCheckFirst, n, logs)
+		}
+	})
+
+	t.Run("after the first requests", func(t *testing.T) {
+		e, logs := newEnv(t, ratelimit.ForwardedCheckFirst)
+		for k := int64(1); k < 64; k++ {
+			e.clk.Set(time.Unix(0, base+k*1024))
+			e.do(t, forwarded())
+		}
+		if n := logs.count(warning); n != 0 {
+			t.Fatalf("logged %d times on requests outside the sampled slot:\n%s", n, logs)
+		}
+		e.clk.Set(time.Unix(0, base+64*1024+1023))
+		e.do(t, forwarded())
+		if n := logs.count(warning); n != 1 {
+			t.Fatalf("logged %d times after a request in the sampled slot, want 1:\n%s", n, logs)
+		}
+	})
+}
+
+// TestForwardedCheckedWhenWaitingRoomFull checks that a request refused for
+// a full waiting room is still examined for forwarded headers: behind an
+// untrusted proxy with a shaping rule, most requests may take that path.
+func TestForwardedCheckedWhenWaitingRoomFull(t *testing.T) {
+	logs, logOpt := newLogBuf()
+	layers := []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute}}}
+	e := mwNew(t, layers, logOpt, ratelimit.WithMaxWaiting(1))
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	ratelimit.SetWaitFunc(e.l, func(context.Context, time.Duration) error {
+		close(entered)
+		<-release
+		return nil
+	})
+	e.do(t, mwReq("10.1.2.3:5")) // served at once
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.do(t, mwReq("10.1.2.3:5")) // waits, filling the room
+	}()
+	<-entered
+	rec := e.do(t, mwReq("10.1.2.3:5", "X-Forwarded-For", "198.51.100.77"))
+	close(release)
+	<-done
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("status %d, want 429 for a full waiting room", rec.Code)
 	}
-	e.clk.Set(time.Unix(0, base+64*1024+1023))
-	e.do(t, mwReq("10.1.2.3:5", "X-Forwarded-For", "198.51.100.77"))
-	if n := logs.count(warning); n != 1 {
-		t.Fatalf("logged %d times after a request in the sampled slot, want 1:\n%s", n, logs)
+	if n := logs.count("forwarded headers arrive from a loopback or private peer"); n != 1 {
+		t.Fatalf("logged %d times, want 1:\n%s", n, logs)
 	}
 }
 
