@@ -492,22 +492,23 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	var e memEntry
 	sl := s.load(ref, &e)
 	if e.pol != p || !decideBuiltin(p, &e.st, r.Cost, now, true, out) {
-		return m.takeOther(s, h, ref, sl, r, now, out)
+		return m.takeOther(s, h, ref, sl, e, r, now, out)
 	}
 	s.put(h, ref, sl, &e)
 	s.mu.Unlock()
 	return nil
 }
 
-// takeOther is takeOne for a record written under another policy, or for
-// a policy of an algorithm other than the built-ins: the interface call
-// decides in the shard's scratch fields, which (unlike the caller's stack)
-// it cannot move to the heap. Requires s.mu, and releases it.
+// takeOther is takeOne for e, the record loaded from sl, when it was
+// written under another policy or its policy's algorithm is not one of the
+// built-ins: the interface call decides in the shard's scratch fields,
+// which (unlike the caller's stack) it cannot move to the heap. Requires
+// s.mu, and releases it.
 //
 //go:noinline
-func (m *MemoryStore) takeOther(s *memShard, h uint64, ref memRef, sl *memSlot, r *Request, now int64, out *Decision) error {
+func (m *MemoryStore) takeOther(s *memShard, h uint64, ref memRef, sl *memSlot, e memEntry, r *Request, now int64, out *Decision) error {
 	p := r.Policy
-	s.load(ref, &s.cur)
+	s.cur = e
 	if s.cur.pol != p {
 		s.adopt(&s.cur, p, now)
 	}
