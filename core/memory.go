@@ -42,6 +42,12 @@ type MemoryConfig struct {
 	// than Capacity; MemoryStore.Capacity reports the exact bound), and the
 	// bound is per shard: a full shard makes room in itself even if another
 	// shard has room.
+	//
+	// Capacity also sizes some memory up front: the store allocates half a
+	// byte per key of Capacity when it is made (where each key's 16-byte
+	// slot will be, and which slots are in use). The slots themselves are
+	// allocated as keys arrive, between 16 and about 43 bytes per key held
+	// (see MemoryStore), never more than 16 bytes per key of Capacity.
 	Capacity int
 
 	// Shards is the number of independently locked shards, lowered to
@@ -110,20 +116,35 @@ type MemoryConfig struct {
 // 1,000,000 keys.
 //
 // Each shard's golang-lru list holds, for each key, where its state is: a
-// slot of the shard, written in place by every decision. Recency is kept
-// lazily, as memcached keeps its LRU: a decision moves its key to the front
-// of the shard's list only when the key may have drifted into the back half
-// (more than half a shard's capacity of keys have gone to the front since
-// it last did, and the shard holds more keys than that). A key is therefore
-// evicted only after at least half a shard's capacity of other keys have
-// been added or moved to the front since its last use (an exact LRU waits
-// for a whole shard's). While a shard's busy keys are fewer than about half
-// its capacity, almost no decision writes list links (the links of a key's
-// neighbours and of the list's head, memory that every core deciding in the
-// shard would otherwise pass back and forth); a full shard under uniform
-// traffic still moves more than half of its decisions' keys. A new key, a
-// key whose policy changes, and every key of a multi-request batch go to
-// the front. A store with KeepActive keeps exact recency instead.
+// slot of the shard, written in place by every decision. A new key takes
+// the slot its hash points to when that one is free (about three keys in
+// four), and a decision reads that slot while it looks the key up, so that
+// finding the key and reading its state overlap. The slots a hash points
+// to are the shard's first ones, 4/3 to 8/3 times as many as the keys it
+// holds while it fills: when its keys pass three quarters of them, the
+// range doubles (up to the shard's capacity) and the shard places all its
+// keys anew, in their LRU order, a pause of about a decision's time per
+// key held, at most log2(capacity/64) times in a shard's life. A shard
+// that runs full and evicts places its new keys in the slots freed, and
+// its decisions gain less from this. Slots are placed by hash, not in the
+// order keys arrive: traffic that revisits keys in the order they first
+// came finds them further apart in memory than an arrival-ordered layout
+// would keep them.
+//
+// Recency is kept lazily, as memcached keeps its LRU: a decision moves its
+// key to the front of the shard's list only when the key may have drifted
+// into the back half (more than half a shard's capacity of keys have gone
+// to the front since it last did, and the shard holds more keys than that).
+// A key is therefore evicted only after at least half a shard's capacity of
+// other keys have been added or moved to the front since its last use (an
+// exact LRU waits for a whole shard's). While a shard's busy keys are fewer
+// than about half its capacity, almost no decision writes list links (the
+// links of a key's neighbours and of the list's head, memory that every
+// core deciding in the shard would otherwise pass back and forth); a full
+// shard under uniform traffic still moves more than half of its decisions'
+// keys. A new key, a key whose policy changes, and every key of a
+// multi-request batch go to the front. A store with KeepActive keeps exact
+// recency instead.
 //
 // Deciding an existing key allocates nothing (unless its policy changes,
 // when the shard's table of policies may grow). A new key costs one
@@ -177,9 +198,11 @@ type memShard struct {
 	lazy uint64
 	tick uint64 // keys gone to the front so far
 
-	slab   [][]memSlot // chunks of slabChunk slots
-	nslots uint32      // slots handed out so far
-	free   uint32      // 1 + the first free slot; 0 for none
+	slab  [][]memSlot // chunks of slabChunk slots, each allocated when first used
+	used  []uint64    // bit i: slot i holds a key; set past the last slot
+	freed uint32      // 1 + the slot last freed; 0 for none
+	span  uint32      // the slots keys are placed in: [0, span) (see add and grow)
+	none  memSlot     // what guess returns for a slot not allocated
 	// logs holds the sliding logs of the shard's records by slot; nil
 	// until the first is stored.
 	logs map[uint32]*timeLog
@@ -241,6 +264,12 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 		}
 		s.lru = l
 		s.cap = per
+		s.span = uint32(min(per, slabChunk))
+		s.slab = make([][]memSlot, (per+slabChunk-1)/slabChunk)
+		s.used = make([]uint64, (per+63)/64)
+		if r := per % 64; r != 0 {
+			s.used[len(s.used)-1] = ^uint64(0) << r
+		}
 		if !c.KeepActive {
 			// KeepActive examines only the last key of the list, which
 			// must then be the least recently used: it keeps exact recency.
@@ -484,13 +513,19 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	p := r.Policy
 	h := m.hash(r)
 	s := &m.shards[m.shard(h)]
-	s.mu.Lock()
-	ref, ok := s.lru.Peek(h)
+	// The key's home slot is guessed only when the lock was free: on a
+	// contended shard (one hot key decided from several goroutines) the
+	// guessed read, issued as soon as the processor sees it, would take
+	// the slot's cache line from the goroutine still writing it.
+	guess := s.mu.TryLock()
+	if !guess {
+		s.mu.Lock()
+	}
+	var e memEntry
+	ref, sl, ok := s.find(h, &e, guess)
 	if !ok {
 		return m.takeNew(s, h, r, now, out)
 	}
-	var e memEntry
-	sl := s.load(ref, &e)
 	if e.pol != p || !decideBuiltin(p, &e.st, r.Cost, now, true, out) {
 		return m.takeOther(s, h, ref, sl, e, r, now, out)
 	}
@@ -584,11 +619,10 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
 		var st *State
-		if ref, ok := s.lru.Peek(hashes[i]); ok {
+		if ref, _, ok := s.find(hashes[i], &s.cur, true); ok {
 			// To the front, so that making room keeps the batch's keys.
 			s.front(hashes[i], ref)
 			found[i] = true
-			s.load(ref, &s.cur)
 			if s.cur.pol != r.Policy {
 				s.adopt(&s.cur, r.Policy, now)
 			}

@@ -1,14 +1,23 @@
 package core
 
+import "math/bits"
+
 // How a shard of a MemoryStore holds its records.
 //
 // The shard's golang-lru list maps each key's hash to a memRef of 16
 // bytes, which keeps golang-lru's list entry at 80 bytes (one size class).
-// The record's two integers live in the shard's slab, a list of fixed
-// chunks of memSlot, at the slot the memRef names, and are written there in
-// place; the policy that wrote the record is kept once per shard, in a
-// table of the policies its records use, counted so that a policy no record
-// uses any more is forgotten. A sliding log's timestamps, the only state
+// The record's two integers live in the shard's slab, one memSlot for each
+// key the shard can hold, at the slot the memRef names, and are written
+// there in place. The slab is allocated in chunks of 64 slots (1 KiB), each
+// when a key first takes one of its slots; a bit per slot says which hold
+// a key. A new key takes its home slot, a function of its hash, when that
+// is free (see newSlot and add), so that a decision can read the slot it
+// guesses while golang-lru looks the key up (see find): the slot is then
+// not one more memory access waiting for the LRU entry to name it.
+//
+// The policy that wrote the record is kept once per shard, in a table of
+// the policies its records use, counted so that a policy no record uses
+// any more is forgotten. A sliding log's timestamps, the only state
 // behind a pointer, are kept in a map of the shard by slot, made when the
 // first one is stored.
 //
@@ -33,9 +42,9 @@ type memRef struct {
 // memSlot holds the integers of a State.
 type memSlot struct{ A, B int64 }
 
-// The slab's chunks: 256 slots, 4 KiB each.
+// The slab's chunks: 64 slots, 1 KiB each.
 const (
-	slabShift = 8
+	slabShift = 6
 	slabChunk = 1 << slabShift
 	slabMask  = slabChunk - 1
 )
@@ -58,12 +67,41 @@ func (s *memShard) at(i uint32) *memSlot { return &s.slab[i>>slabShift][i&slabMa
 // s.mu.
 func (s *memShard) load(ref memRef, e *memEntry) *memSlot {
 	sl := s.at(ref.slot)
-	e.st.A, e.st.B, e.st.log = sl.A, sl.B, nil
+	s.fill(ref, *sl, e)
+	return sl
+}
+
+// find looks up the key hashed h: when the shard holds it, find copies its
+// record into e and returns its LRU value and its slot. With guess, its
+// home slot (see newSlot) is read before golang-lru's index is searched,
+// so that for a key at home, as most are, the two reads overlap instead of
+// the slot's waiting for the LRU entry that names it. Requires s.mu.
+func (s *memShard) find(h uint64, e *memEntry, guess bool) (memRef, *memSlot, bool) {
+	g := &s.none
+	if guess {
+		g = s.guess(h)
+	}
+	v := *g
+	ref, ok := s.lru.Peek(h)
+	if !ok {
+		return ref, nil, false
+	}
+	sl := s.at(ref.slot)
+	if sl != g {
+		v = *sl
+	}
+	s.fill(ref, v, e)
+	return ref, sl, true
+}
+
+// fill copies into e the record whose LRU value is ref and whose slot
+// holds v. Requires s.mu.
+func (s *memShard) fill(ref memRef, v memSlot, e *memEntry) {
+	e.st.A, e.st.B, e.st.log = v.A, v.B, nil
 	if len(s.logs) > 0 {
 		e.st.log = s.logs[ref.slot]
 	}
 	e.pol = s.pols[ref.pol]
-	return sl
 }
 
 // put writes e back into sl, the slot of the key hashed h, whose LRU value
@@ -122,46 +160,145 @@ func (s *memShard) front(h uint64, ref memRef) memRef {
 
 // add stores e as the record of the new key hashed h, at the front of the
 // LRU; makeRoom has made space. Requires s.mu.
+//
+// A shard places its keys among its first span slots, and doubles span
+// (up to its capacity) when its keys fill more than three quarters of it
+// (see grow): a key then finds its home free often enough, and the slots
+// of the keys a shard holds stay close together (between 16 and about 43
+// bytes of slab per key, where a span of the whole capacity would spread a
+// few keys over all of it, each on a cache line of its own).
 func (s *memShard) add(h uint64, e *memEntry) {
-	ref := memRef{slot: s.newSlot(), pol: s.acquire(e.pol)}
+	ref := memRef{slot: s.newSlot(h), pol: s.acquire(e.pol)}
 	sl := s.at(ref.slot)
 	sl.A, sl.B = e.st.A, e.st.B
 	if e.st.log != nil {
 		s.setLog(ref.slot, e.st.log)
 	}
 	s.front(h, ref)
+	if n := uint64(s.lru.Len()); n*4 > uint64(s.span)*3 && s.span < uint32(s.cap) {
+		s.grow()
+	}
 }
 
-// newSlot returns a free slot, zeroed: the last one freed, or a new one at
-// the end of the slab. Requires s.mu.
-func (s *memShard) newSlot() uint32 {
-	if s.free != 0 {
-		i := s.free - 1
-		sl := s.at(i)
-		s.free = uint32(sl.A)
-		*sl = memSlot{}
-		return i
+// grow doubles the shard's span (up to its capacity) and places every key
+// anew, as newSlot places a new key, so that each key's home is again
+// where find guesses it. Keys are placed from the least recently used to
+// the most, each going to the front of the LRU with its new slot: their
+// order is unchanged, and each key's stamp is then exactly its distance
+// from the front. Its cost, about that of a decision per key held, is paid
+// only while the shard fills: log2(capacity/64) times at most. Requires
+// s.mu.
+func (s *memShard) grow() {
+	keys := s.lru.Keys() // least recently used first
+	type moved struct {
+		ref memRef
+		v   memSlot
+		log *timeLog
 	}
-	i := s.nslots
-	if i&slabMask == 0 {
-		// A shard never holds more than cap slots (a slot is freed with
-		// its key, and reused first): the last chunk holds no more.
-		s.slab = append(s.slab, make([]memSlot, min(slabChunk, s.cap-int(i))))
+	recs := make([]moved, len(keys))
+	for i, h := range keys {
+		ref, _ := s.lru.Peek(h)
+		recs[i] = moved{ref: ref, v: *s.at(ref.slot), log: s.logs[ref.slot]}
+		s.vacate(ref.slot)
 	}
-	s.nslots++
+	s.freed = 0
+	s.span = uint32(min(2*uint64(s.span), uint64(s.cap)))
+	for i, h := range keys {
+		r := &recs[i]
+		r.ref.slot = s.newSlot(h)
+		*s.at(r.ref.slot) = r.v
+		if r.log != nil {
+			s.setLog(r.ref.slot, r.log)
+		}
+		s.front(h, r.ref)
+	}
+}
+
+// home returns the slot a key hashed h takes when it is free: the low 32
+// bits of h (the shard is chosen by the high ones) scaled to the shard's
+// span.
+func (s *memShard) home(h uint64) uint32 {
+	return uint32(uint64(uint32(h)) * uint64(s.span) >> 32)
+}
+
+// guess returns the home slot of the key hashed h, or a slot of the
+// shard's own that no key uses when that slot's chunk is not allocated.
+// Requires s.mu.
+func (s *memShard) guess(h uint64) *memSlot {
+	i := s.home(h)
+	if c := s.slab[i>>slabShift]; c != nil {
+		return &c[i&slabMask]
+	}
+	return &s.none
+}
+
+// isUsed reports whether slot i holds a key. Requires s.mu.
+func (s *memShard) isUsed(i uint32) bool { return s.used[i>>6]&(1<<(i&63)) != 0 }
+
+// newSlot returns a free slot, zeroed and marked used, for the key hashed
+// h: its home when free, else the last slot freed, else the first free one
+// after its home within the span, wrapping around. The span has room for
+// one more key (see add). Requires s.mu.
+func (s *memShard) newSlot(h uint64) uint32 {
+	i := s.home(h)
+	if s.isUsed(i) {
+		if f := s.freed; f != 0 && !s.isUsed(f-1) {
+			i = f - 1
+		} else {
+			i = s.nextFree(i)
+		}
+	}
+	s.claim(i)
 	return i
+}
+
+// claim marks slot i, which is free and zeroed, used, allocating its chunk
+// if need be, and returns it. Requires s.mu.
+func (s *memShard) claim(i uint32) *memSlot {
+	s.used[i>>6] |= 1 << (i & 63)
+	c := i >> slabShift
+	if s.slab[c] == nil {
+		s.slab[c] = make([]memSlot, min(slabChunk, s.cap-int(c<<slabShift)))
+	}
+	return &s.slab[c][i&slabMask]
+}
+
+// vacate frees slot i: zeroed, marked free, with no sliding log. Requires
+// s.mu.
+func (s *memShard) vacate(i uint32) {
+	if len(s.logs) > 0 {
+		delete(s.logs, i)
+	}
+	*s.at(i) = memSlot{}
+	s.used[i>>6] &^= 1 << (i & 63)
+	s.freed = i + 1
+}
+
+// nextFree returns the first free slot after i within the span, wrapping
+// around. Requires s.mu, and a free slot in the span.
+func (s *memShard) nextFree(i uint32) uint32 {
+	last := (s.span - 1) >> 6 // the span's last word of used bits
+	w := i >> 6
+	free := ^s.used[w] &^ (1<<(i&63) - 1)
+	for {
+		if w == last && s.span&63 != 0 {
+			free &= 1<<(s.span&63) - 1
+		}
+		if free != 0 {
+			return w<<6 | uint32(bits.TrailingZeros64(free))
+		}
+		if w++; w > last {
+			w = 0
+		}
+		free = ^s.used[w]
+	}
 }
 
 // evicted is the shard LRU's eviction callback: a key leaving the LRU
 // (Remove, RemoveOldest) frees its slot, its sliding log, its count on its
 // policy and its text. Requires s.mu.
 func (s *memShard) evicted(h uint64, ref memRef) {
-	if len(s.logs) > 0 {
-		delete(s.logs, ref.slot)
-	}
-	// The free slots form a list linked through A: 1 + the next one.
-	*s.at(ref.slot) = memSlot{A: int64(s.free)}
-	s.free = ref.slot + 1
+	s.vacate(ref.slot)
 	s.release(ref.pol)
 	if s.keys != nil {
 		delete(s.keys, h)

@@ -13,9 +13,10 @@ import (
 // goroutines in a scattered order, every decision admitted) into steps,
 // each row adding one to the row before it:
 //
-//   - lookup: the key's hash, the shard's lock, golang-lru's Peek, and the
-//     key's slot read and written back unchanged: the store's structure,
-//     with no algorithm;
+//   - lookup: the key's hash, the shard's lock, the key's record found
+//     (memShard.find: its home slot guessed, golang-lru's Peek, the slot
+//     read) and written back unchanged: the store's structure, with no
+//     algorithm;
 //   - take-fixed-now: the store's whole decision (the record loaded, the
 //     token bucket decided, the record written back) at a fixed time;
 //   - take: the same at the Limiter's clock, read once per decision;
@@ -88,10 +89,9 @@ func BenchmarkKeys100kParallelSteps(b *testing.B) {
 			h := m.hash(&r)
 			s := &m.shards[m.shard(h)]
 			s.mu.Lock()
-			ref, ok := s.lru.Peek(h)
+			var e memEntry
+			_, sl, ok := s.find(h, &e, true)
 			if ok {
-				var e memEntry
-				sl := s.load(ref, &e)
 				sl.A, sl.B = e.st.A, e.st.B
 			}
 			s.mu.Unlock()

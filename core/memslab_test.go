@@ -4,13 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
 
 // checkShard verifies the bookkeeping of a shard against its LRU: every key
-// has its own slot, the free list holds exactly the other slots (zeroed but
-// for its links), the policy table counts exactly the records using each
+// has its own slot, marked used, and the other slots are marked free and
+// zeroed, the policy table counts exactly the records using each
 // policy and holds no other, every sliding log belongs to a live slot, and
 // no key is further from the front than its stamp allows.
 func checkShard(t *testing.T, s *memShard) {
@@ -36,23 +37,36 @@ func checkShard(t *testing.T, s *memShard) {
 			t.Fatalf("key %x is %d from the front, but only %d keys went there since its stamp", h, fromFront, s.tick-ref.stamp)
 		}
 	}
-	free := 0
-	for i := s.free; i != 0; {
-		slot := i - 1
-		if used[slot] {
-			t.Fatalf("slot %d is both free and held", slot)
-		}
-		sl := s.at(slot)
-		if sl.B != 0 {
-			t.Fatalf("free slot %d not cleared: %+v", slot, *sl)
-		}
-		if free++; free > int(s.nslots) {
-			t.Fatal("the free list loops")
-		}
-		i = uint32(sl.A)
+	if s.span == 0 || int(s.span) > s.cap || int(s.span) < s.cap && uint64(n)*4 > uint64(s.span)*3 {
+		t.Fatalf("span %d for %d keys in a shard of %d", s.span, n, s.cap)
 	}
-	if free+n != int(s.nslots) {
-		t.Fatalf("%d free and %d held slots, %d handed out", free, n, s.nslots)
+	held := 0
+	for i := uint32(0); i < uint32(len(s.used))*64; i++ {
+		switch {
+		case i >= s.span && i < uint32(s.cap) && s.isUsed(i):
+			t.Fatalf("slot %d, past the span (%d), is used", i, s.span)
+		case i >= uint32(s.cap):
+			if !s.isUsed(i) {
+				t.Fatalf("bit %d, past the last slot (%d), is clear", i, s.cap)
+			}
+		case s.isUsed(i):
+			if !used[i] {
+				t.Fatalf("slot %d marked used, but no key holds it", i)
+			}
+			held++
+		case used[i]:
+			t.Fatalf("slot %d held by a key, but marked free", i)
+		default:
+			if c := s.slab[i>>slabShift]; c != nil && c[i&slabMask] != (memSlot{}) {
+				t.Fatalf("free slot %d not cleared: %+v", i, c[i&slabMask])
+			}
+		}
+	}
+	if held != n {
+		t.Fatalf("%d slots marked used, %d keys held", held, n)
+	}
+	if s.none != (memSlot{}) {
+		t.Fatalf("the shard's unused slot was written: %+v", s.none)
 	}
 	live := 0
 	for i, p := range s.pols {
@@ -98,6 +112,7 @@ func TestMemShardBookkeeping(t *testing.T) {
 	for _, c := range []MemoryConfig{
 		{Capacity: 16}, {Capacity: 16, KeepActive: true}, {Capacity: 16, Observer: NopObserver{}},
 		{Capacity: 1}, {Capacity: 2}, {Capacity: 3, Observer: NopObserver{}}, {Capacity: 5, KeepActive: true},
+		{Capacity: 2*slabChunk + 2}, // slots in three chunks and three words of the used bits
 	} {
 		c.Shards = 1
 		t.Run(fmt.Sprintf("%d,KeepActive=%v,Observer=%v", c.Capacity, c.KeepActive, c.Observer != nil), func(t *testing.T) {
@@ -116,10 +131,11 @@ func TestMemShardBookkeeping(t *testing.T) {
 			ctx := context.Background()
 			now := time.Unix(1_700_000_000, 0)
 			var out [4]Decision
+			nkeys := max(40, 2*c.Capacity)
 			for step := 0; step < 5000; step++ {
 				now = now.Add(time.Duration(rng.IntN(300)) * time.Millisecond)
 				req := func() Request {
-					return Request{Policy: pols[rng.IntN(len(pols))], Key: fmt.Sprint("k", rng.IntN(40)), Cost: 1}
+					return Request{Policy: pols[rng.IntN(len(pols))], Key: fmt.Sprint("k", rng.IntN(nkeys)), Cost: 1}
 				}
 				switch op := rng.IntN(20); {
 				case op < 11:
@@ -246,6 +262,196 @@ func TestMemShardSmallSlab(t *testing.T) {
 	s := &m.shards[0]
 	if len(s.slab) != 1 || len(s.slab[0]) != 10 {
 		t.Fatalf("slab of %d chunks, the first of %d slots; want one of 10", len(s.slab), len(s.slab[0]))
+	}
+	checkShard(t, s)
+}
+
+// A key takes its home slot when it is free, and is then found there; a
+// key whose home another key holds is decided on its own record, never on
+// the one its home holds; and a shard allocates only the chunks of slots
+// its keys use.
+func TestMemShardHomeSlots(t *testing.T) {
+	const capacity = 4 * slabChunk
+	m := MustMemoryStore(&MemoryConfig{Capacity: capacity, Shards: 1})
+	s := &m.shards[0]
+	p := MustPolicy(Rule{Name: "r", Limit: 3, Window: time.Hour})
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	take := func(k string) bool {
+		var out [1]Decision
+		if err := m.Take(ctx, now, []Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
+			t.Fatal(err)
+		}
+		return out[0].Allowed
+	}
+	home := func(k string) uint32 { return s.home(m.hash(&Request{Policy: p, Key: k})) }
+	slot := func(k string) uint32 {
+		ref, ok := s.lru.Peek(m.hash(&Request{Policy: p, Key: k}))
+		if !ok {
+			t.Fatalf("%q not held", k)
+		}
+		return ref.slot
+	}
+
+	// Two keys sharing a home slot: the first takes it, the second goes
+	// elsewhere.
+	first := "k0"
+	second := ""
+	for i := 1; second == ""; i++ {
+		if k := fmt.Sprint("k", i); home(k) == home(first) {
+			second = k
+		}
+	}
+	take(first)
+	if slot(first) != home(first) {
+		t.Fatalf("the first key is at slot %d, its home is %d", slot(first), home(first))
+	}
+	if chunks := allocatedChunks(s); chunks != 1 {
+		t.Fatalf("%d chunks allocated for one key; want 1", chunks)
+	}
+	take(second)
+	if slot(second) == home(second) {
+		t.Fatal("the second key took the home slot the first holds")
+	}
+	// The first key spends its quota; the second, guessed at the first's
+	// slot, still has all of its own.
+	for i := 1; i < 3; i++ {
+		take(first)
+	}
+	if take(first) {
+		t.Fatal("the first key was admitted beyond its limit")
+	}
+	for i := 1; i < 3; i++ {
+		if !take(second) {
+			t.Fatalf("the second key was refused on its request %d of 3: decided on the first key's record", i+1)
+		}
+	}
+	if take(second) {
+		t.Fatal("the second key was admitted beyond its limit")
+	}
+	checkShard(t, s)
+}
+
+func allocatedChunks(s *memShard) int {
+	n := 0
+	for _, c := range s.slab {
+		if c != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// Filling a shard to capacity places every key (the last ones by searching
+// the used bits forward from their home, wrapping around), and a key added
+// to the full shard after an eviction takes the slot freed.
+func TestMemShardFillsEverySlot(t *testing.T) {
+	const capacity = 2*slabChunk + 3
+	m := MustMemoryStore(&MemoryConfig{Capacity: capacity, Shards: 1})
+	s := &m.shards[0]
+	p := MustPolicy(Rule{Name: "r", Limit: 3, Window: time.Hour})
+	ctx := context.Background()
+	var out [1]Decision
+	for i := 0; i < capacity; i++ {
+		if err := m.Take(ctx, time.Unix(1, 0), []Request{{Policy: p, Key: fmt.Sprint(i), Cost: 1}}, out[:]); err != nil || !out[0].Allowed {
+			t.Fatalf("key %d: %+v, %v", i, out[0], err)
+		}
+	}
+	if n := s.lru.Len(); n != capacity {
+		t.Fatalf("%d keys held, want %d", n, capacity)
+	}
+	if chunks := allocatedChunks(s); chunks != len(s.slab) || chunks != 3 {
+		t.Fatalf("%d of %d chunks allocated; want all 3", chunks, len(s.slab))
+	}
+	checkShard(t, s)
+	_, ref, _ := s.lru.GetOldest()
+	if err := m.Take(ctx, time.Unix(1, 0), []Request{{Policy: p, Key: "new", Cost: 1}}, out[:]); err != nil || !out[0].Allowed {
+		t.Fatalf("new key: %+v, %v", out[0], err)
+	}
+	got, ok := s.lru.Peek(m.hash(&Request{Policy: p, Key: "new"}))
+	if !ok || got.slot != ref.slot {
+		t.Fatalf("the new key is at slot %d (held %v); the evicted key's was %d", got.slot, ok, ref.slot)
+	}
+	checkShard(t, s)
+}
+
+// When a shard's span grows, every key is placed anew under the new span:
+// at its home when free, else where a new key would go; the LRU keeps its
+// order, each key's stamp is then exactly its distance from the front, and
+// every record (a sliding log too) keeps its state.
+func TestMemShardGrow(t *testing.T) {
+	m := MustMemoryStore(&MemoryConfig{Capacity: 8 * slabChunk, Shards: 1})
+	s := &m.shards[0]
+	pols := []*Policy{
+		MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour}),
+		MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour, Algorithm: SlidingWindowLog}),
+	}
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	req := func(i int) Request {
+		return Request{Policy: pols[i%2], Key: fmt.Sprint("k", i), Cost: 1}
+	}
+	take := func(i int) Decision {
+		var out [1]Decision
+		if err := m.Take(ctx, now, []Request{req(i)}, out[:]); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	// Fill the first span to three quarters, each key charged twice, in
+	// an order that differs from the keys' first requests.
+	n := slabChunk * 3 / 4
+	for i := 0; i < n; i++ {
+		take(i)
+	}
+	for i := n - 1; i >= 0; i-- {
+		take(i)
+	}
+	if s.span != slabChunk {
+		t.Fatalf("span %d with %d keys; want %d", s.span, n, slabChunk)
+	}
+	order := s.lru.Keys()
+	// One more key doubles the span.
+	take(n)
+	if s.span != 2*slabChunk {
+		t.Fatalf("span %d with %d keys; want %d", s.span, n+1, 2*slabChunk)
+	}
+	n++
+	after := s.lru.Keys()
+	r := req(n - 1)
+	if want := append(order, m.hash(&r)); !slices.Equal(after, want) {
+		t.Fatal("the LRU order changed when the span grew")
+	}
+	atHome := 0
+	for pos, h := range after {
+		ref, _ := s.lru.Peek(h)
+		if d := uint64(len(after) - 1 - pos); s.tick-ref.stamp != d {
+			t.Fatalf("key at %d from the front has stamp distance %d", d, s.tick-ref.stamp)
+		}
+		if home := s.home(h); ref.slot == home {
+			atHome++
+		} else if !s.isUsed(home) {
+			t.Fatalf("a key is at slot %d while its home %d is free", ref.slot, home)
+		}
+	}
+	if atHome == 0 {
+		t.Fatal("no key is at its home")
+	}
+	checkShard(t, s)
+	// Every record kept its state: each key has its remaining requests.
+	for i := 0; i < n; i++ {
+		left := 3
+		if i == n-1 {
+			left = 4
+		}
+		for j := 0; j < left; j++ {
+			if d := take(i); !d.Allowed {
+				t.Fatalf("key %d refused with %d of its requests left", i, left-j)
+			}
+		}
+		if d := take(i); d.Allowed {
+			t.Fatalf("key %d admitted beyond its limit", i)
+		}
 	}
 	checkShard(t, s)
 }

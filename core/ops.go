@@ -166,11 +166,10 @@ func (m *MemoryStore) refund(reqs []Request, now int64) error {
 	for i := range reqs {
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
-		ref, ok := s.lru.Peek(hashes[i])
+		ref, sl, ok := s.find(hashes[i], &s.cur, true)
 		if !ok {
 			continue // never charged, or forgotten: nothing in use
 		}
-		sl := s.load(ref, &s.cur)
 		if s.cur.pol != r.Policy {
 			s.adopt(&s.cur, r.Policy, now)
 		}
@@ -214,8 +213,7 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 	for i := 0; i < n; i++ {
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
-		if ref, ok := s.lru.Peek(hashes[i]); ok {
-			s.load(ref, &held[i])
+		if _, _, ok := s.find(hashes[i], &held[i], true); ok {
 			found[i] = true
 		}
 		m.peekState(s, held[i], found[i], r.Policy, now, &s.scratch)
