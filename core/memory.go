@@ -46,7 +46,8 @@ type MemoryConfig struct {
 	// Capacity also sizes some memory up front: the store allocates half a
 	// byte per key of Capacity when it is made (where each key's 16-byte
 	// slot will be, and which slots are in use). The slots themselves are
-	// allocated as keys arrive, between 16 and about 43 bytes per key held
+	// allocated 64 at a time (1 KiB) as keys arrive: 1 KiB for a shard's
+	// first key, then 16 to about 43 bytes per key held while a shard fills
 	// (see MemoryStore), never more than 16 bytes per key of Capacity.
 	Capacity int
 
@@ -117,19 +118,21 @@ type MemoryConfig struct {
 //
 // Each shard's golang-lru list holds, for each key, where its state is: a
 // slot of the shard, written in place by every decision. A new key takes
-// the slot its hash points to when that one is free (about three keys in
-// four), and a decision reads that slot while it looks the key up, so that
-// finding the key and reading its state overlap. The slots a hash points
-// to are the shard's first ones, 4/3 to 8/3 times as many as the keys it
-// holds while it fills: when its keys pass three quarters of them, the
-// range doubles (up to the shard's capacity) and the shard places all its
-// keys anew, in their LRU order, a pause of about a decision's time per
-// key held, at most log2(capacity/64) times in a shard's life. A shard
-// that runs full and evicts places its new keys in the slots freed, and
-// its decisions gain less from this. Slots are placed by hash, not in the
-// order keys arrive: traffic that revisits keys in the order they first
-// came finds them further apart in memory than an arrival-ordered layout
-// would keep them.
+// the slot its hash points to when that one is free, and a decision reads
+// that slot while it looks the key up, so that finding the key and reading
+// its state overlap. The slots a hash points to are the shard's first
+// ones, 4/3 to 8/3 times as many as the keys it holds while it fills (from
+// its 24th key): when its keys pass three quarters of them, the range
+// doubles, up to the shard's capacity c (Capacity divided among the
+// shards), and the shard places all its keys anew, the most recently used
+// first, keeping their LRU order. That is at most ⌈log2(c/64)⌉ pauses in a
+// shard's life, each taking about a decision's time and 48 bytes of
+// allocation per key held. A filling shard keeps 60 to 80% of its keys at
+// their home slot. A shard that runs full and evicts places its new keys
+// in the slots freed, and stops guessing once fewer than half of its keys
+// are at home. Slots are placed by hash, not in the order keys arrive:
+// traffic that revisits keys in the order they first came finds them
+// further apart in memory than an arrival-ordered layout would keep them.
 //
 // Recency is kept lazily, as memcached keeps its LRU: a decision moves its
 // key to the front of the shard's list only when the key may have drifted
@@ -148,8 +151,9 @@ type MemoryConfig struct {
 //
 // Deciding an existing key allocates nothing (unless its policy changes,
 // when the shard's table of policies may grow). A new key costs one
-// allocation (its LRU entry; with an Observer, one more for its text). A
-// full shard drops a recovered key before evicting one that holds state
+// allocation (its LRU entry; with an Observer, one more for its text; in
+// a filling shard, now and then a chunk of slots or the shard's placing
+// its keys anew). A full shard drops a recovered key before evicting one that holds state
 // (see MemoryConfig.KeepActive for how far it looks). Times outside
 // [MinTime, MaxTime] are clamped to them.
 //
@@ -202,7 +206,11 @@ type memShard struct {
 	used  []uint64    // bit i: slot i holds a key; set past the last slot
 	freed uint32      // 1 + the slot last freed; 0 for none
 	span  uint32      // the slots keys are placed in: [0, span) (see add and grow)
-	none  memSlot     // what guess returns for a slot not allocated
+	// athome counts the keys at their home slot; guessing is whether
+	// they are at least half of the shard's keys (see find).
+	athome   uint32
+	guessing bool
+	none     memSlot // what guess returns for a slot not allocated
 	// logs holds the sliding logs of the shard's records by slot; nil
 	// until the first is stored.
 	logs map[uint32]*timeLog
@@ -265,6 +273,7 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 		s.lru = l
 		s.cap = per
 		s.span = uint32(min(per, slabChunk))
+		s.guessing = true
 		s.slab = make([][]memSlot, (per+slabChunk-1)/slabChunk)
 		s.used = make([]uint64, (per+63)/64)
 		if r := per % 64; r != 0 {

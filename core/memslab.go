@@ -72,13 +72,14 @@ func (s *memShard) load(ref memRef, e *memEntry) *memSlot {
 }
 
 // find looks up the key hashed h: when the shard holds it, find copies its
-// record into e and returns its LRU value and its slot. With guess, its
-// home slot (see newSlot) is read before golang-lru's index is searched,
-// so that for a key at home, as most are, the two reads overlap instead of
-// the slot's waiting for the LRU entry that names it. Requires s.mu.
+// record into e and returns its LRU value and its slot. With guess, while
+// at least half of the shard's keys are at home, the key's home slot (see
+// newSlot) is read before golang-lru's index is searched, so that for a
+// key at home the two reads overlap instead of the slot's waiting for the
+// LRU entry that names it. Requires s.mu.
 func (s *memShard) find(h uint64, e *memEntry, guess bool) (memRef, *memSlot, bool) {
 	g := &s.none
-	if guess {
+	if guess && s.guessing {
 		g = s.guess(h)
 	}
 	v := *g
@@ -164,9 +165,9 @@ func (s *memShard) front(h uint64, ref memRef) memRef {
 // A shard places its keys among its first span slots, and doubles span
 // (up to its capacity) when its keys fill more than three quarters of it
 // (see grow): a key then finds its home free often enough, and the slots
-// of the keys a shard holds stay close together (between 16 and about 43
-// bytes of slab per key, where a span of the whole capacity would spread a
-// few keys over all of it, each on a cache line of its own).
+// of the keys a shard holds stay close together (from its 24th key, 16 to
+// about 43 bytes of slab per key, where a span of the whole capacity would
+// spread a few keys over all of it, each on a cache line of its own).
 func (s *memShard) add(h uint64, e *memEntry) {
 	ref := memRef{slot: s.newSlot(h), pol: s.acquire(e.pol)}
 	sl := s.at(ref.slot)
@@ -177,41 +178,47 @@ func (s *memShard) add(h uint64, e *memEntry) {
 	s.front(h, ref)
 	if n := uint64(s.lru.Len()); n*4 > uint64(s.span)*3 && s.span < uint32(s.cap) {
 		s.grow()
+		return
 	}
+	s.guessing = s.athome*2 >= uint32(s.lru.Len())
 }
 
 // grow doubles the shard's span (up to its capacity) and places every key
 // anew, as newSlot places a new key, so that each key's home is again
-// where find guesses it. Keys are placed from the least recently used to
-// the most, each going to the front of the LRU with its new slot: their
-// order is unchanged, and each key's stamp is then exactly its distance
-// from the front. Its cost, about that of a decision per key held, is paid
-// only while the shard fills: log2(capacity/64) times at most. Requires
-// s.mu.
+// where find guesses it. Keys are placed from the most recently used to
+// the least (where two share a home, the one likelier to be decided again
+// gets it), then go to the front of the LRU with their new slots from the
+// least recently used to the most: their order is unchanged, and each key's stamp is then exactly its distance
+// from the front. Its cost, about that of a decision and 48 bytes of
+// allocation per key held, is paid only while the shard fills:
+// ⌈log2(cap/64)⌉ times at most. Requires s.mu.
 func (s *memShard) grow() {
-	keys := s.lru.Keys() // least recently used first
+	keys, refs := s.lru.Keys(), s.lru.Values() // least recently used first
 	type moved struct {
-		ref memRef
 		v   memSlot
 		log *timeLog
 	}
 	recs := make([]moved, len(keys))
-	for i, h := range keys {
-		ref, _ := s.lru.Peek(h)
-		recs[i] = moved{ref: ref, v: *s.at(ref.slot), log: s.logs[ref.slot]}
+	for i, ref := range refs {
+		recs[i] = moved{v: *s.at(ref.slot), log: s.logs[ref.slot]}
 		s.vacate(ref.slot)
 	}
 	s.freed = 0
 	s.span = uint32(min(2*uint64(s.span), uint64(s.cap)))
-	for i, h := range keys {
-		r := &recs[i]
-		r.ref.slot = s.newSlot(h)
-		*s.at(r.ref.slot) = r.v
-		if r.log != nil {
-			s.setLog(r.ref.slot, r.log)
+	s.athome = 0
+	// The most recently used keys, the likeliest to be decided again, are
+	// placed first: where two share a home, they get it.
+	for i := len(keys) - 1; i >= 0; i-- {
+		refs[i].slot = s.newSlot(keys[i])
+		*s.at(refs[i].slot) = recs[i].v
+		if recs[i].log != nil {
+			s.setLog(refs[i].slot, recs[i].log)
 		}
-		s.front(h, r.ref)
 	}
+	for i, h := range keys {
+		s.front(h, refs[i])
+	}
+	s.guessing = s.athome*2 >= uint32(len(keys))
 }
 
 // home returns the slot a key hashed h takes when it is free: the low 32
@@ -241,12 +248,12 @@ func (s *memShard) isUsed(i uint32) bool { return s.used[i>>6]&(1<<(i&63)) != 0 
 // one more key (see add). Requires s.mu.
 func (s *memShard) newSlot(h uint64) uint32 {
 	i := s.home(h)
-	if s.isUsed(i) {
-		if f := s.freed; f != 0 && !s.isUsed(f-1) {
-			i = f - 1
-		} else {
-			i = s.nextFree(i)
-		}
+	if !s.isUsed(i) {
+		s.athome++
+	} else if f := s.freed; f != 0 && !s.isUsed(f-1) {
+		i = f - 1
+	} else {
+		i = s.nextFree(i)
 	}
 	s.claim(i)
 	return i
@@ -275,29 +282,30 @@ func (s *memShard) vacate(i uint32) {
 }
 
 // nextFree returns the first free slot after i within the span, wrapping
-// around. Requires s.mu, and a free slot in the span.
+// around. The span's last word of used bits needs no mask: a span short of
+// the capacity is a multiple of 64 slots, and the bits past the capacity
+// are kept set. Requires s.mu, and a free slot in the span.
 func (s *memShard) nextFree(i uint32) uint32 {
-	last := (s.span - 1) >> 6 // the span's last word of used bits
+	last := (s.span - 1) >> 6
 	w := i >> 6
 	free := ^s.used[w] &^ (1<<(i&63) - 1)
-	for {
-		if w == last && s.span&63 != 0 {
-			free &= 1<<(s.span&63) - 1
-		}
-		if free != 0 {
-			return w<<6 | uint32(bits.TrailingZeros64(free))
-		}
+	for free == 0 {
 		if w++; w > last {
 			w = 0
 		}
 		free = ^s.used[w]
 	}
+	return w<<6 | uint32(bits.TrailingZeros64(free))
 }
 
 // evicted is the shard LRU's eviction callback: a key leaving the LRU
 // (Remove, RemoveOldest) frees its slot, its sliding log, its count on its
 // policy and its text. Requires s.mu.
 func (s *memShard) evicted(h uint64, ref memRef) {
+	if ref.slot == s.home(h) {
+		s.athome--
+	}
+	s.guessing = s.athome*2 >= uint32(s.lru.Len())
 	s.vacate(ref.slot)
 	s.release(ref.pol)
 	if s.keys != nil {

@@ -40,6 +40,15 @@ func checkShard(t *testing.T, s *memShard) {
 	if s.span == 0 || int(s.span) > s.cap || int(s.span) < s.cap && uint64(n)*4 > uint64(s.span)*3 {
 		t.Fatalf("span %d for %d keys in a shard of %d", s.span, n, s.cap)
 	}
+	home := uint32(0)
+	for _, h := range keys {
+		if ref, _ := s.lru.Peek(h); ref.slot == s.home(h) {
+			home++
+		}
+	}
+	if home != s.athome || s.guessing != (home*2 >= uint32(n)) {
+		t.Fatalf("%d of %d keys at home; the shard counts %d, guessing %v", home, n, s.athome, s.guessing)
+	}
 	held := 0
 	for i := uint32(0); i < uint32(len(s.used))*64; i++ {
 		switch {
@@ -106,13 +115,16 @@ func checkShard(t *testing.T, s *memShard) {
 
 // Random decisions, batches, refunds, peeks, resets and rule changes over
 // more keys than a one-shard store holds keep the shard's bookkeeping
-// exact, for shards of 1 to 16 keys, with and without KeepActive and an
+// exact, for shards of 1 to 130 keys, with and without KeepActive and an
 // Observer.
 func TestMemShardBookkeeping(t *testing.T) {
 	for _, c := range []MemoryConfig{
 		{Capacity: 16}, {Capacity: 16, KeepActive: true}, {Capacity: 16, Observer: NopObserver{}},
 		{Capacity: 1}, {Capacity: 2}, {Capacity: 3, Observer: NopObserver{}}, {Capacity: 5, KeepActive: true},
-		{Capacity: 2*slabChunk + 2}, // slots in three chunks and three words of the used bits
+		// slots in three chunks and three words of the used bits, a span
+		// that grows twice
+		{Capacity: 2*slabChunk + 2}, {Capacity: 2*slabChunk + 2, KeepActive: true},
+		{Capacity: 2*slabChunk + 2, Observer: NopObserver{}},
 	} {
 		c.Shards = 1
 		t.Run(fmt.Sprintf("%d,KeepActive=%v,Observer=%v", c.Capacity, c.KeepActive, c.Observer != nil), func(t *testing.T) {
@@ -379,8 +391,11 @@ func TestMemShardFillsEverySlot(t *testing.T) {
 // at its home when free, else where a new key would go; the LRU keeps its
 // order, each key's stamp is then exactly its distance from the front, and
 // every record (a sliding log too) keeps its state.
+//
+// The store keeps exact recency (KeepActive), so that the keys' second
+// requests, made in reverse, reorder the LRU before the span grows.
 func TestMemShardGrow(t *testing.T) {
-	m := MustMemoryStore(&MemoryConfig{Capacity: 8 * slabChunk, Shards: 1})
+	m := MustMemoryStore(&MemoryConfig{Capacity: 8 * slabChunk, Shards: 1, KeepActive: true})
 	s := &m.shards[0]
 	pols := []*Policy{
 		MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour}),
@@ -411,6 +426,9 @@ func TestMemShardGrow(t *testing.T) {
 		t.Fatalf("span %d with %d keys; want %d", s.span, n, slabChunk)
 	}
 	order := s.lru.Keys()
+	if r := req(0); order[len(order)-1] != m.hash(&r) {
+		t.Fatal("the second requests did not reorder the LRU")
+	}
 	// One more key doubles the span.
 	take(n)
 	if s.span != 2*slabChunk {
@@ -450,6 +468,43 @@ func TestMemShardGrow(t *testing.T) {
 			}
 		}
 		if d := take(i); d.Allowed {
+			t.Fatalf("key %d admitted beyond its limit", i)
+		}
+	}
+	checkShard(t, s)
+}
+
+// A full shard that keeps evicting places its new keys in the slots freed,
+// not at their homes: once fewer than half of its keys are at home, its
+// decisions stop guessing (checkShard checks the count), and the keys are
+// still decided on their own records.
+func TestMemShardStopsGuessing(t *testing.T) {
+	const capacity = 2 * slabChunk
+	m := MustMemoryStore(&MemoryConfig{Capacity: capacity, Shards: 1})
+	s := &m.shards[0]
+	p := MustPolicy(Rule{Name: "r", Limit: 2, Window: time.Hour})
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	var out [1]Decision
+	take := func(k string) bool {
+		if err := m.Take(ctx, now, []Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
+			t.Fatal(err)
+		}
+		return out[0].Allowed
+	}
+	for i := 0; i < 4*capacity; i++ {
+		take(fmt.Sprint(i))
+	}
+	checkShard(t, s)
+	if s.guessing {
+		t.Fatalf("%d of %d keys at home after the shard evicted %d: still guessing", s.athome, s.lru.Len(), 3*capacity)
+	}
+	// The keys held are the last capacity ones: each has one request left.
+	for i := 3 * capacity; i < 4*capacity; i++ {
+		if !take(fmt.Sprint(i)) {
+			t.Fatalf("key %d refused on its second request", i)
+		}
+		if take(fmt.Sprint(i)) {
 			t.Fatalf("key %d admitted beyond its limit", i)
 		}
 	}
