@@ -184,14 +184,14 @@ func (s *memShard) add(h uint64, e *memEntry) {
 }
 
 // grow doubles the shard's span (up to its capacity) and places every key
-// anew, as newSlot places a new key, so that each key's home is again
-// where find guesses it. Keys are placed from the most recently used to
-// the least (where two share a home, the one likelier to be decided again
-// gets it), then go to the front of the LRU with their new slots from the
-// least recently used to the most: their order is unchanged, and each key's stamp is then exactly its distance
-// from the front. Its cost, about that of a decision and 48 bytes of
-// allocation per key held, is paid only while the shard fills:
-// ⌈log2(cap/64)⌉ times at most. Requires s.mu.
+// anew, as newSlot places a new key, so that each key's home is again where
+// find guesses it. Keys are placed from the most recently used to the least
+// (where two share a home, the one likelier to be decided again gets it),
+// then go to the front of the LRU with their new slots from the least
+// recently used to the most: their order is unchanged, and each key's stamp
+// is then exactly its distance from the front. Its cost, about that of a
+// decision and 48 bytes of allocation per key held, is paid only while the
+// shard fills: ⌈log2(cap/64)⌉ times at most. Requires s.mu.
 func (s *memShard) grow() {
 	keys, refs := s.lru.Keys(), s.lru.Values() // least recently used first
 	type moved struct {
