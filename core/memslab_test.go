@@ -283,19 +283,9 @@ func TestMemShardSmallSlab(t *testing.T) {
 // the one its home holds; and a shard allocates only the chunks of slots
 // its keys use.
 func TestMemShardHomeSlots(t *testing.T) {
-	const capacity = 4 * slabChunk
-	m := MustMemoryStore(&MemoryConfig{Capacity: capacity, Shards: 1})
-	s := &m.shards[0]
+	m, s, do := oneShard(t, MemoryConfig{Capacity: 4 * slabChunk})
 	p := MustPolicy(Rule{Name: "r", Limit: 3, Window: time.Hour})
-	ctx := context.Background()
-	now := time.Unix(1_700_000_000, 0)
-	take := func(k string) bool {
-		var out [1]Decision
-		if err := m.Take(ctx, now, []Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
-			t.Fatal(err)
-		}
-		return out[0].Allowed
-	}
+	take := func(k string) bool { return do(Request{Policy: p, Key: k, Cost: 1}).Allowed }
 	home := func(k string) uint32 { return s.home(m.hash(&Request{Policy: p, Key: k})) }
 	slot := func(k string) uint32 {
 		ref, ok := s.lru.Peek(m.hash(&Request{Policy: p, Key: k}))
@@ -359,14 +349,11 @@ func allocatedChunks(s *memShard) int {
 // to the full shard after an eviction takes the slot freed.
 func TestMemShardFillsEverySlot(t *testing.T) {
 	const capacity = 2*slabChunk + 3
-	m := MustMemoryStore(&MemoryConfig{Capacity: capacity, Shards: 1})
-	s := &m.shards[0]
+	m, s, take := oneShard(t, MemoryConfig{Capacity: capacity})
 	p := MustPolicy(Rule{Name: "r", Limit: 3, Window: time.Hour})
-	ctx := context.Background()
-	var out [1]Decision
 	for i := 0; i < capacity; i++ {
-		if err := m.Take(ctx, time.Unix(1, 0), []Request{{Policy: p, Key: fmt.Sprint(i), Cost: 1}}, out[:]); err != nil || !out[0].Allowed {
-			t.Fatalf("key %d: %+v, %v", i, out[0], err)
+		if d := take(Request{Policy: p, Key: fmt.Sprint(i), Cost: 1}); !d.Allowed {
+			t.Fatalf("key %d: %+v", i, d)
 		}
 	}
 	if n := s.lru.Len(); n != capacity {
@@ -377,8 +364,8 @@ func TestMemShardFillsEverySlot(t *testing.T) {
 	}
 	checkShard(t, s)
 	_, ref, _ := s.lru.GetOldest()
-	if err := m.Take(ctx, time.Unix(1, 0), []Request{{Policy: p, Key: "new", Cost: 1}}, out[:]); err != nil || !out[0].Allowed {
-		t.Fatalf("new key: %+v, %v", out[0], err)
+	if d := take(Request{Policy: p, Key: "new", Cost: 1}); !d.Allowed {
+		t.Fatalf("new key: %+v", d)
 	}
 	got, ok := s.lru.Peek(m.hash(&Request{Policy: p, Key: "new"}))
 	if !ok || got.slot != ref.slot {
@@ -395,24 +382,15 @@ func TestMemShardFillsEverySlot(t *testing.T) {
 // The store keeps exact recency (KeepActive), so that the keys' second
 // requests, made in reverse, reorder the LRU before the span grows.
 func TestMemShardGrow(t *testing.T) {
-	m := MustMemoryStore(&MemoryConfig{Capacity: 8 * slabChunk, Shards: 1, KeepActive: true})
-	s := &m.shards[0]
+	m, s, do := oneShard(t, MemoryConfig{Capacity: 8 * slabChunk, KeepActive: true})
 	pols := []*Policy{
 		MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour}),
 		MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour, Algorithm: SlidingWindowLog}),
 	}
-	ctx := context.Background()
-	now := time.Unix(1_700_000_000, 0)
 	req := func(i int) Request {
 		return Request{Policy: pols[i%2], Key: fmt.Sprint("k", i), Cost: 1}
 	}
-	take := func(i int) Decision {
-		var out [1]Decision
-		if err := m.Take(ctx, now, []Request{req(i)}, out[:]); err != nil {
-			t.Fatal(err)
-		}
-		return out[0]
-	}
+	take := func(i int) Decision { return do(req(i)) }
 	// Fill the first span to three quarters, each key charged twice, in
 	// an order that differs from the keys' first requests.
 	n := slabChunk * 3 / 4
@@ -480,18 +458,9 @@ func TestMemShardGrow(t *testing.T) {
 // still decided on their own records.
 func TestMemShardStopsGuessing(t *testing.T) {
 	const capacity = 2 * slabChunk
-	m := MustMemoryStore(&MemoryConfig{Capacity: capacity, Shards: 1})
-	s := &m.shards[0]
+	_, s, do := oneShard(t, MemoryConfig{Capacity: capacity})
 	p := MustPolicy(Rule{Name: "r", Limit: 2, Window: time.Hour})
-	ctx := context.Background()
-	now := time.Unix(1_700_000_000, 0)
-	var out [1]Decision
-	take := func(k string) bool {
-		if err := m.Take(ctx, now, []Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
-			t.Fatal(err)
-		}
-		return out[0].Allowed
-	}
+	take := func(k string) bool { return do(Request{Policy: p, Key: k, Cost: 1}).Allowed }
 	for i := 0; i < 4*capacity; i++ {
 		take(fmt.Sprint(i))
 	}
@@ -509,4 +478,22 @@ func TestMemShardStopsGuessing(t *testing.T) {
 		}
 	}
 	checkShard(t, s)
+}
+
+// oneShard returns a store of one shard made with cfg, its shard, and a
+// function taking one unit of r's key at a fixed time.
+func oneShard(t *testing.T, cfg MemoryConfig) (*MemoryStore, *memShard, func(r Request) Decision) {
+	t.Helper()
+	cfg.Shards = 1
+	m := MustMemoryStore(&cfg)
+	now := time.Unix(1_700_000_000, 0)
+	take := func(r Request) Decision {
+		t.Helper()
+		var out [1]Decision
+		if err := m.Take(context.Background(), now, []Request{r}, out[:]); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	return m, &m.shards[0], take
 }
