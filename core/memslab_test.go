@@ -497,3 +497,38 @@ func oneShard(t *testing.T, cfg MemoryConfig) (*MemoryStore, *memShard, func(r R
 	}
 	return m, &m.shards[0], take
 }
+
+// A batch whose new key makes the span grow charges all its keys, the
+// held one on the record it had before the shard placed its keys anew.
+func TestMemShardGrowInBatch(t *testing.T) {
+	m, s, take := oneShard(t, MemoryConfig{Capacity: 4 * slabChunk})
+	p := MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour})
+	n := slabChunk * 3 / 4
+	for i := 0; i < n; i++ {
+		take(Request{Policy: p, Key: fmt.Sprint("k", i), Cost: 1})
+	}
+	take(Request{Policy: p, Key: "k0", Cost: 1}) // k0 has 3 left
+	if s.span != slabChunk {
+		t.Fatalf("span %d before the batch; want %d", s.span, slabChunk)
+	}
+	// The new key first: the held key's record is written after the
+	// shard has placed its keys anew.
+	batch := []Request{{Policy: p, Key: "new", Cost: 1}, {Policy: p, Key: "k0", Cost: 2}}
+	var out [2]Decision
+	if err := m.Take(context.Background(), time.Unix(1_700_000_000, 0), batch, out[:]); err != nil {
+		t.Fatal(err)
+	}
+	if s.span != 2*slabChunk {
+		t.Fatalf("span %d after the batch; want %d", s.span, 2*slabChunk)
+	}
+	if !out[0].Allowed || out[0].Remaining != 4 || !out[1].Allowed || out[1].Remaining != 1 {
+		t.Fatalf("batch decisions %+v, %+v; want admitted with 4 and 1 remaining", out[0], out[1])
+	}
+	checkShard(t, s)
+	if d := take(Request{Policy: p, Key: "k0", Cost: 1}); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("k0 after the batch: %+v; want its last unit", d)
+	}
+	if d := take(Request{Policy: p, Key: "k0", Cost: 1}); d.Allowed {
+		t.Fatal("k0 admitted beyond its limit")
+	}
+}
