@@ -151,11 +151,11 @@ type MemoryConfig struct {
 //
 // Deciding an existing key allocates nothing (unless its policy changes,
 // when the shard's table of policies may grow). A new key costs one
-// allocation (its LRU entry; with an Observer, one more for its text; in
-// a filling shard, now and then a chunk of slots or the shard's placing
-// its keys anew). A full shard drops a recovered key before evicting one that holds state
-// (see MemoryConfig.KeepActive for how far it looks). Times outside
-// [MinTime, MaxTime] are clamped to them.
+// allocation (its LRU entry; with an Observer, one more for its text; in a
+// filling shard, now and then a chunk of slots or the shard's placing its
+// keys anew). A full shard drops a recovered key before evicting one that
+// holds state (see MemoryConfig.KeepActive for how far it looks). Times
+// outside [MinTime, MaxTime] are clamped to them.
 //
 // It is safe for concurrent use and needs no Close.
 type MemoryStore struct {
