@@ -273,7 +273,7 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 		s.lru = l
 		s.cap = per
 		s.span = uint32(min(per, slabChunk))
-		s.guessing = true
+		s.setGuessing()
 		s.slab = make([][]memSlot, (per+slabChunk-1)/slabChunk)
 		s.used = make([]uint64, (per+63)/64)
 		if r := per % 64; r != 0 {

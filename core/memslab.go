@@ -180,8 +180,12 @@ func (s *memShard) add(h uint64, e *memEntry) {
 		s.grow()
 		return
 	}
-	s.guessing = s.athome*2 >= uint32(s.lru.Len())
+	s.setGuessing()
 }
+
+// setGuessing sets whether find guesses home slots: while at least half of
+// the shard's keys are at home. Requires s.mu.
+func (s *memShard) setGuessing() { s.guessing = s.athome*2 >= uint32(s.lru.Len()) }
 
 // grow doubles the shard's span (up to its capacity) and places every key
 // anew, as newSlot places a new key, so that each key's home is again where
@@ -218,7 +222,7 @@ func (s *memShard) grow() {
 	for i, h := range keys {
 		s.front(h, refs[i])
 	}
-	s.guessing = s.athome*2 >= uint32(len(keys))
+	s.setGuessing()
 }
 
 // home returns the slot a key hashed h takes when it is free: the low 32
@@ -305,7 +309,7 @@ func (s *memShard) evicted(h uint64, ref memRef) {
 	if ref.slot == s.home(h) {
 		s.athome--
 	}
-	s.guessing = s.athome*2 >= uint32(s.lru.Len())
+	s.setGuessing()
 	s.vacate(ref.slot)
 	s.release(ref.pol)
 	if s.keys != nil {
