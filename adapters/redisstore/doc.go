@@ -133,14 +133,18 @@
 // "f:window:count;id", "c:window:prev:curr;id", id the policy's identity);
 // the sliding log keeps a list of "base;id" and one "time:units:count"
 // entry per admission instant, count being the running count of units, so
-// its memory grows with the admissions in the window (up to Limit
-// entries). A charge writes the state and its expiry in the same script
-// (SET ... PX, or PEXPIRE for the log): the key expires when its state
-// would decide like a fresh one (core's Algorithm.Expiry), rounded up to a
-// millisecond, plus one millisecond (ClientTimeSlack in ClientTime mode).
-// A refusal writes nothing, except a record converted from another
-// policy's or clamped after a clock step (see above). A key of a foreign
-// type or shape is read as fresh and overwritten.
+// its memory grows with the admissions in the window (up to Limit entries).
+// A charge writes the state and its expiry in the same script (SET ... PX,
+// or PEXPIRE for the log): the key expires when its state would decide like
+// a fresh one (core's Algorithm.Expiry), rounded up to a millisecond, plus
+// one millisecond (ClientTimeSlack in ClientTime mode). On the server's
+// clock with Redis 7 or later, a fixed window's record charged again within
+// its window, under the policy that wrote it, keeps the expiry the window's
+// first charge set (SET ... KEEPTTL): the window still ends when it did,
+// and the write costs the server about half as much. A refusal writes
+// nothing, except a record converted from another policy's or clamped after
+// a clock step (see above). A key of a foreign type or shape is read as
+// fresh and overwritten.
 //
 // # Work per decision
 //

@@ -56,6 +56,7 @@ func TestFullPath(t *testing.T) {
 	t.Run("ClockBack", TestClockBack)
 	t.Run("NeverSeenKeyWhole", TestNeverSeenKeyWhole)
 	t.Run("ExpiryExact", TestExpiryExact)
+	t.Run("WindowKeepsExpiry", TestWindowKeepsExpiry)
 }
 
 // TestFastPathMatchesFullPath replays a random trace of single requests

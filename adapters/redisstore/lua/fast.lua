@@ -22,7 +22,7 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
   local key = KEYS[1]
   -- load: a missing key, or a record of this policy (or of the previous
   -- version, untagged) in the algorithm's shape
-  local A, B, fresh, mine = 0, 0, true, false
+  local A, B, fresh, mine, tagged = 0, 0, true, false, false
   if ok and (alg == 'g' or alg == 'f') and type(tag) == 'string' and type(tauR) == 'number' then
     local v = redis.pcall('GET', key)
     if v == false then
@@ -30,7 +30,7 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
     elseif type(v) == 'string' then
       local a, b, rest = smatch(v, alg == 'g' and '^g:(%-?%d+):(%d+)(.*)$' or '^f:(%-?%d+):(%d+)(.*)$')
       if a ~= nil and (rest == '' or rest == ';' .. tag) then
-        A, B, fresh, mine = tonumber(a), tonumber(b), false, true
+        A, B, fresh, mine, tagged = tonumber(a), tonumber(b), false, true, rest ~= ''
       end
     end
   end
@@ -65,7 +65,9 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
         -- the current one, so the bound holds
         if clamped then nB = B end
       end
-      -- fixed.commit / fixed_store (with keep): e > 0 always
+      -- fixed.commit / fixed_store (with keep, or keepttl for this
+      -- policy's record of this window on the server's clock): e > 0
+      -- always
       if nB > 0 then
         local ms, rm = divmod(e, 1000)
         if rm > 0 then ms = ms + 1 end
@@ -75,7 +77,11 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
             and sformat('%d', P53) ~= '9007199254740992' then
           fv, fx = 'f:%.0f:%.0f;%s', '%.0f'
         end
-        redis.call('SET', key, sformat(fv, idx, nB, tag), 'PX', sformat(fx, ms))
+        if tagged and idx == A and ARGV[2] == '' and redis.REDIS_VERSION_NUM then
+          redis.call('SET', key, sformat(fv, idx, nB, tag), 'KEEPTTL')
+        else
+          redis.call('SET', key, sformat(fv, idx, nB, tag), 'PX', sformat(fx, ms))
+        end
       end
       local reset, rem = 0, cap - count
       if count > 0 then reset = e end

@@ -60,7 +60,10 @@ modules.fixed = function()
   end
 
   function fixed.commit(key, st, P, cost, now, d, slack)
-    if cost > 0 then
+    if cost > 0 and WINDOWTTL and st.own and st.B > 0 and st.A == d.nA then
+      -- this policy's record of this window: its expiry is the window's
+      keepttl(key, sformat(I64 and 'f:%d:%d;%s' or 'f:%.0f:%.0f;%s', d.nA, d.nB, P.tag))
+    elseif cost > 0 then
       fixed_store(key, d.nA, d.nB, P, now, slack)
     elseif st.rewrite then
       fixed.save(key, st, P, now, slack)

@@ -57,6 +57,20 @@ local function keep(key, value, life, slack)
   redis.call('SET', key, value, 'PX', fmt(ceilms(life) + slack))
 end
 
+-- WINDOWTTL says whether a record rewritten within the window its expiry
+-- was set for keeps that expiry (keepttl): on the server's clock, where
+-- the window ends when the expiry says, and on Redis 7 and later (scripts
+-- see redis.REDIS_VERSION_NUM there; SET's KEEPTTL is Redis 6). In
+-- ClientTime mode every write sets the expiry from the caller's time.
+local WINDOWTTL = ARGV[2] == '' and redis.REDIS_VERSION_NUM ~= nil
+
+-- keepttl stores value at key, keeping the key's expiry: one SET with
+-- KEEPTTL, about half the server time of one with PX, and no expiry to
+-- format.
+local function keepttl(key, value)
+  redis.call('SET', key, value, 'KEEPTTL')
+end
+
 -- getstate matches a string state v (a GET's reply) against pattern and
 -- returns its numeric fields, or nil for anything else.
 local function getstate(v, pattern)

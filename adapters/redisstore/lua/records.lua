@@ -43,7 +43,12 @@ local function load(key, alg, kind, P)
     end
     return alg.load(key, v)
   end
-  if rtag == P.tag or (rtag == '' and rkind == kind) then
+  if rtag == P.tag then
+    local st = alg.load(key, v)
+    st.own = true -- written by this policy (see fixed.commit)
+    return st
+  end
+  if rtag == '' and rkind == kind then
     return alg.load(key, v)
   end
   local st
