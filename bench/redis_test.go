@@ -160,9 +160,11 @@ func redisClient(b *testing.B, opts func(*redis.Options)) (*redis.Client, *rttCo
 
 // serverStats returns the total calls of INFO commandstats (commands run
 // inside scripts included, less the bookkeeping ones: INFO itself,
-// connection set-up, PING, FLUSHALL, SCRIPT) and the server's CPU time
-// (INFO cpu, user plus system) in seconds.
-func serverStats(b *testing.B, c *redis.Client) (calls int64, cpu float64) {
+// connection set-up, PING, FLUSHALL, SCRIPT), the server's CPU time (INFO
+// cpu, user plus system) in seconds, and the time the server spent running
+// scripts (commandstats' usec of EVAL and EVALSHA, the commands they run
+// included) in microseconds.
+func serverStats(b *testing.B, c *redis.Client) (calls int64, cpu float64, script int64) {
 	info, err := c.Info(context.Background(), "commandstats", "cpu").Result()
 	if err != nil {
 		b.Fatal(err)
@@ -185,18 +187,27 @@ func serverStats(b *testing.B, c *redis.Client) (calls int64, cpu float64) {
 		if !strings.HasPrefix(name, "cmdstat_") {
 			continue
 		}
-		switch cmd, _, _ := strings.Cut(strings.TrimPrefix(name, "cmdstat_"), "|"); cmd {
+		cmd, _, _ := strings.Cut(strings.TrimPrefix(name, "cmdstat_"), "|")
+		switch cmd {
 		case "info", "hello", "client", "ping", "select", "flushall", "script", "command":
 			continue
 		}
-		n, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		n, more, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
 		v, err := strconv.ParseInt(n, 10, 64)
 		if err != nil {
 			b.Fatalf("commandstats line %q: %v", line, err)
 		}
 		calls += v
+		if cmd == "eval" || cmd == "evalsha" {
+			u, _, _ := strings.Cut(strings.TrimPrefix(more, "usec="), ",")
+			us, err := strconv.ParseInt(u, 10, 64)
+			if err != nil {
+				b.Fatalf("commandstats line %q: %v", line, err)
+			}
+			script += us
+		}
 	}
-	return calls, cpu
+	return calls, cpu, script
 }
 
 // redisPeer is one Redis-backed limiter built on a shared client.
@@ -266,15 +277,17 @@ func forEachRedisPeer(b *testing.B, f func(b *testing.B, l limiter, c *redis.Cli
 }
 
 // reportRedis reports per decision the commands ("cmds/op", INFO
-// commandstats), the round trips ("rtt/op", counted by a client hook) and
-// the redis-server CPU time in microseconds ("srv-us/op", INFO cpu: script
-// execution, command parsing and socket I/O).
-func reportRedis(b *testing.B, c *redis.Client, calls0 int64, cpu0 float64, rtt int64) {
+// commandstats), the round trips ("rtt/op", counted by a client hook), the
+// redis-server CPU time in microseconds ("srv-us/op", INFO cpu: script
+// execution, command parsing and socket I/O) and, of it, the time spent
+// running the peer's script ("script-us/op", commandstats).
+func reportRedis(b *testing.B, c *redis.Client, calls0 int64, cpu0 float64, script0, rtt int64) {
 	b.StopTimer()
-	calls, cpu := serverStats(b, c)
+	calls, cpu, script := serverStats(b, c)
 	b.ReportMetric(float64(calls-calls0)/float64(b.N), "cmds/op")
 	b.ReportMetric(float64(rtt)/float64(b.N), "rtt/op")
 	b.ReportMetric((cpu-cpu0)*1e6/float64(b.N), "srv-us/op")
+	b.ReportMetric(float64(script-script0)/float64(b.N), "script-us/op")
 }
 
 // BenchmarkRedis decides redisKeys keys in turn, one decision at a time:
@@ -287,7 +300,7 @@ func BenchmarkRedis(b *testing.B) {
 				b.Fatal("warm-up decision refused", failures(l))
 			}
 		}
-		calls0, cpu0 := serverStats(b, c)
+		calls0, cpu0, script0 := serverStats(b, c)
 		rtt0 := h.n.Load()
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -297,7 +310,7 @@ func BenchmarkRedis(b *testing.B) {
 				refused++
 			}
 		}
-		reportRedis(b, c, calls0, cpu0, h.n.Load()-rtt0)
+		reportRedis(b, c, calls0, cpu0, script0, h.n.Load()-rtt0)
 		if refused > 0 {
 			b.Fatalf("%d of %d decisions refused (or failed)%s", refused, b.N, failures(l))
 		}
@@ -345,7 +358,7 @@ func benchRedisParallel64(b *testing.B, ks []string) {
 				})
 			}
 			wg.Wait()
-			calls0, cpu0 := serverStats(b, c)
+			calls0, cpu0, script0 := serverStats(b, c)
 			rtt0 := h.n.Load()
 			var seq atomic.Uint64
 			var refused atomic.Int64
@@ -363,7 +376,7 @@ func benchRedisParallel64(b *testing.B, ks []string) {
 				}
 			})
 			elapsed := time.Since(start)
-			reportRedis(b, c, calls0, cpu0, h.n.Load()-rtt0)
+			reportRedis(b, c, calls0, cpu0, script0, h.n.Load()-rtt0)
 			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
 			if n := refused.Load(); n > 0 {
 				b.Fatalf("%d of %d decisions refused (or failed)%s", n, b.N, failures(l))

@@ -519,20 +519,20 @@ func report(r results, m meta, machine string, runs int) string {
 
 	// Redis.
 	pf("\n### Redis (private local redis-server)\n\n")
-	pf("`cmds/op`: INFO commandstats calls per decision, commands run inside Lua scripts included. `rtt/op`: round trips per decision, counted by a go-redis hook (a pipeline or MULTI/EXEC block is one). `srv µs/op`: redis-server CPU time per decision (INFO cpu, user + system: scripts, parsing and socket I/O); in the 64-way workloads the server is the bottleneck, so decisions/s ≈ 1e6 ÷ srv µs/op × the share of a core it gets. `ratelimit` is our store with the token bucket, `ratelimit-fixedwindow` with the fixed window (both with the store's defaults: server time, 50 ms timeout, circuit breaker); `ratelimit-noctxtimeout` is the token bucket on a client without ContextTimeoutEnabled.\n\n")
+	pf("`cmds/op`: INFO commandstats calls per decision, commands run inside Lua scripts included. `rtt/op`: round trips per decision, counted by a go-redis hook (a pipeline or MULTI/EXEC block is one). `srv µs/op`: redis-server CPU time per decision (INFO cpu, user + system: scripts, parsing and socket I/O); in the 64-way workloads the server is the bottleneck, so decisions/s ≈ 1e6 ÷ srv µs/op × the share of a core it gets. `script µs/op`: of that, the time the server spent running the peer's script (INFO commandstats: EVALSHA's time, the commands the script runs included). `ratelimit` is our store with the token bucket, `ratelimit-fixedwindow` with the fixed window (both with the store's defaults: server time, 50 ms timeout, circuit breaker); `ratelimit-noctxtimeout` is the token bucket on a client without ContextTimeoutEnabled.\n\n")
 	pf("Sequential: one decision at a time over 10,000 keys.\n\n")
-	pf("| peer | ns/op | B/op | allocs/op | cmds/op | rtt/op | srv µs/op |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	pf("| peer | ns/op | B/op | allocs/op | cmds/op | rtt/op | srv µs/op | script µs/op |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.peers("Redis") {
-		pf("| %s | %s | %s | %s | %s | %s | %s |\n", bold(p, p),
+		pf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", bold(p, p),
 			bold(p, cell(r, "Redis", p, "ns/op")), cell(r, "Redis", p, "B/op"), cell(r, "Redis", p, "allocs/op"),
-			cell(r, "Redis", p, "cmds/op"), cell(r, "Redis", p, "rtt/op"), cell(r, "Redis", p, "srv-us/op"))
+			cell(r, "Redis", p, "cmds/op"), cell(r, "Redis", p, "rtt/op"), cell(r, "Redis", p, "srv-us/op"), cell(r, "Redis", p, "script-us/op"))
 	}
 	pf("\n64 goroutines: `RedisHotKeyParallel64` decides one key, `RedisKeys100kParallel64` 100,000 keys in a scattered order. `ratelimit-noctxtimeout` and `httprate-redis` are measured sequentially only, to keep the run short.\n\n")
-	pf("| peer | hot key decisions/s | srv µs/op | cmds/op | 100k keys decisions/s | srv µs/op | cmds/op | B/op | allocs/op |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	pf("| peer | hot key decisions/s | srv µs/op | script µs/op | cmds/op | 100k keys decisions/s | srv µs/op | script µs/op | cmds/op | B/op | allocs/op |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.peers(redis64Workloads...) {
-		pf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", bold(p, p),
-			bold(p, cell(r, "RedisHotKeyParallel64", p, "decisions/s")), cell(r, "RedisHotKeyParallel64", p, "srv-us/op"), cell(r, "RedisHotKeyParallel64", p, "cmds/op"),
-			bold(p, cell(r, "RedisKeys100kParallel64", p, "decisions/s")), cell(r, "RedisKeys100kParallel64", p, "srv-us/op"), cell(r, "RedisKeys100kParallel64", p, "cmds/op"),
+		pf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", bold(p, p),
+			bold(p, cell(r, "RedisHotKeyParallel64", p, "decisions/s")), cell(r, "RedisHotKeyParallel64", p, "srv-us/op"), cell(r, "RedisHotKeyParallel64", p, "script-us/op"), cell(r, "RedisHotKeyParallel64", p, "cmds/op"),
+			bold(p, cell(r, "RedisKeys100kParallel64", p, "decisions/s")), cell(r, "RedisKeys100kParallel64", p, "srv-us/op"), cell(r, "RedisKeys100kParallel64", p, "script-us/op"), cell(r, "RedisKeys100kParallel64", p, "cmds/op"),
 			cell(r, "RedisKeys100kParallel64", p, "B/op"), cell(r, "RedisKeys100kParallel64", p, "allocs/op"))
 	}
 	pf("%s", mwPartsTable(r, m))
