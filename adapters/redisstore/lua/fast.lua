@@ -69,15 +69,20 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
       -- policy's record of this window on the server's clock): e > 0
       -- always
       if nB > 0 then
-        local ms, rm = divmod(e, 1000)
-        if rm > 0 then ms = ms + 1 end
-        ms = ms + slack
+        local kept = tagged and idx == A and ARGV[2] == '' and redis.REDIS_VERSION_NUM
+        local ms = 0
+        if not kept then
+          local rm
+          ms, rm = divmod(e, 1000)
+          if rm > 0 then ms = ms + 1 end
+          ms = ms + slack
+        end
         local fv, fx = 'f:%d:%d;%s', '%d'
         if (idx >= 2147483648 or idx < -2147483648 or nB >= 2147483648 or ms >= 2147483648)
             and sformat('%d', P53) ~= '9007199254740992' then
           fv, fx = 'f:%.0f:%.0f;%s', '%.0f'
         end
-        if tagged and idx == A and ARGV[2] == '' and redis.REDIS_VERSION_NUM then
+        if kept then
           redis.call('SET', key, sformat(fv, idx, nB, tag), 'KEEPTTL')
         else
           redis.call('SET', key, sformat(fv, idx, nB, tag), 'PX', sformat(fx, ms))

@@ -51,20 +51,25 @@ modules.fixed = function()
     return d
   end
 
-  local function fixed_store(key, A, B, P, now, slack)
+  -- fixed_store writes window A's count B, with the window's expiry, or
+  -- keeping the key's (kept: this policy's record of window A, see
+  -- WINDOWTTL).
+  local function fixed_store(key, A, B, P, now, slack, kept)
     if B <= 0 then
       redis.call('DEL', key)
       return
     end
-    keep(key, sformat(I64 and 'f:%d:%d;%s' or 'f:%.0f:%.0f;%s', A, B, P.tag), (A + 1) * P.W - now, slack)
+    local v = sformat(I64 and 'f:%d:%d;%s' or 'f:%.0f:%.0f;%s', A, B, P.tag)
+    if kept then
+      keepttl(key, v)
+    else
+      keep(key, v, (A + 1) * P.W - now, slack)
+    end
   end
 
   function fixed.commit(key, st, P, cost, now, d, slack)
-    if cost > 0 and WINDOWTTL and st.own and st.B > 0 and st.A == d.nA then
-      -- this policy's record of this window: its expiry is the window's
-      keepttl(key, sformat(I64 and 'f:%d:%d;%s' or 'f:%.0f:%.0f;%s', d.nA, d.nB, P.tag))
-    elseif cost > 0 then
-      fixed_store(key, d.nA, d.nB, P, now, slack)
+    if cost > 0 then
+      fixed_store(key, d.nA, d.nB, P, now, slack, WINDOWTTL and st.own and st.B > 0 and st.A == d.nA)
     elseif st.rewrite then
       fixed.save(key, st, P, now, slack)
     end
