@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/limitry/ratelimit/adapters/redisstore"
@@ -144,6 +146,43 @@ func Example_fallback() {
 	// err=<nil> allowed=true breaker=closed
 	// err=<nil> allowed=true breaker=open
 	// err=<nil> allowed=false breaker=open
+}
+
+// With Config.Pipeline, the decisions of concurrent requests share round
+// trips to Redis: here 100 goroutines decide through at most 2 calls in
+// flight at once, and each decision is still exact.
+func ExampleConfig_pipeline() {
+	client := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	defer client.Close()
+	store, err := redisstore.New(client, &redisstore.Config{Prefix: "example:", Pipeline: 2})
+	if err != nil {
+		panic(err)
+	}
+	limiter, err := core.New(core.Rule{Name: "pipelined", Limit: 60, Window: time.Minute}, core.WithStore(store))
+	if err != nil {
+		panic(err)
+	}
+	var allowed, refused atomic.Int64
+	var wg sync.WaitGroup
+	for range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := limiter.Allow(context.Background(), "203.0.113.9")
+			switch {
+			case err != nil:
+				fmt.Println("Redis unavailable:", err)
+			case d.Allowed:
+				allowed.Add(1)
+			default:
+				refused.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Println("allowed:", allowed.Load(), "refused:", refused.Load())
+	// Output:
+	// allowed: 60 refused: 40
 }
 
 // OnStateChange reports the breaker's transitions, for logs and alerts.

@@ -1,0 +1,198 @@
+package redisstore
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// maxPipeline bounds the script calls one pipeline carries.
+const maxPipeline = 128
+
+// pipeliner sends the script calls of concurrent decisions together
+// (Config.Pipeline). At most lanes calls or pipelines are in flight at
+// once. A call that finds a lane free is sent at once, alone, as without
+// a pipeliner. A call that finds every lane busy waits in the queue, and
+// the first lane to come free sends everything waiting as one pipeline:
+// one write and one read for the lot, on the client and on the server.
+// Each call stays a script call of its own, atomic on its own, and is
+// sent once (noRetryInts: go-redis retries no pipeline holding one).
+type pipeliner struct {
+	client  redis.UniversalClient
+	gate    *gate
+	timeout time.Duration // bounds a pipeline's I/O; <= 0: none of ours
+	lanes   int
+
+	mu    sync.Mutex
+	busy  int // lanes in use
+	queue []*pipeCall
+}
+
+// pipeCall is one script call waiting for, or carried by, a pipeline.
+type pipeCall struct {
+	script *boxedScript
+	args   []any // a copy: the caller's buffer is free once it returns
+	cmd    *redis.IntSliceCmd
+	res    []int64
+	err    error
+	state  callState     // guarded by pipeliner.mu
+	done   chan struct{} // signalled once the call is callDone
+}
+
+type callState uint8
+
+const (
+	callQueued    callState = iota // in the queue
+	callSent                       // taken by a pipeline
+	callDone                       // answered; done is signalled
+	callAbandoned                  // sent, but its caller left: dropped when answered
+)
+
+var pipeCalls = sync.Pool{New: func() any { return &pipeCall{done: make(chan struct{}, 1)} }}
+
+func (c *pipeCall) recycle() {
+	clear(c.args)
+	c.args, c.script, c.cmd, c.res, c.err = c.args[:0], nil, nil, nil, nil
+	pipeCalls.Put(c)
+}
+
+// do runs the script sc with args as eval does, alone when a lane is free
+// and in the next pipeline otherwise. It returns ctx's error if ctx ends
+// first: a call still queued is then never sent, and one already sent is
+// left to run, its answer dropped.
+func (p *pipeliner) do(ctx context.Context, sc *boxedScript, args []any) ([]int64, error) {
+	p.mu.Lock()
+	if p.busy < p.lanes {
+		p.busy++
+		p.mu.Unlock()
+		res, err := eval(ctx, p.client, sc, args)
+		p.free()
+		return res, err
+	}
+	c := pipeCalls.Get().(*pipeCall)
+	c.script, c.args, c.state = sc, append(c.args, args...), callQueued
+	p.queue = append(p.queue, c)
+	p.mu.Unlock()
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		p.mu.Lock()
+		switch c.state {
+		case callQueued:
+			if i := slices.Index(p.queue, c); i >= 0 {
+				p.queue = slices.Delete(p.queue, i, i+1)
+			}
+			p.mu.Unlock()
+			c.recycle()
+			return nil, ctx.Err()
+		case callSent:
+			c.state = callAbandoned // the pipeline recycles it
+			p.mu.Unlock()
+			return nil, ctx.Err()
+		}
+		p.mu.Unlock() // callDone: the answer is here
+		<-c.done
+	}
+	res, err := c.res, c.err
+	c.recycle()
+	return res, err
+}
+
+// free gives back a lane after a call sent alone: to a pipeline of the
+// calls that queued meanwhile, or to the pool of free lanes. It is called
+// within a running Take, which keeps the gate from draining.
+func (p *pipeliner) free() {
+	p.mu.Lock()
+	if len(p.queue) == 0 {
+		p.busy--
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	p.gate.hold()
+	go p.drain()
+}
+
+// drain sends the queue in pipelines, on the lane it was given, until the
+// queue is empty.
+func (p *pipeliner) drain() {
+	defer p.gate.leave()
+	var batch [maxPipeline]*pipeCall
+	for {
+		p.mu.Lock()
+		n := copy(batch[:], p.queue)
+		if n == 0 {
+			p.busy--
+			p.mu.Unlock()
+			return
+		}
+		rest := copy(p.queue, p.queue[n:])
+		clear(p.queue[rest:])
+		p.queue = p.queue[:rest]
+		for _, c := range batch[:n] {
+			c.state = callSent
+		}
+		p.mu.Unlock()
+		p.send(batch[:n])
+		p.mu.Lock()
+		for _, c := range batch[:n] {
+			if c.state == callAbandoned {
+				c.recycle()
+				continue
+			}
+			c.state = callDone
+			c.done <- struct{}{}
+		}
+		p.mu.Unlock()
+		clear(batch[:n])
+	}
+}
+
+// send runs calls in one pipeline with EVALSHA, and those the server did
+// not have the script for (NOSCRIPT: nothing ran) in a second one with
+// EVAL, which also caches it.
+func (p *pipeliner) send(calls []*pipeCall) {
+	ctx := context.Background()
+	if p.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.timeout)
+		defer cancel()
+	}
+	p.exec(ctx, calls, false)
+	var again [maxPipeline]*pipeCall
+	n := 0
+	for _, c := range calls {
+		if c.err != nil && isNoScript(c.err) {
+			again[n] = c
+			n++
+		}
+	}
+	if n > 0 {
+		p.exec(ctx, again[:n], true)
+	}
+}
+
+// exec runs calls in one pipeline and sets their answers.
+func (p *pipeliner) exec(ctx context.Context, calls []*pipeCall, source bool) {
+	pipe := p.client.Pipeline()
+	for _, c := range calls {
+		if source {
+			c.args[0], c.args[1] = evalArg, c.script.source
+		} else {
+			c.args[0], c.args[1] = evalshaArg, c.script.hash
+		}
+		c.cmd = redis.NewIntSliceCmd(ctx, c.args...)
+		_ = pipe.Process(ctx, noRetryInts{c.cmd})
+	}
+	_, execErr := pipe.Exec(ctx)
+	for _, c := range calls {
+		c.res, c.err = c.cmd.Val(), c.cmd.Err()
+		if c.err == nil && len(c.res) == 0 && execErr != nil {
+			// a call the failed pipeline left unanswered
+			c.res, c.err = nil, execErr
+		}
+	}
+}

@@ -1,0 +1,284 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+	"github.com/limitry/ratelimit/core/storetest"
+	"github.com/limitry/ratelimit/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestConformancePipelined(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	storetest.Run(t, func(t *testing.T) core.Store {
+		return newStore(t, client, &Config{ClientTime: true, Pipeline: 1})
+	})
+}
+
+// holdHook blocks the first script call sent alone until release is
+// closed, and records the pipelines sent (their sizes) and runs before
+// each pipeline's first the function beforePipeline, if set.
+type holdHook struct {
+	mu             sync.Mutex
+	held           bool
+	holding        chan struct{} // closed once the first call is held
+	release        chan struct{}
+	pipelines      []int
+	beforePipeline func()
+}
+
+func newHoldHook() *holdHook {
+	return &holdHook{holding: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *holdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" {
+			h.mu.Lock()
+			first := !h.held
+			h.held = true
+			h.mu.Unlock()
+			if first {
+				close(h.holding)
+				<-h.release
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if name := cmds[0].Name(); name != "evalsha" && name != "eval" {
+			return next(ctx, cmds) // the connection's setup
+		}
+		h.mu.Lock()
+		h.pipelines = append(h.pipelines, len(cmds))
+		before := h.beforePipeline
+		h.beforePipeline = nil
+		h.mu.Unlock()
+		if before != nil {
+			before()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *holdHook) sizes() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]int(nil), h.pipelines...)
+}
+
+// waitQueued yields until n calls wait in s's pipeline queue.
+func waitQueued(t *testing.T, s *Store, n int) {
+	t.Helper()
+	for i := 0; ; i++ {
+		s.pipe.mu.Lock()
+		q := len(s.pipe.queue)
+		s.pipe.mu.Unlock()
+		if q == n {
+			return
+		}
+		if i > 10_000_000 {
+			t.Fatalf("%d calls queued, want %d", q, n)
+		}
+		runtime.Gosched()
+	}
+}
+
+// pipelinedStore returns a store with one lane over a client whose first
+// script call is held by the returned hook.
+func pipelinedStore(t *testing.T) (*Store, *holdHook) {
+	t.Helper()
+	client := newClient(t, redistest.Server(t))
+	h := newHoldHook()
+	client.AddHook(h)
+	return newStore(t, client, &Config{ClientTime: true, Pipeline: 1}), h
+}
+
+func takeOne(s *Store, ctx context.Context, p *core.Policy, key string) (core.Decision, error) {
+	out := make([]core.Decision, 1)
+	err := s.Take(ctx, storetest.T0, []core.Request{{Policy: p, Key: key, Cost: 1}}, out)
+	return out[0], err
+}
+
+func TestPipelineSendsWaitingCallsTogether(t *testing.T) {
+	s, h := pipelinedStore(t)
+	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.FixedWindow, Limit: 100, Window: time.Minute})
+	ctx := context.Background()
+	const waiting = 10
+	results := make(chan core.Decision, waiting+1)
+	errs := make(chan error, waiting+1)
+	run := func() {
+		d, err := takeOne(s, ctx, p, "k")
+		results <- d
+		errs <- err
+	}
+	go run()
+	<-h.holding // the first call holds the only lane
+	for range waiting {
+		go run()
+	}
+	waitQueued(t, s, waiting)
+	close(h.release)
+	seen := map[int64]bool{}
+	for range waiting + 1 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+		d := <-results
+		if !d.Allowed || seen[d.Remaining] {
+			t.Fatalf("decision %+v (remaining values seen %v)", d, seen)
+		}
+		seen[d.Remaining] = true
+	}
+	for r := int64(100 - waiting - 1); r < 100; r++ {
+		if !seen[r] {
+			t.Fatalf("no decision left %d remaining: %v", r, seen)
+		}
+	}
+	if got := h.sizes(); len(got) != 1 || got[0] != waiting {
+		t.Fatalf("pipelines sent: %v, want one of %d calls", got, waiting)
+	}
+}
+
+func TestPipelineDropsCallWhoseCallerLeft(t *testing.T) {
+	s, h := pipelinedStore(t)
+	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.FixedWindow, Limit: 10, Window: time.Minute})
+	first := make(chan error, 1)
+	go func() {
+		_, err := takeOne(s, context.Background(), p, "k")
+		first <- err
+	}()
+	<-h.holding
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	go func() {
+		_, err := takeOne(s, ctx, p, "k")
+		left <- err
+	}()
+	waitQueued(t, s, 1)
+	cancel()
+	if err := <-left; !IsCallerGone(err) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("abandoned call: %v, want the caller's cancellation", err)
+	}
+	waitQueued(t, s, 0)
+	close(h.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	d, err := takeOne(s, context.Background(), p, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// charged twice (the first call and this one), not three times
+	if d.Remaining != 8 {
+		t.Fatalf("remaining %d after two charges, want 8: the abandoned call was sent", d.Remaining)
+	}
+	if got := h.sizes(); len(got) != 0 {
+		t.Fatalf("pipelines sent: %v, want none", got)
+	}
+}
+
+func TestPipelineReloadsFlushedScript(t *testing.T) {
+	s, h := pipelinedStore(t)
+	addr := s.client.(*redis.Client).Options().Addr
+	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.TokenBucket, Limit: 100, Window: time.Minute})
+	h.beforePipeline = func() { redistest.Do(t, addr, "SCRIPT", "FLUSH") }
+	const waiting = 5
+	errs := make(chan error, waiting+1)
+	go func() {
+		_, err := takeOne(s, context.Background(), p, "k")
+		errs <- err
+	}()
+	<-h.holding
+	for range waiting {
+		go func() {
+			_, err := takeOne(s, context.Background(), p, "k")
+			errs <- err
+		}()
+	}
+	waitQueued(t, s, waiting)
+	close(h.release)
+	for range waiting + 1 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// EVALSHA's pipeline found no script; EVAL's ran every call once
+	if got := h.sizes(); len(got) != 2 || got[0] != waiting || got[1] != waiting {
+		t.Fatalf("pipelines sent: %v, want two of %d calls", got, waiting)
+	}
+	d, err := takeOne(s, context.Background(), p, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Remaining != 100-waiting-2 {
+		t.Fatalf("remaining %d, want %d: a call ran twice or not at all", d.Remaining, 100-waiting-2)
+	}
+}
+
+func TestPipelineFailureReachesEveryCall(t *testing.T) {
+	// The connections are cut once the server has run the scripts and
+	// answered: every call of the pipeline fails, and none is sent again,
+	// although the client allows go-redis its default retries.
+	addr := redistest.Server(t)
+	px := newProxy(t, addr)
+	proxied := newClient(t, px.Addr(), func(o *redis.Options) { o.MaxRetries = 3 })
+	prefix := uniquePrefix(t)
+	s := newStore(t, proxied, &Config{Prefix: prefix, ClientTime: true, Pipeline: 1})
+	check := newStore(t, newClient(t, addr), &Config{Prefix: prefix, ClientTime: true})
+	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.TokenBucket, Limit: 100, Window: time.Hour})
+	take(t, s, storetest.T0, p, "k", 1) // the script is cached
+	h := newHoldHook()
+	proxied.AddHook(h)
+	const waiting = 4
+	errs := make(chan error, waiting+1)
+	go func() {
+		_, err := takeOne(s, context.Background(), p, "k")
+		errs <- err
+	}()
+	<-h.holding
+	for range waiting {
+		go func() {
+			_, err := takeOne(s, context.Background(), p, "k")
+			errs <- err
+		}()
+	}
+	waitQueued(t, s, waiting)
+	px.cut.Store(true)
+	close(h.release)
+	for range waiting + 1 {
+		if err := <-errs; err == nil || IsCallerGone(err) {
+			t.Fatalf("error %v, want the connection's failure", err)
+		}
+	}
+	px.cut.Store(false)
+	if got := h.sizes(); len(got) != 1 || got[0] != waiting {
+		t.Fatalf("pipelines sent: %v, want one of %d calls", got, waiting)
+	}
+	if n := px.cuts.Load(); n != 2 {
+		t.Fatalf("%d connections cut, want 2 (the call alone, then the pipeline): a retry", n)
+	}
+	// 1 before, 1 alone, 4 in the pipeline: each ran once
+	if d := take(t, check, storetest.T0, p, "k", 1); d.Remaining != 100-waiting-3 {
+		t.Fatalf("remaining %d, want %d: a call ran twice or not at all", d.Remaining, 100-waiting-3)
+	}
+}
+
+func TestPipelineConfig(t *testing.T) {
+	client := newClient(t, "127.0.0.1:1")
+	if _, err := New(client, &Config{Pipeline: -1}); err == nil || !strings.Contains(err.Error(), "Pipeline") {
+		t.Fatalf("Pipeline -1: %v, want an error naming it", err)
+	}
+}
