@@ -8,12 +8,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// benchPipeline is the Config.Pipeline of the "-pipeline" rows.
+const benchPipeline = 4
+
 // ourRedisPeers returns the rows of our Redis store (adapters/redisstore)
 // behind core.Limiter.Allow, with the store's defaults (server time, 50 ms
 // timeout, circuit breaker): "ratelimit" (token bucket) and
 // "ratelimit-fixedwindow" (fixed window, the same quota) on the shared
 // client, configured as the package documentation shows
-// (ContextTimeoutEnabled), and "ratelimit-noctxtimeout" (token bucket) on
+// (ContextTimeoutEnabled); "ratelimit-pipeline" and
+// "ratelimit-fixedwindow-pipeline", the same with Config.Pipeline set to
+// benchPipeline; and "ratelimit-noctxtimeout" (token bucket) on
 // a client left at go-redis's default, where the store runs each call in
 // a goroutine of its own to bound it by its timeout (measured sequentially
 // only).
@@ -22,8 +27,8 @@ func ourRedisPeers() []redisPeer {
 	// share keys across the workloads of one server and read each other's
 	// records (another policy's record is carried over on the script's
 	// full path, not its fast path).
-	newStore := func(b *testing.B, c *redis.Client, alg core.Algorithm) limiter {
-		s, err := redisstore.New(c, &redisstore.Config{Prefix: "bench:" + alg.Name() + ":"})
+	newStore := func(b *testing.B, c *redis.Client, alg core.Algorithm, pipeline int) limiter {
+		s, err := redisstore.New(c, &redisstore.Config{Prefix: "bench:" + alg.Name() + ":", Pipeline: pipeline})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -33,12 +38,20 @@ func ourRedisPeers() []redisPeer {
 		}
 		return &coreLimiter{l: l}
 	}
-	tokenBucket := func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.TokenBucket) }
+	tokenBucket := func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.TokenBucket, 0) }
 	return []redisPeer{
 		{name: "ratelimit", new: tokenBucket},
 		{
 			name: "ratelimit-fixedwindow",
-			new:  func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.FixedWindow) },
+			new:  func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.FixedWindow, 0) },
+		},
+		{
+			name: "ratelimit-pipeline",
+			new:  func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.TokenBucket, benchPipeline) },
+		},
+		{
+			name: "ratelimit-fixedwindow-pipeline",
+			new:  func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.FixedWindow, benchPipeline) },
 		},
 		{
 			name:           "ratelimit-noctxtimeout",
