@@ -112,24 +112,32 @@ func takeOne(s *Store, ctx context.Context, p *core.Policy, key string) (core.De
 	return out[0], err
 }
 
+// queueBehindHeld starts one run, whose script call h holds on the only
+// lane of s, then n more, and returns once those n wait in the queue. The
+// channel receives the n+1 runs' errors once h releases the first.
+func queueBehindHeld(t *testing.T, s *Store, h *holdHook, n int, run func() error) <-chan error {
+	t.Helper()
+	errs := make(chan error, n+1)
+	go func() { errs <- run() }()
+	<-h.holding
+	for range n {
+		go func() { errs <- run() }()
+	}
+	waitQueued(t, s, n)
+	return errs
+}
+
 func TestPipelineSendsWaitingCallsTogether(t *testing.T) {
 	s, h := pipelinedStore(t)
 	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.FixedWindow, Limit: 100, Window: time.Minute})
 	ctx := context.Background()
 	const waiting = 10
 	results := make(chan core.Decision, waiting+1)
-	errs := make(chan error, waiting+1)
-	run := func() {
+	errs := queueBehindHeld(t, s, h, waiting, func() error {
 		d, err := takeOne(s, ctx, p, "k")
 		results <- d
-		errs <- err
-	}
-	go run()
-	<-h.holding // the first call holds the only lane
-	for range waiting {
-		go run()
-	}
-	waitQueued(t, s, waiting)
+		return err
+	})
 	close(h.release)
 	seen := map[int64]bool{}
 	for range waiting + 1 {
@@ -196,19 +204,10 @@ func TestPipelineReloadsFlushedScript(t *testing.T) {
 	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.TokenBucket, Limit: 100, Window: time.Minute})
 	h.beforePipeline = func() { redistest.Do(t, addr, "SCRIPT", "FLUSH") }
 	const waiting = 5
-	errs := make(chan error, waiting+1)
-	go func() {
+	errs := queueBehindHeld(t, s, h, waiting, func() error {
 		_, err := takeOne(s, context.Background(), p, "k")
-		errs <- err
-	}()
-	<-h.holding
-	for range waiting {
-		go func() {
-			_, err := takeOne(s, context.Background(), p, "k")
-			errs <- err
-		}()
-	}
-	waitQueued(t, s, waiting)
+		return err
+	})
 	close(h.release)
 	for range waiting + 1 {
 		if err := <-errs; err != nil {
@@ -243,19 +242,10 @@ func TestPipelineFailureReachesEveryCall(t *testing.T) {
 	h := newHoldHook()
 	proxied.AddHook(h)
 	const waiting = 4
-	errs := make(chan error, waiting+1)
-	go func() {
+	errs := queueBehindHeld(t, s, h, waiting, func() error {
 		_, err := takeOne(s, context.Background(), p, "k")
-		errs <- err
-	}()
-	<-h.holding
-	for range waiting {
-		go func() {
-			_, err := takeOne(s, context.Background(), p, "k")
-			errs <- err
-		}()
-	}
-	waitQueued(t, s, waiting)
+		return err
+	})
 	px.cut.Store(true)
 	close(h.release)
 	for range waiting + 1 {
