@@ -3,9 +3,12 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,11 +18,75 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-func TestConformancePipelined(t *testing.T) {
+func TestPipelineExactUnderLoad(t *testing.T) {
 	client := newClient(t, redistest.Server(t))
-	storetest.Run(t, func(t *testing.T) core.Store {
-		return newStore(t, client, &Config{ClientTime: true, Pipeline: 1})
-	})
+	h := newHoldHook()
+	client.AddHook(h)
+	stressPipelined(t, client, h)
+}
+
+// stressPipelined decides from 32 goroutines on 8 keys through a store
+// with one lane of client, whose hook h holds the first call until the
+// other 31 goroutines' first calls queue behind it (so at least one
+// pipeline is sent): each key admits exactly its limit, and every
+// decision is right.
+func stressPipelined(t *testing.T, client redis.UniversalClient, h *holdHook) {
+	const (
+		goroutines = 32
+		each       = 40
+		keys       = 8
+		limit      = 100 // of goroutines*each/keys = 160 requests per key
+	)
+	s := newStore(t, client, &Config{ClientTime: true, Pipeline: 1})
+	p := mustPolicy(t, core.Rule{Name: "stress", Algorithm: core.FixedWindow, Limit: limit, Window: time.Hour})
+	var mu sync.Mutex
+	allowed := map[string]int{}
+	remaining := map[string]map[int64]bool{}
+	run := func(g int) error {
+		for i := range each {
+			key := string(rune('a' + (g+i)%keys))
+			d, err := takeOne(s, context.Background(), p, key)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			if d.Allowed {
+				allowed[key]++
+				if remaining[key] == nil {
+					remaining[key] = map[int64]bool{}
+				}
+				if remaining[key][d.Remaining] {
+					mu.Unlock()
+					return fmt.Errorf("key %s: two admissions left %d", key, d.Remaining)
+				}
+				remaining[key][d.Remaining] = true
+			} else if d.Remaining != 0 {
+				mu.Unlock()
+				return fmt.Errorf("key %s: refused with %d remaining", key, d.Remaining)
+			}
+			mu.Unlock()
+		}
+		return nil
+	}
+	var next atomic.Int64
+	errs := queueBehindHeld(t, s, h, goroutines-1, func() error { return run(int(next.Add(1))) })
+	close(h.release)
+	for range goroutines {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k := range keys {
+		key := string(rune('a' + k))
+		if allowed[key] != limit {
+			t.Errorf("key %s admitted %d, want %d", key, allowed[key], limit)
+		}
+	}
+	sizes := h.sizes()
+	if len(sizes) == 0 || sizes[0] != goroutines-1 {
+		t.Fatalf("pipelines sent: %v, want a first one of %d calls", sizes, goroutines-1)
+	}
+	t.Logf("%d pipelines, %d calls each at most", len(sizes), slices.Max(sizes))
 }
 
 // holdHook blocks the first script call sent alone until release is
