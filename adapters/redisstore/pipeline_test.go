@@ -83,8 +83,10 @@ func stressPipelined(t *testing.T, client redis.UniversalClient, h *holdHook) {
 		}
 	}
 	sizes := h.sizes()
-	if len(sizes) == 0 || sizes[0] != goroutines-1 {
-		t.Fatalf("pipelines sent: %v, want a first one of %d calls", sizes, goroutines-1)
+	// The first pipeline holds the 31 queued calls, and the held
+	// goroutine's second if it queued before the pipeline left.
+	if len(sizes) == 0 || sizes[0] < goroutines-1 || sizes[0] > goroutines {
+		t.Fatalf("pipelines sent: %v, want a first one of %d or %d calls", sizes, goroutines-1, goroutines)
 	}
 	t.Logf("%d pipelines, %d calls each at most", len(sizes), slices.Max(sizes))
 }
