@@ -135,8 +135,11 @@ type Config struct {
 	// Take's decisions are pipelined. A pipeline's I/O is bounded by
 	// Timeout, not by the callers' contexts, and its commands carry a
 	// context of their own to the client's hooks. Two to four is a good
-	// value for a single server; the default value, 0, sends every
-	// decision alone. A negative value is an error.
+	// value for a single server. With a single-node or failover client, a
+	// value at or above the client's PoolSize never pipelines: at most
+	// PoolSize decisions talk to Redis at once anyway (QueueTimeout). The
+	// default value, 0, sends every decision alone. A negative value is an
+	// error.
 	Pipeline int
 
 	// Breaker configures the circuit breaker. The default value, nil, means
