@@ -33,6 +33,7 @@ type pipeliner struct {
 
 // pipeCall is one script call waiting for, or carried by, a pipeline.
 type pipeCall struct {
+	ctx    context.Context // the caller's
 	script *boxedScript
 	args   []any // a copy: the caller's buffer is free once it returns
 	cmd    *redis.IntSliceCmd
@@ -55,7 +56,7 @@ var pipeCalls = sync.Pool{New: func() any { return &pipeCall{done: make(chan str
 
 func (c *pipeCall) recycle() {
 	clear(c.args)
-	c.args, c.script, c.cmd, c.res, c.err = c.args[:0], nil, nil, nil, nil
+	c.args, c.ctx, c.script, c.cmd, c.res, c.err = c.args[:0], nil, nil, nil, nil, nil
 	pipeCalls.Put(c)
 }
 
@@ -73,7 +74,7 @@ func (p *pipeliner) do(ctx context.Context, sc *boxedScript, args []any) ([]int6
 		return res, err
 	}
 	c := pipeCalls.Get().(*pipeCall)
-	c.script, c.args, c.state = sc, append(c.args, args...), callQueued
+	c.ctx, c.script, c.args, c.state = ctx, sc, append(c.args, args...), callQueued
 	p.queue = append(p.queue, c)
 	p.mu.Unlock()
 	select {
@@ -117,25 +118,40 @@ func (p *pipeliner) free() {
 }
 
 // drain sends the queue in pipelines, on the lane it was given, until the
-// queue is empty.
+// queue is empty. A call whose caller's context has ended is answered with
+// its error instead of being sent.
 func (p *pipeliner) drain() {
 	defer p.gate.leave()
 	var batch [maxPipeline]*pipeCall
 	for {
 		p.mu.Lock()
-		n := copy(batch[:], p.queue)
-		if n == 0 {
+		if len(p.queue) == 0 {
 			p.busy--
 			p.mu.Unlock()
 			return
 		}
-		rest := copy(p.queue, p.queue[n:])
+		taken, n := 0, 0
+		for _, c := range p.queue {
+			if n == maxPipeline {
+				break
+			}
+			taken++
+			if err := c.ctx.Err(); err != nil {
+				c.err, c.state = err, callDone
+				c.done <- struct{}{}
+				continue
+			}
+			c.state = callSent
+			batch[n] = c
+			n++
+		}
+		rest := copy(p.queue, p.queue[taken:])
 		clear(p.queue[rest:])
 		p.queue = p.queue[:rest]
-		for _, c := range batch[:n] {
-			c.state = callSent
-		}
 		p.mu.Unlock()
+		if n == 0 {
+			continue
+		}
 		p.send(batch[:n])
 		p.mu.Lock()
 		for _, c := range batch[:n] {

@@ -267,6 +267,40 @@ func TestPipelineDropsCallWhoseCallerLeft(t *testing.T) {
 	}
 }
 
+// endedCtx is a context that reports itself canceled without closing its
+// Done channel: only the pipeline can notice, not its waiting caller.
+type endedCtx struct{ context.Context }
+
+func (endedCtx) Err() error { return context.Canceled }
+
+func TestPipelineDoesNotSendCallWhoseContextEnded(t *testing.T) {
+	s, h := pipelinedStore(t)
+	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.FixedWindow, Limit: 10, Window: time.Minute})
+	first := make(chan error, 1)
+	go func() {
+		_, err := takeOne(s, context.Background(), p, "k")
+		first <- err
+	}()
+	<-h.holding
+	ended := make(chan error, 1)
+	go func() {
+		// s.pipe directly: Take checks the context before it queues
+		_, err := s.pipe.do(endedCtx{context.Background()}, s.script, []any{nil, nil, 0})
+		ended <- err
+	}()
+	waitQueued(t, s, 1)
+	close(h.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-ended; !errors.Is(err, context.Canceled) {
+		t.Fatalf("call whose context ended: %v, want context.Canceled", err)
+	}
+	if got := h.sizes(); len(got) != 0 {
+		t.Fatalf("pipelines sent: %v, want none", got)
+	}
+}
+
 func TestPipelineReloadsFlushedScript(t *testing.T) {
 	s, h := pipelinedStore(t)
 	addr := s.client.(*redis.Client).Options().Addr
