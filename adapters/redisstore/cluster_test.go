@@ -73,14 +73,6 @@ func TestCluster(t *testing.T) {
 		})
 	})
 
-	t.Run("Pipelined", func(t *testing.T) {
-		// The pipelines carry calls for every master; the client splits them.
-		h := newHoldHook()
-		c := newClusterClient(t, addrs)
-		c.AddHook(h)
-		stressPipelined(t, c, h)
-	})
-
 	t.Run("ConformanceTagged", func(t *testing.T) {
 		// One tag for every key: every batch is one atomic call.
 		storetest.Run(t, func(t *testing.T) core.Store {

@@ -13,8 +13,9 @@ import (
 const maxPipeline = 128
 
 // pipeliner sends the script calls of concurrent decisions together
-// (Config.Pipeline). At most lanes calls or pipelines are in flight at
-// once. A call that finds a lane free is sent at once, alone, as without
+// (Config.Pipeline), on a single-node or failover client (a pipeline
+// across nodes would wait for the slowest). At most lanes calls or
+// pipelines are in flight at once. A call that finds a lane free is sent at once, alone, as without
 // a pipeliner. A call that finds every lane busy waits in the queue, and
 // the first lane to come free sends everything waiting as one pipeline:
 // one write and one read for the lot, on the client and on the server.
@@ -23,7 +24,7 @@ const maxPipeline = 128
 type pipeliner struct {
 	client  redis.UniversalClient
 	gate    *gate
-	timeout time.Duration // bounds a pipeline's I/O; <= 0: none of ours
+	timeout time.Duration // the longest a pipeline's I/O may take; <= 0: no bound of ours
 	lanes   int
 
 	mu    sync.Mutex
@@ -69,9 +70,8 @@ func (p *pipeliner) do(ctx context.Context, sc *boxedScript, args []any) ([]int6
 	if p.busy < p.lanes {
 		p.busy++
 		p.mu.Unlock()
-		res, err := eval(ctx, p.client, sc, args)
-		p.free()
-		return res, err
+		defer p.free() // even if a hook panics
+		return eval(ctx, p.client, sc, args)
 	}
 	c := pipeCalls.Get().(*pipeCall)
 	c.ctx, c.script, c.args, c.state = ctx, sc, append(c.args, args...), callQueued
@@ -169,26 +169,56 @@ func (p *pipeliner) drain() {
 
 // send runs calls in one pipeline with EVALSHA, and those the server did
 // not have the script for (NOSCRIPT: nothing ran) in a second one with
-// EVAL, which also caches it.
+// EVAL, which also caches it, unless their callers have left. The
+// pipelines' I/O is bounded by the latest deadline of the calls (each
+// caller's, which includes the store's Timeout), and by timeout from now.
 func (p *pipeliner) send(calls []*pipeCall) {
 	ctx := context.Background()
-	if p.timeout > 0 {
+	if dl, ok := p.deadline(calls); ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, p.timeout)
+		ctx, cancel = context.WithDeadline(ctx, dl)
 		defer cancel()
 	}
 	p.exec(ctx, calls, false)
 	var again [maxPipeline]*pipeCall
 	n := 0
 	for _, c := range calls {
-		if c.err != nil && isNoScript(c.err) {
-			again[n] = c
-			n++
+		if c.err == nil || !isNoScript(c.err) {
+			continue
 		}
+		if err := c.ctx.Err(); err != nil { // its caller has left, or is leaving
+			c.err = err
+			continue
+		}
+		again[n] = c
+		n++
 	}
 	if n > 0 {
 		p.exec(ctx, again[:n], true)
 	}
+}
+
+// deadline returns when the I/O of a pipeline of calls must end: the
+// latest of their deadlines, and at most timeout from now. It reports
+// false for no bound (no timeout, and a call without a deadline).
+func (p *pipeliner) deadline(calls []*pipeCall) (time.Time, bool) {
+	var limit, latest time.Time
+	if p.timeout > 0 {
+		limit = time.Now().Add(p.timeout)
+	}
+	for _, c := range calls {
+		dl, ok := c.ctx.Deadline()
+		if !ok {
+			return limit, !limit.IsZero()
+		}
+		if dl.After(latest) {
+			latest = dl
+		}
+	}
+	if !limit.IsZero() && latest.After(limit) {
+		latest = limit
+	}
+	return latest, true
 }
 
 // exec runs calls in one pipeline and sets their answers.

@@ -92,15 +92,22 @@ func stressPipelined(t *testing.T, client redis.UniversalClient, h *holdHook) {
 }
 
 // holdHook blocks the first script call sent alone until release is
-// closed, and records the pipelines sent (their sizes) and runs before
-// each pipeline's first the function beforePipeline, if set.
+// closed, and records the script pipelines sent (their sizes and their
+// contexts' deadlines). Before the first pipeline it runs beforePipeline,
+// if set; a pipeline fails with failPipeline, if set, without reaching
+// the server; and if holdPipeline is set, each pipeline, once recorded,
+// closes pipelineHeld (the first time) and waits for holdPipeline.
 type holdHook struct {
 	mu             sync.Mutex
 	held           bool
 	holding        chan struct{} // closed once the first call is held
 	release        chan struct{}
 	pipelines      []int
+	deadlines      []time.Time
 	beforePipeline func()
+	failPipeline   error
+	holdPipeline   chan struct{}
+	pipelineHeld   chan struct{}
 }
 
 func newHoldHook() *holdHook {
@@ -132,11 +139,22 @@ func (h *holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		}
 		h.mu.Lock()
 		h.pipelines = append(h.pipelines, len(cmds))
-		before := h.beforePipeline
+		dl, _ := ctx.Deadline()
+		h.deadlines = append(h.deadlines, dl)
+		before, fail, hold := h.beforePipeline, h.failPipeline, h.holdPipeline
 		h.beforePipeline = nil
+		if hold != nil && len(h.pipelines) == 1 {
+			close(h.pipelineHeld)
+		}
 		h.mu.Unlock()
 		if before != nil {
 			before()
+		}
+		if hold != nil {
+			<-hold
+		}
+		if fail != nil {
+			return fail // the commands' own errors left unset
 		}
 		return next(ctx, cmds)
 	}
@@ -146,6 +164,17 @@ func (h *holdHook) sizes() []int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return append([]int(nil), h.pipelines...)
+}
+
+// waitIdle yields until no call of s runs (no pipeline is out).
+func waitIdle(t *testing.T, s *Store) {
+	t.Helper()
+	for i := 0; s.gate.running() > 0; i++ {
+		if i > 10_000_000 {
+			t.Fatalf("%d calls still running", s.gate.running())
+		}
+		runtime.Gosched()
+	}
 }
 
 // waitQueued yields until n calls wait in s's pipeline queue.
@@ -167,9 +196,9 @@ func waitQueued(t *testing.T, s *Store, n int) {
 
 // pipelinedStore returns a store with one lane over a client whose first
 // script call is held by the returned hook.
-func pipelinedStore(t *testing.T) (*Store, *holdHook) {
+func pipelinedStore(t *testing.T, opts ...func(*redis.Options)) (*Store, *holdHook) {
 	t.Helper()
-	client := newClient(t, redistest.Server(t))
+	client := newClient(t, redistest.Server(t), opts...)
 	h := newHoldHook()
 	client.AddHook(h)
 	return newStore(t, client, &Config{ClientTime: true, Pipeline: 1}), h
@@ -207,6 +236,9 @@ func TestPipelineSendsWaitingCallsTogether(t *testing.T) {
 		results <- d
 		return err
 	})
+	// Every queued Take started, and set its deadline (the store's
+	// Timeout), before this point.
+	latest := time.Now().Add(s.timeout)
 	close(h.release)
 	seen := map[int64]bool{}
 	for range waiting + 1 {
@@ -226,6 +258,208 @@ func TestPipelineSendsWaitingCallsTogether(t *testing.T) {
 	}
 	if got := h.sizes(); len(got) != 1 || got[0] != waiting {
 		t.Fatalf("pipelines sent: %v, want one of %d calls", got, waiting)
+	}
+	// The pipeline's I/O ends with its callers' deadlines, not a Timeout
+	// after it was sent.
+	if dl := h.deadlines[0]; dl.IsZero() || dl.After(latest) {
+		t.Fatalf("pipeline deadline %v, want one no later than its callers' (%v)", dl, latest)
+	}
+}
+
+func TestPipelineDeadline(t *testing.T) {
+	t0 := time.Now()
+	at := func(d time.Duration) context.Context {
+		ctx, cancel := context.WithDeadline(context.Background(), t0.Add(d))
+		t.Cleanup(cancel)
+		return ctx
+	}
+	calls := func(ctxs ...context.Context) []*pipeCall {
+		var cs []*pipeCall
+		for _, ctx := range ctxs {
+			cs = append(cs, &pipeCall{ctx: ctx})
+		}
+		return cs
+	}
+	p := &pipeliner{timeout: time.Hour}
+	if dl, ok := p.deadline(calls(at(time.Second), at(3*time.Second), at(2*time.Second))); !ok || !dl.Equal(t0.Add(3*time.Second)) {
+		t.Errorf("deadline %v %v, want the latest, %v", dl, ok, t0.Add(3*time.Second))
+	}
+	if dl, ok := p.deadline(calls(at(time.Second), context.Background())); !ok || dl.Before(t0.Add(time.Hour)) || dl.After(time.Now().Add(time.Hour)) {
+		t.Errorf("deadline %v %v with a call without one, want an hour (the timeout) from now", dl, ok)
+	}
+	if dl, ok := p.deadline(calls(at(2 * time.Hour))); !ok || dl.After(time.Now().Add(time.Hour)) {
+		t.Errorf("deadline %v %v, want at most the timeout from now", dl, ok)
+	}
+	none := &pipeliner{timeout: -1}
+	if dl, ok := none.deadline(calls(at(time.Second), context.Background())); ok {
+		t.Errorf("deadline %v without a timeout and a call without a deadline, want none", dl)
+	}
+	if dl, ok := none.deadline(calls(at(time.Second))); !ok || !dl.Equal(t0.Add(time.Second)) {
+		t.Errorf("deadline %v %v without a timeout, want the call's", dl, ok)
+	}
+}
+
+func TestPipelineSplitsLongQueue(t *testing.T) {
+	// The pool lets more decisions talk to Redis at once than a pipeline
+	// carries.
+	s, h := pipelinedStore(t, func(o *redis.Options) { o.PoolSize = 2 * maxPipeline })
+	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.TokenBucket, Limit: 1000, Window: time.Minute})
+	const waiting = maxPipeline + 2
+	errs := queueBehindHeld(t, s, h, waiting, func() error {
+		_, err := takeOne(s, context.Background(), p, "k")
+		return err
+	})
+	close(h.release)
+	for range waiting + 1 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := h.sizes(); len(got) != 2 || got[0] != maxPipeline || got[1] != 2 {
+		t.Fatalf("pipelines sent: %v, want %d then 2", got, maxPipeline)
+	}
+}
+
+func TestPipelineErrorReachesEveryCall(t *testing.T) {
+	// A pipeline that fails before it reaches the server (here in a hook)
+	// fails each of its calls with its error, none with an empty answer.
+	s, h := pipelinedStore(t)
+	fail := errors.New("pipeline refused by a hook")
+	h.failPipeline = fail
+	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.TokenBucket, Limit: 100, Window: time.Minute})
+	const waiting = 3
+	errs := queueBehindHeld(t, s, h, waiting, func() error {
+		_, err := takeOne(s, context.Background(), p, "k")
+		return err
+	})
+	close(h.release)
+	failed := 0
+	for range waiting + 1 {
+		if err := <-errs; errors.Is(err, fail) {
+			failed++
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if failed != waiting {
+		t.Fatalf("%d calls failed with the pipeline's error, want %d", failed, waiting)
+	}
+}
+
+func TestPipelineCallerLeavesAfterSend(t *testing.T) {
+	// A caller whose context ends while its pipeline is out returns at
+	// once; the call, sent, still runs once.
+	s, h := pipelinedStore(t)
+	h.holdPipeline, h.pipelineHeld = make(chan struct{}), make(chan struct{})
+	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.FixedWindow, Limit: 10, Window: time.Minute})
+	first := make(chan error, 1)
+	go func() {
+		_, err := takeOne(s, context.Background(), p, "k")
+		first <- err
+	}()
+	<-h.holding
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	go func() {
+		_, err := takeOne(s, ctx, p, "k")
+		left <- err
+	}()
+	waitQueued(t, s, 1)
+	close(h.release)
+	<-h.pipelineHeld // the pipeline carrying the second call is out
+	cancel()
+	if err := <-left; !IsCallerGone(err) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("caller gone: %v, want its cancellation", err)
+	}
+	close(h.holdPipeline)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, s)
+	if d := take(t, s, storetest.T0, p, "k", 1); d.Remaining != 7 {
+		t.Fatalf("remaining %d, want 7: the sent call ran once", d.Remaining)
+	}
+}
+
+func TestPipelineDoesNotReloadForCallerGone(t *testing.T) {
+	// The server has lost the script (NOSCRIPT: nothing ran) and the
+	// caller has left meanwhile: its call is not sent again with EVAL.
+	s, h := pipelinedStore(t)
+	addr := s.client.(*redis.Client).Options().Addr
+	h.holdPipeline, h.pipelineHeld = make(chan struct{}), make(chan struct{})
+	h.beforePipeline = func() { redistest.Do(t, addr, "SCRIPT", "FLUSH") }
+	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.FixedWindow, Limit: 10, Window: time.Minute})
+	first := make(chan error, 1)
+	go func() {
+		_, err := takeOne(s, context.Background(), p, "k")
+		first <- err
+	}()
+	<-h.holding
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	go func() {
+		_, err := takeOne(s, ctx, p, "k")
+		left <- err
+	}()
+	waitQueued(t, s, 1)
+	close(h.release)
+	<-h.pipelineHeld
+	cancel()
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Fatalf("caller gone: %v, want its cancellation", err)
+	}
+	close(h.holdPipeline)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, s)
+	if got := h.sizes(); len(got) != 1 {
+		t.Fatalf("pipelines sent: %v, want only the first (EVALSHA)", got)
+	}
+	if d := take(t, s, storetest.T0, p, "k", 1); d.Remaining != 8 {
+		t.Fatalf("remaining %d, want 8: the gone caller's call ran", d.Remaining)
+	}
+}
+
+// panicHook panics in the first script call it sees.
+type panicHook struct{ once *sync.Once }
+
+func (panicHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h panicHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" {
+			h.once.Do(func() { panic("a hook's bug") })
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (panicHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func TestPipelinePanicFreesLane(t *testing.T) {
+	client := newClient(t, redistest.Server(t), func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	client.AddHook(panicHook{new(sync.Once)})
+	s := newStore(t, client, &Config{ClientTime: true, Pipeline: 1})
+	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.FixedWindow, Limit: 10, Window: time.Minute})
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the hook's panic did not reach the caller")
+			}
+		}()
+		takeOne(s, context.Background(), p, "k")
+	}()
+	s.pipe.mu.Lock()
+	busy := s.pipe.busy
+	s.pipe.mu.Unlock()
+	if busy != 0 {
+		t.Fatalf("%d lanes busy after the panic, want 0", busy)
+	}
+	if _, err := takeOne(s, context.Background(), p, "k"); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -373,5 +607,18 @@ func TestPipelineConfig(t *testing.T) {
 	client := newClient(t, "127.0.0.1:1")
 	if _, err := New(client, &Config{Pipeline: -1}); err == nil || !strings.Contains(err.Error(), "Pipeline") {
 		t.Fatalf("Pipeline -1: %v, want an error naming it", err)
+	}
+	// A pipeline spanning nodes waits for the slowest.
+	cluster := newClusterClient(t, []string{"127.0.0.1:1"})
+	if _, err := New(cluster, &Config{Pipeline: 2}); err == nil || !strings.Contains(err.Error(), "single-node") {
+		t.Fatalf("Pipeline on a Cluster client: %v, want an error", err)
+	}
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+	t.Cleanup(func() { ring.Close() })
+	if _, err := New(ring, &Config{Pipeline: 2}); err == nil || !strings.Contains(err.Error(), "single-node") {
+		t.Fatalf("Pipeline on a Ring: %v, want an error", err)
+	}
+	if _, err := New(client, &Config{Pipeline: 2}); err != nil {
+		t.Fatal(err)
 	}
 }

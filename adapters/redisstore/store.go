@@ -129,17 +129,27 @@ type Config struct {
 	// its main cost per decision, so one server decides more per second
 	// (see BENCHMARKS.md); a decision that finds a free slot is sent at
 	// once, as without pipelining. Each decision is still one script call
-	// of its own, atomic and never re-sent. A decision waiting for a
-	// pipeline is bounded by its Timeout like any other, and one whose
-	// context ends before its pipeline leaves is not sent at all. Only
-	// Take's decisions are pipelined. A pipeline's I/O is bounded by
-	// Timeout, not by the callers' contexts, and its commands carry a
-	// context of their own to the client's hooks. Two to four is a good
-	// value for a single server. With a single-node or failover client, a
-	// value at or above the client's PoolSize never pipelines: at most
-	// PoolSize decisions talk to Redis at once anyway (QueueTimeout). The
-	// default value, 0, sends every decision alone. A negative value is an
-	// error.
+	// of its own, atomic and never re-sent, and one whose context ends
+	// before its pipeline leaves is not sent at all. Only Take's decisions
+	// are pipelined.
+	//
+	// It needs a single-node or failover client (*redis.Client); New
+	// returns an error for any other: a pipeline spanning several nodes
+	// waits for the slowest, so one stalled master would stall every
+	// master's decisions. Waiting for a pipeline counts against a
+	// decision's Timeout (and a timeout there against the breaker: Redis
+	// is not keeping up), and a failed pipeline fails every decision it
+	// carries, each counting against the breaker. A pipeline's I/O is
+	// bounded by the latest deadline of its decisions when the client has
+	// ContextTimeoutEnabled, which pipelining needs even more than single
+	// calls do: without it, a pipeline stuck on a dead connection holds
+	// its slot until the client's ReadTimeout, and the decisions queued
+	// behind it time out. Its commands carry a context of their own to the
+	// client's hooks. Two to four is a good value for one server; keep it
+	// well below the client's PoolSize, since at most PoolSize decisions
+	// talk to Redis at once (QueueTimeout) and only those beyond Pipeline
+	// wait for a pipeline. The default value, 0, sends every decision
+	// alone. A negative value is an error.
 	Pipeline int
 
 	// Breaker configures the circuit breaker. The default value, nil, means
@@ -286,6 +296,9 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 		return nil, fmt.Errorf("redisstore: Config.Pipeline is %d; it must be 0 (off) or positive", c.Pipeline)
 	}
 	if c.Pipeline > 0 {
+		if s.place != placeOne {
+			return nil, fmt.Errorf("redisstore: Config.Pipeline needs a single-node or failover client (*redis.Client), not a %T: a pipeline spanning several nodes waits for the slowest", client)
+		}
 		s.pipe = &pipeliner{client: client, gate: s.gate, timeout: s.timeout, lanes: c.Pipeline}
 	}
 	mk, err := newBreaker(c.Breaker, c.OnStateChange)
