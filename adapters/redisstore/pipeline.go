@@ -136,7 +136,7 @@ func (p *pipeliner) drain() {
 				break
 			}
 			taken++
-			if err := c.ctx.Err(); err != nil {
+			if err := ended(c.ctx); err != nil {
 				c.err, c.state = err, callDone
 				c.done <- struct{}{}
 				continue
@@ -186,16 +186,36 @@ func (p *pipeliner) send(calls []*pipeCall) {
 		if c.err == nil || !isNoScript(c.err) {
 			continue
 		}
-		if err := c.ctx.Err(); err != nil { // its caller has left, or is leaving
+		if err := ended(c.ctx); err != nil { // its caller has left, or is leaving
 			c.err = err
 			continue
 		}
 		again[n] = c
 		n++
 	}
-	if n > 0 {
-		p.exec(ctx, again[:n], true)
+	if n == 0 {
+		return
 	}
+	ctx = context.Background()
+	if dl, ok := p.deadline(again[:n]); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl)
+		defer cancel()
+	}
+	p.exec(ctx, again[:n], true)
+}
+
+// ended returns ctx's error, or context.DeadlineExceeded once its deadline
+// has passed even if ctx does not say so yet (the store's timeout contexts
+// close Done a moment late).
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // deadline returns when the I/O of a pipeline of calls must end: the

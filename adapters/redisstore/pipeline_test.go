@@ -348,8 +348,9 @@ func TestPipelineErrorReachesEveryCall(t *testing.T) {
 
 func TestPipelineCallerLeavesAfterSend(t *testing.T) {
 	// A caller whose context ends while its pipeline is out returns at
-	// once; the call, sent, still runs once.
-	s, h := pipelinedStore(t)
+	// once; the call, sent, still runs once. (With ContextTimeoutEnabled
+	// the store waits for the call itself, not in a goroutine of its own.)
+	s, h := pipelinedStore(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	h.holdPipeline, h.pipelineHeld = make(chan struct{}), make(chan struct{})
 	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.FixedWindow, Limit: 10, Window: time.Minute})
 	first := make(chan error, 1)
@@ -368,8 +369,13 @@ func TestPipelineCallerLeavesAfterSend(t *testing.T) {
 	close(h.release)
 	<-h.pipelineHeld // the pipeline carrying the second call is out
 	cancel()
-	if err := <-left; !IsCallerGone(err) || !errors.Is(err, context.Canceled) {
-		t.Fatalf("caller gone: %v, want its cancellation", err)
+	select {
+	case err := <-left:
+		if !IsCallerGone(err) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("caller gone: %v, want its cancellation", err)
+		}
+	case <-time.After(10 * time.Second): // a watchdog, not a measure: the pipeline is held
+		t.Fatal("the caller waited for its pipeline after its context ended")
 	}
 	close(h.holdPipeline)
 	if err := <-first; err != nil {
@@ -620,5 +626,25 @@ func TestPipelineConfig(t *testing.T) {
 	}
 	if _, err := New(client, &Config{Pipeline: 2}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// lateCtx has a deadline in the past and does not report it yet, as the
+// store's timeout contexts may for a moment.
+type lateCtx struct{ context.Context }
+
+func (lateCtx) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+func TestEnded(t *testing.T) {
+	if err := ended(context.Background()); err != nil {
+		t.Errorf("ended(Background) = %v", err)
+	}
+	if err := ended(lateCtx{context.Background()}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("ended(a passed deadline) = %v, want DeadlineExceeded", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := ended(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("ended(canceled) = %v, want Canceled", err)
 	}
 }
