@@ -225,6 +225,45 @@ func queueBehindHeld(t *testing.T, s *Store, h *holdHook, n int, run func() erro
 	return errs
 }
 
+// queueLeaverBehindHeld starts a Take of p's key "k", whose script call h
+// holds on the only lane of s, then a second one, with a context that
+// cancel ends, and returns once the second waits in the queue. first and
+// left receive the two Takes' errors.
+func queueLeaverBehindHeld(t *testing.T, s *Store, h *holdHook, p *core.Policy) (first, left <-chan error, cancel context.CancelFunc) {
+	t.Helper()
+	firstErr, leftErr := make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := takeOne(s, context.Background(), p, "k")
+		firstErr <- err
+	}()
+	<-h.holding
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		_, err := takeOne(s, ctx, p, "k")
+		leftErr <- err
+	}()
+	waitQueued(t, s, 1)
+	return firstErr, leftErr, cancel
+}
+
+// takeQueuedBehindHeld takes p's key "k" once through a call h holds on
+// the only lane of s and n times queued behind it, then lets them all go;
+// every Take must succeed.
+func takeQueuedBehindHeld(t *testing.T, s *Store, h *holdHook, p *core.Policy, n int) {
+	t.Helper()
+	errs := queueBehindHeld(t, s, h, n, func() error {
+		_, err := takeOne(s, context.Background(), p, "k")
+		return err
+	})
+	close(h.release)
+	for range n + 1 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestPipelineSendsWaitingCallsTogether(t *testing.T) {
 	s, h := pipelinedStore(t)
 	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.FixedWindow, Limit: 100, Window: time.Minute})
@@ -305,16 +344,7 @@ func TestPipelineSplitsLongQueue(t *testing.T) {
 	s, h := pipelinedStore(t, func(o *redis.Options) { o.PoolSize = 2 * maxPipeline })
 	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.TokenBucket, Limit: 1000, Window: time.Minute})
 	const waiting = maxPipeline + 2
-	errs := queueBehindHeld(t, s, h, waiting, func() error {
-		_, err := takeOne(s, context.Background(), p, "k")
-		return err
-	})
-	close(h.release)
-	for range waiting + 1 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	takeQueuedBehindHeld(t, s, h, p, waiting)
 	if got := h.sizes(); len(got) != 2 || got[0] != maxPipeline || got[1] != 2 {
 		t.Fatalf("pipelines sent: %v, want %d then 2", got, maxPipeline)
 	}
@@ -353,19 +383,7 @@ func TestPipelineCallerLeavesAfterSend(t *testing.T) {
 	s, h := pipelinedStore(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	h.holdPipeline, h.pipelineHeld = make(chan struct{}), make(chan struct{})
 	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.FixedWindow, Limit: 10, Window: time.Minute})
-	first := make(chan error, 1)
-	go func() {
-		_, err := takeOne(s, context.Background(), p, "k")
-		first <- err
-	}()
-	<-h.holding
-	ctx, cancel := context.WithCancel(context.Background())
-	left := make(chan error, 1)
-	go func() {
-		_, err := takeOne(s, ctx, p, "k")
-		left <- err
-	}()
-	waitQueued(t, s, 1)
+	first, left, cancel := queueLeaverBehindHeld(t, s, h, p)
 	close(h.release)
 	<-h.pipelineHeld // the pipeline carrying the second call is out
 	cancel()
@@ -395,19 +413,7 @@ func TestPipelineDoesNotReloadForCallerGone(t *testing.T) {
 	h.holdPipeline, h.pipelineHeld = make(chan struct{}), make(chan struct{})
 	h.beforePipeline = func() { redistest.Do(t, addr, "SCRIPT", "FLUSH") }
 	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.FixedWindow, Limit: 10, Window: time.Minute})
-	first := make(chan error, 1)
-	go func() {
-		_, err := takeOne(s, context.Background(), p, "k")
-		first <- err
-	}()
-	<-h.holding
-	ctx, cancel := context.WithCancel(context.Background())
-	left := make(chan error, 1)
-	go func() {
-		_, err := takeOne(s, ctx, p, "k")
-		left <- err
-	}()
-	waitQueued(t, s, 1)
+	first, left, cancel := queueLeaverBehindHeld(t, s, h, p)
 	close(h.release)
 	<-h.pipelineHeld
 	cancel()
@@ -472,19 +478,7 @@ func TestPipelinePanicFreesLane(t *testing.T) {
 func TestPipelineDropsCallWhoseCallerLeft(t *testing.T) {
 	s, h := pipelinedStore(t)
 	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.FixedWindow, Limit: 10, Window: time.Minute})
-	first := make(chan error, 1)
-	go func() {
-		_, err := takeOne(s, context.Background(), p, "k")
-		first <- err
-	}()
-	<-h.holding
-	ctx, cancel := context.WithCancel(context.Background())
-	left := make(chan error, 1)
-	go func() {
-		_, err := takeOne(s, ctx, p, "k")
-		left <- err
-	}()
-	waitQueued(t, s, 1)
+	first, left, cancel := queueLeaverBehindHeld(t, s, h, p)
 	cancel()
 	if err := <-left; !IsCallerGone(err) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("abandoned call: %v, want the caller's cancellation", err)
@@ -547,16 +541,7 @@ func TestPipelineReloadsFlushedScript(t *testing.T) {
 	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.TokenBucket, Limit: 100, Window: time.Minute})
 	h.beforePipeline = func() { redistest.Do(t, addr, "SCRIPT", "FLUSH") }
 	const waiting = 5
-	errs := queueBehindHeld(t, s, h, waiting, func() error {
-		_, err := takeOne(s, context.Background(), p, "k")
-		return err
-	})
-	close(h.release)
-	for range waiting + 1 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	takeQueuedBehindHeld(t, s, h, p, waiting)
 	// EVALSHA's pipeline found no script; EVAL's ran every call once
 	if got := h.sizes(); len(got) != 2 || got[0] != waiting || got[1] != waiting {
 		t.Fatalf("pipelines sent: %v, want two of %d calls", got, waiting)
