@@ -691,6 +691,52 @@ func parseIPEntry(s string) (netip.Addr, bool) {
 // parseIPEntryHost is parseIPEntry that also returns the address as it
 // appeared in s (without brackets and port).
 func parseIPEntryHost(s string) (netip.Addr, string, bool) {
+	if a, n, ok := parseIPv4Port(s); ok {
+		return a, s[:n], true
+	}
+	return parseIPEntryHostFull(s)
+}
+
+// parseIPv4Port parses, in one pass, the form net/http's server gives
+// RemoteAddr for an IPv4 peer: an address in dotted decimal without
+// leading zeros, optionally followed by a port that validNodePort accepts.
+// It returns the address and the length of its text. ok is false for
+// anything else, including forms parseIPEntryHostFull accepts (surrounding
+// white space, IPv6), which it then parses; whatever parseIPv4Port
+// accepts, parseIPEntryHostFull accepts with the same result.
+func parseIPv4Port(s string) (a netip.Addr, n int, ok bool) {
+	var ip [4]byte
+	i := 0
+	for f := range 4 {
+		if f > 0 {
+			if i == len(s) || s[i] != '.' {
+				return netip.Addr{}, 0, false
+			}
+			i++
+		}
+		start, v := i, 0
+		for i < len(s) && i-start < 3 && s[i]-'0' <= 9 {
+			v = v*10 + int(s[i]-'0')
+			i++
+		}
+		if i == start || v > 255 || s[start] == '0' && i-start > 1 {
+			return netip.Addr{}, 0, false
+		}
+		ip[f] = byte(v)
+	}
+	if i < len(s) && !validNodePort(s[i:], false) {
+		return netip.Addr{}, 0, false
+	}
+	a = netip.AddrFrom4(ip)
+	if a.IsUnspecified() {
+		return netip.Addr{}, 0, false
+	}
+	return a, i, true
+}
+
+// parseIPEntryHostFull is parseIPEntryHost for every form parseIPEntry
+// accepts.
+func parseIPEntryHostFull(s string) (netip.Addr, string, bool) {
 	if len(s) > maxIPEntryLen {
 		return netip.Addr{}, "", false
 	}

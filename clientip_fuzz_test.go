@@ -173,3 +173,74 @@ func FuzzClientIP(f *testing.F) {
 		}
 	})
 }
+
+// checkIPv4Port fails t unless ratelimit.ParseIPv4Port, where it accepts s,
+// gives what the full parser gives (the same address and host text), and
+// returns whether it accepted s.
+func checkIPv4Port(t *testing.T, s string) bool {
+	t.Helper()
+	a, n, ok := ratelimit.ParseIPv4Port(s)
+	if !ok {
+		return false
+	}
+	fa, fhost, fok := ratelimit.ParseIPEntryHostFull(s)
+	if !fok || fa != a || n > len(s) || fhost != s[:n] {
+		t.Fatalf("%q: one-pass parser gives (%v, %q), full parser (%v, %q, %v)", s, a, s[:min(n, len(s))], fa, fhost, fok)
+	}
+	return true
+}
+
+// FuzzIPv4Port checks that the one-pass IPv4 parser of RemoteAddr never
+// accepts what the full parser rejects, nor reads it differently.
+func FuzzIPv4Port(f *testing.F) {
+	for _, s := range []string{
+		"192.0.2.1", "192.0.2.1:80", "1.2.3.4:_ab-c.d", "255.255.255.255:65535",
+		"0.0.0.0:1", "01.2.3.4", "1.2.3.256", "1.2.3.4:", "1.2.3.4:123456",
+		" 1.2.3.4", "1.2.3.4 ", "1.2.3.4:80:1", "1.2.3", "1.2.3.4.5", "::ffff:1.2.3.4",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) { checkIPv4Port(t, s) })
+}
+
+func TestIPv4Port(t *testing.T) {
+	for _, c := range []struct {
+		s      string
+		accept bool // by the one-pass parser; every other form is left to the full one
+	}{
+		{"192.0.2.1", true},
+		{"192.0.2.1:80", true},
+		{"10.0.0.1:65535", true},
+		{"1.2.3.4:_obf-port.x", true},
+		{"0.1.2.3:9", true},
+		{"255.255.255.255", true},
+		{"0.0.0.0:80", false},  // unspecified: the full parser rejects it
+		{"01.2.3.4:80", false}, // leading zero
+		{"1.2.3.256", false},
+		{"1.2.3.1000", false},
+		{"1.2.3", false},
+		{"1.2.3.4.5", false},
+		{"1.2.3.4:", false},
+		{"1.2.3.4:123456", false},
+		{"1.2.3.4:80:1", false},
+		{"1.2.3.4:8a", false},
+		{" 1.2.3.4:80", false}, // white space: the full parser trims it
+		{"1.2.3.4 ", false},
+		{"[1.2.3.4]:80", false},
+		{"::1", false},
+		{"", false},
+		{"1..2.3", false},
+		{"a.b.c.d", false},
+		{"1.2.3.-4", false},
+	} {
+		if got := checkIPv4Port(t, c.s); got != c.accept {
+			t.Errorf("%q: one-pass parser accepts it: %v, want %v", c.s, got, c.accept)
+		}
+	}
+	// What the one-pass parser leaves alone still reaches the full one.
+	for s, want := range map[string]bool{" 1.2.3.4:80": true, "1.2.3.4 ": true, "0.0.0.0:80": false, "01.2.3.4": false} {
+		if _, _, ok := ratelimit.ParseIPEntryHostFull(s); ok != want {
+			t.Errorf("full parser on %q: %v, want %v", s, ok, want)
+		}
+	}
+}

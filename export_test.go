@@ -18,3 +18,10 @@ func Waiting(l *Limiter) int64 { return l.waiting.Load() }
 func SetIdempotencySleep(f *Idempotency, sleep func(ctx context.Context, d time.Duration) error) {
 	f.sleep = sleep
 }
+
+// ParseIPv4Port and ParseIPEntryHostFull are the one-pass IPv4 parser of
+// RemoteAddr and the full parser it stands in front of.
+var (
+	ParseIPv4Port        = parseIPv4Port
+	ParseIPEntryHostFull = parseIPEntryHostFull
+)
