@@ -6,6 +6,7 @@
 #   cd bench && ./run.sh report     # only the tables and chart, from results/
 #   cd bench && ./run.sh lease      # only the quota-lease workloads (about 2 minutes)
 #   cd bench && ./run.sh steps      # only Keys100kParallel split into steps (about 2 minutes)
+#   cd bench && ./run.sh machine    # only the cost of a cache line two cores write (about 1 minute)
 #
 # Runs every workload COUNT times (default 6), round-robin so that machine
 # noise spreads over every peer alike, with -benchmem; writes the raw output
@@ -32,18 +33,30 @@ trap 'rm -rf "$tmp"' EXIT
 bin=$tmp/bench.test
 go test -c -o "$bin" .
 
-if [ "$MODE" = lease ]; then
-	# Quota leases and the refused-key cache (lease_test.go): their own raw
-	# file and benchstat summary; the figures in BENCHMARKS.md's "Quota
-	# leases" section are written from these by hand.
-	: >"$OUT/lease-raw.txt"
+# solo NAME PATTERN: COUNT rounds of the benchmarks matching PATTERN alone,
+# into their own raw file and benchstat summary; BENCHMARKS.md's figures
+# for them are written from these by hand.
+solo() {
+	: >"$OUT/$1-raw.txt"
 	for i in $(seq "$COUNT"); do
 		echo "== round $i of $COUNT"
-		"$bin" -test.run '^$' -test.bench '^Benchmark(Lease|RefusedKey)' -test.benchtime "$BENCHTIME" -test.benchmem -test.count 1 |
-			tee -a "$OUT/lease-raw.txt" | grep -E '^(Benchmark|FAIL|---|panic)' || true
+		"$bin" -test.run '^$' -test.bench "$2" -test.benchtime "$BENCHTIME" -test.benchmem -test.count 1 |
+			tee -a "$OUT/$1-raw.txt" | grep -E '^(Benchmark|FAIL|---|panic)' || true
 	done
-	go run "$BENCHSTAT" "$OUT/lease-raw.txt" >"$OUT/lease-benchstat.txt"
-	cat "$OUT/lease-benchstat.txt"
+	go run "$BENCHSTAT" "$OUT/$1-raw.txt" >"$OUT/$1-benchstat.txt"
+	cat "$OUT/$1-benchstat.txt"
+}
+
+if [ "$MODE" = lease ]; then
+	# Quota leases and the refused-key cache (lease_test.go).
+	solo lease '^Benchmark(Lease|RefusedKey)'
+	exit 0
+fi
+
+if [ "$MODE" = machine ]; then
+	# What the machine charges for a cache line two cores write
+	# (machine_test.go).
+	solo machine '^BenchmarkCacheLine$'
 	exit 0
 fi
 
