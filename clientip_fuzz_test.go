@@ -238,9 +238,9 @@ func TestIPv4Port(t *testing.T) {
 		}
 	}
 	// What the one-pass parser leaves alone still reaches the full one.
-	for s, want := range map[string]bool{" 1.2.3.4:80": true, "1.2.3.4 ": true, "0.0.0.0:80": false, "01.2.3.4": false} {
-		if _, _, ok := ratelimit.ParseIPEntryHostFull(s); ok != want {
-			t.Errorf("full parser on %q: %v, want %v", s, ok, want)
+	for s, want := range map[string]bool{" 1.2.3.4:80": true, "1.2.3.4 ": true, "[::1]:80": true, "0.0.0.0:80": false, "01.2.3.4": false} {
+		if _, _, ok := ratelimit.ParseIPEntryHost(s); ok != want {
+			t.Errorf("parser on %q: %v, want %v", s, ok, want)
 		}
 	}
 }

@@ -20,8 +20,10 @@ func SetIdempotencySleep(f *Idempotency, sleep func(ctx context.Context, d time.
 }
 
 // ParseIPv4Port and ParseIPEntryHostFull are the one-pass IPv4 parser of
-// RemoteAddr and the full parser it stands in front of.
+// RemoteAddr and the full parser it stands in front of; ParseIPEntryHost
+// is the two together.
 var (
 	ParseIPv4Port        = parseIPv4Port
 	ParseIPEntryHostFull = parseIPEntryHostFull
+	ParseIPEntryHost     = parseIPEntryHost
 )
