@@ -159,6 +159,9 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 		}
 		vals, state = headerValues(n, b)
 		rem = state[remStart:remEnd]
+	} else if d := ls[sp].Decision.Remaining; n == 3 && d > maxSmallInt && d <= maxSFInteger {
+		// The values and X-RateLimit-Remaining's digits in one block.
+		vals, rem = xHeaderValues(d)
 	} else {
 		// One backing array for every value of this response.
 		vals = make([]string, n)
@@ -238,6 +241,24 @@ func headerValues(n int, state []byte) ([]string, string) {
 		m := copy(blk.b[:], state)
 		return blk.vals[:], unsafe.String(&blk.b[0], m)
 	}
+}
+
+// xHeaderBlock is the one allocation behind the header values of a
+// response with the X-RateLimit set alone, no Retry-After and a Remaining
+// that needs formatting: the three values and Remaining's digits.
+type xHeaderBlock struct {
+	vals [3]string
+	b    [16]byte
+}
+
+// xHeaderValues returns the backing array of the three X-RateLimit values
+// and rem, the decimal digits of remaining (at most 15), in one
+// allocation. As in headerValues, the string shares the block's bytes,
+// which are never written again.
+func xHeaderValues(remaining int64) ([]string, string) {
+	blk := new(xHeaderBlock)
+	m := len(strconv.AppendInt(blk.b[:0], remaining, 10))
+	return blk.vals[:], unsafe.String(&blk.b[0], m)
 }
 
 // ietfValuesPK is ietfValues with the partition key of every layer.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync/atomic"
 	"testing"
 
@@ -121,7 +122,9 @@ func BenchmarkHandler(b *testing.B) {
 }
 
 // TestHandlerOneAllocation checks that an admitted request costs one
-// allocation with both header sets, for one layer and for two.
+// allocation with both header sets, for one layer and for two, and with
+// the default X-RateLimit set when X-RateLimit-Remaining is beyond the
+// small-number cache.
 func TestHandlerOneAllocation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("allocation counts")
@@ -143,5 +146,17 @@ func TestHandlerOneAllocation(t *testing.T) {
 		if allocs > 1 || w.code != http.StatusNoContent || w.h.Get(ratelimit.HeaderRateLimit) == "" {
 			t.Errorf("%s: %v allocations per request (status %d, headers %v), want 1", name, allocs, w.code, w.h)
 		}
+	}
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerSecond(1 << 30).Named("per-ip")}}))
+	h := l.Handler(okHandler)
+	w := &benchWriter{h: make(http.Header)}
+	r := benchRequests()[0]
+	h.ServeHTTP(w, r)
+	allocs := testing.AllocsPerRun(200, func() {
+		w.reset()
+		h.ServeHTTP(w, r)
+	})
+	if rem, _ := strconv.ParseInt(w.h.Get(ratelimit.HeaderRateLimitRemaining), 10, 64); allocs > 1 || w.code != http.StatusNoContent || rem <= 4096 {
+		t.Errorf("X-RateLimit set: %v allocations per request (status %d, headers %v), want 1", allocs, w.code, w.h)
 	}
 }
