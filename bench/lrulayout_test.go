@@ -206,6 +206,12 @@ func benchLRULayout(b *testing.B, n int) {
 // inserted into, and cleared whenever it reaches its share of memCapacity
 // (as httprate clears its maps every window; clear keeps the map's
 // tables). Their difference is what the bound costs a new key.
+// "map-fifo" is the cheapest bound on a Go map, golang-lru's index: the
+// same map, full, dropping its oldest key for each new one (first in,
+// first out, from a ring of the keys in the order they came: no recency,
+// no list, no allocation). Its difference from "map" is what a bound on
+// such an index costs a new key at least: another key's entry to find and
+// delete.
 func BenchmarkLRUInsert(b *testing.B) {
 	const n = 1 << 20
 	keys := make([]string, n)
@@ -282,6 +288,38 @@ func BenchmarkLRUInsert(b *testing.B) {
 			if _, ok := s.m[h]; !ok {
 				if len(s.m) >= per {
 					clear(s.m)
+				}
+				s.m[h] = state{a: 1}
+			}
+			s.mu.Unlock()
+		})
+	})
+	b.Run("map-fifo", func(b *testing.B) {
+		var shards [64]struct {
+			mu   sync.Mutex
+			m    map[uint64]state
+			ring []uint64 // the shard's keys in the order they came
+			next int      // ring's oldest key, replaced by the next new one
+			_    [80]byte
+		}
+		for i := range shards {
+			s := &shards[i]
+			s.m = make(map[uint64]state)
+			s.ring = make([]uint64, per)
+			for j := range per {
+				k := uint64(i)<<56 | uint64(j)
+				s.m[k] = state{}
+				s.ring[j] = k
+			}
+		}
+		run(b, func(h uint64) {
+			s := &shards[h&63]
+			s.mu.Lock()
+			if _, ok := s.m[h]; !ok {
+				delete(s.m, s.ring[s.next])
+				s.ring[s.next] = h
+				if s.next++; s.next == per {
+					s.next = 0
 				}
 				s.m[h] = state{a: 1}
 			}

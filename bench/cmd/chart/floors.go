@@ -85,12 +85,24 @@ func insertTable(r results) string {
 	fmt.Fprintf(&b, "| structure | ns/op | B/op | allocs/op | per-round ratio to map |\n|---|---:|---:|---:|---|\n")
 	fmt.Fprintf(&b, "| golang-lru-slot (the store's: a miss, drop the least recently used key, add one in its slot) | %s | %s | %s | %s |\n",
 		num(lru), cell(r, w, "golang-lru-slot", "B/op"), cell(r, w, "golang-lru-slot", "allocs/op"), r.pairedNote(w, "golang-lru-slot", "map", "ns/op"))
+	fifo, ok3 := r.get(w, "map-fifo", "ns/op")
+	if ok3 {
+		fmt.Fprintf(&b, "| map-fifo (the same map, bounded: drop the oldest key for each new one; no recency) | %s | %s | %s | %s |\n",
+			num(fifo), cell(r, w, "map-fifo", "B/op"), cell(r, w, "map-fifo", "allocs/op"), r.pairedNote(w, "map-fifo", "map", "ns/op"))
+	}
 	fmt.Fprintf(&b, "| map (unbounded, cleared when full, as httprate's windows) | %s | %s | %s | – |\n",
 		num(m), cell(r, w, "map", "B/op"), cell(r, w, "map", "allocs/op"))
-	fmt.Fprintf(&b, "\ngolang-lru's bounded structure costs a new key %s ns more than an unbounded map here. ", num(lru-m))
+	fmt.Fprintf(&b, "\ngolang-lru's bounded structure costs a new key %s ns more than an unbounded map here", num(lru-m))
+	if ok3 {
+		fmt.Fprintf(&b, "; the cheapest bound on a Go map (golang-lru's index), first in first out, %s ns more (finding and deleting the dropped key's entry), and least-recently-used order on golang-lru %s ns more than that", num(fifo-m), num(lru-fifo))
+	}
+	b.WriteString(". ")
 	if p, v, ok := r.best("NewKey", "ns/op", func(p string) bool { return !isOurs(p) }); ok {
 		if o, ok := r.get("NewKey", ours, "ns/op"); ok {
 			fmt.Fprintf(&b, "NewKey: ours %s ns, %s %s ns; ours less that: %s ns.", num(o), p, num(v), num(o-(lru-m)))
+			if ok3 {
+				fmt.Fprintf(&b, " Our gap to %s (%s ns) is %s the first-in-first-out bound's cost (%s ns).", p, num(o-v), cmpWord(o-v, fifo-m), num(fifo-m))
+			}
 		}
 	}
 	b.WriteString("\n")
@@ -130,4 +142,15 @@ func mwPartsTable(r results, m meta) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// cmpWord says how a compares with b, in words.
+func cmpWord(a, b float64) string {
+	switch {
+	case a < b:
+		return "less than"
+	case a > b:
+		return "more than"
+	}
+	return "equal to"
 }
