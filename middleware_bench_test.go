@@ -134,20 +134,21 @@ func TestHandlerOneAllocation(t *testing.T) {
 		{Key: ratelimit.Global("all"), Rule: core.PerSecond(1 << 40).Named("global")},
 	}
 	for name, layers := range map[string][]ratelimit.Layer{"one layer": perIPLayer(), "two layers": layered} {
-		l := ratelimit.Must(ratelimit.New(layers, ratelimit.WithHeaders(ratelimit.AllHeaders)))
-		h := l.Handler(okHandler)
-		w := &benchWriter{h: make(http.Header)}
-		r := benchRequests()[0]
-		h.ServeHTTP(w, r)
-		allocs := testing.AllocsPerRun(200, func() {
-			w.reset()
-			h.ServeHTTP(w, r)
-		})
+		allocs, w := handlerAllocs(ratelimit.Must(ratelimit.New(layers, ratelimit.WithHeaders(ratelimit.AllHeaders))))
 		if allocs > 1 || w.code != http.StatusNoContent || w.h.Get(ratelimit.HeaderRateLimit) == "" {
 			t.Errorf("%s: %v allocations per request (status %d, headers %v), want 1", name, allocs, w.code, w.h)
 		}
 	}
-	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerSecond(1 << 30).Named("per-ip")}}))
+	allocs, w := handlerAllocs(ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerSecond(1 << 30).Named("per-ip")}})))
+	if rem, _ := strconv.ParseInt(w.h.Get(ratelimit.HeaderRateLimitRemaining), 10, 64); allocs > 1 || w.code != http.StatusNoContent || rem <= 4096 {
+		t.Errorf("X-RateLimit set: %v allocations per request (status %d, headers %v), want 1", allocs, w.code, w.h)
+	}
+}
+
+// handlerAllocs returns the allocations per request of l's Handler around
+// okHandler, serving one request again and again, and the writer of the
+// last response.
+func handlerAllocs(l *ratelimit.Limiter) (float64, *benchWriter) {
 	h := l.Handler(okHandler)
 	w := &benchWriter{h: make(http.Header)}
 	r := benchRequests()[0]
@@ -156,7 +157,5 @@ func TestHandlerOneAllocation(t *testing.T) {
 		w.reset()
 		h.ServeHTTP(w, r)
 	})
-	if rem, _ := strconv.ParseInt(w.h.Get(ratelimit.HeaderRateLimitRemaining), 10, 64); allocs > 1 || w.code != http.StatusNoContent || rem <= 4096 {
-		t.Errorf("X-RateLimit set: %v allocations per request (status %d, headers %v), want 1", allocs, w.code, w.h)
-	}
+	return allocs, w
 }
