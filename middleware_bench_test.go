@@ -118,7 +118,16 @@ func BenchmarkHandler(b *testing.B) {
 	b.Run("partition-key/sequential", func(b *testing.B) {
 		runSequential(b, benchHandler(b, perIPLayer(), ratelimit.WithPartitionKey()))
 	})
+	b.Run("x-set/sequential", func(b *testing.B) {
+		runSequential(b, benchHandler(b, bigIPLayer(), ratelimit.WithHeaders(ratelimit.XRateLimitHeaders)))
+	})
 	b.Run("bare/sequential", func(b *testing.B) { runSequential(b, okHandler) })
+}
+
+// bigIPLayer is perIPLayer with a quota whose Remaining is beyond the
+// small-number cache of header values.
+func bigIPLayer() []ratelimit.Layer {
+	return []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerSecond(1 << 30).Named("per-ip")}}
 }
 
 // TestHandlerOneAllocation checks that an admitted request costs one
@@ -138,8 +147,11 @@ func TestHandlerOneAllocation(t *testing.T) {
 		if allocs > 1 || w.code != http.StatusNoContent || w.h.Get(ratelimit.HeaderRateLimit) == "" {
 			t.Errorf("%s: %v allocations per request (status %d, headers %v), want 1", name, allocs, w.code, w.h)
 		}
+		if items := mustParseSF(t, w.h.Get(ratelimit.HeaderRateLimit)); len(items) != len(layers) {
+			t.Errorf("%s: RateLimit %q has %d items, want %d", name, w.h.Get(ratelimit.HeaderRateLimit), len(items), len(layers))
+		}
 	}
-	allocs, w := handlerAllocs(ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerSecond(1 << 30).Named("per-ip")}})))
+	allocs, w := handlerAllocs(ratelimit.Must(ratelimit.New(bigIPLayer())))
 	if rem, _ := strconv.ParseInt(w.h.Get(ratelimit.HeaderRateLimitRemaining), 10, 64); allocs > 1 || w.code != http.StatusNoContent || rem <= 4096 {
 		t.Errorf("X-RateLimit set: %v allocations per request (status %d, headers %v), want 1", allocs, w.code, w.h)
 	}
