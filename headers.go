@@ -257,8 +257,8 @@ type xHeaderBlock struct {
 // which are never written again.
 func xHeaderValues(remaining int64) ([]string, string) {
 	blk := new(xHeaderBlock)
-	m := len(strconv.AppendInt(blk.b[:0], remaining, 10))
-	return blk.vals[:], unsafe.String(&blk.b[0], m)
+	d := strconv.AppendInt(blk.b[:0], remaining, 10) // a longer number would move to a new array, still right
+	return blk.vals[:], unsafe.String(unsafe.SliceData(d), len(d))
 }
 
 // ietfValuesPK is ietfValues with the partition key of every layer.
