@@ -173,13 +173,7 @@ func (p *pipeliner) drain() {
 // pipelines' I/O is bounded by the latest deadline of the calls (each
 // caller's, which includes the store's Timeout), and by timeout from now.
 func (p *pipeliner) send(calls []*pipeCall) {
-	ctx := context.Background()
-	if dl, ok := p.deadline(calls); ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, dl)
-		defer cancel()
-	}
-	p.exec(ctx, calls, false)
+	p.exec(calls, false)
 	var again [maxPipeline]*pipeCall
 	n := 0
 	for _, c := range calls {
@@ -193,16 +187,9 @@ func (p *pipeliner) send(calls []*pipeCall) {
 		again[n] = c
 		n++
 	}
-	if n == 0 {
-		return
+	if n > 0 {
+		p.exec(again[:n], true)
 	}
-	ctx = context.Background()
-	if dl, ok := p.deadline(again[:n]); ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, dl)
-		defer cancel()
-	}
-	p.exec(ctx, again[:n], true)
 }
 
 // ended returns ctx's error, or context.DeadlineExceeded once its deadline
@@ -241,8 +228,16 @@ func (p *pipeliner) deadline(calls []*pipeCall) (time.Time, bool) {
 	return latest, true
 }
 
-// exec runs calls in one pipeline and sets their answers.
-func (p *pipeliner) exec(ctx context.Context, calls []*pipeCall, source bool) {
+// exec runs calls in one pipeline, its I/O bounded as deadline says, and
+// sets their answers: with EVAL and the script's source if source is set,
+// with EVALSHA otherwise.
+func (p *pipeliner) exec(calls []*pipeCall, source bool) {
+	ctx := context.Background()
+	if dl, ok := p.deadline(calls); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl)
+		defer cancel()
+	}
 	pipe := p.client.Pipeline()
 	for _, c := range calls {
 		if source {
