@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -140,6 +141,54 @@ func BenchmarkNewKey(b *testing.B) {
 			l.Allow(ks[i%n])
 		}
 		b.StopTimer()
+		closeLimiter(l)
+	})
+}
+
+// BenchmarkNewKeyGrowing decides a key never seen before on every
+// operation, from one goroutine, in a limiter that starts empty and holds
+// every key (heapCapacity): the store grows to heapKeys keys and bounded
+// peers never evict, as in the first table of our performance targets.
+// Timed with -benchtime heapKeys x, one run is one growth from empty to
+// full; past heapKeys decisions the limiter is replaced (timer stopped).
+// Before the timer starts, a throwaway limiter of the same peer is filled
+// with the same keys and dropped, so that every row finds the process's
+// heap already grown (see BenchmarkNewKey).
+func BenchmarkNewKeyGrowing(b *testing.B) {
+	ks := make([]string, heapKeys)
+	for i := range ks {
+		ks[i] = "g" + strconv.FormatInt(int64(1e13+i), 10) // 15 bytes
+	}
+	fresh := func(b *testing.B, p peer) limiter {
+		runtime.GC()
+		return p.newLimiter(b, heapCapacity)
+	}
+	forEachPeer(b, func(b *testing.B, p peer) {
+		if b.N > 1 {
+			warm := p.newLimiter(b, heapCapacity)
+			for _, k := range ks {
+				warm.Allow(k)
+			}
+			closeLimiter(warm)
+		}
+		l := fresh(b, p)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if i%heapKeys == 0 && i > 0 {
+				b.StopTimer()
+				closeLimiter(l)
+				l = fresh(b, p)
+				b.StartTimer()
+			}
+			l.Allow(ks[i%heapKeys])
+		}
+		b.StopTimer()
+		if c, ok := l.(*coreLimiter); ok {
+			if n := c.Len(); n != min(b.N, heapKeys) {
+				b.Fatalf("the store holds %d keys after %d new ones: it evicted%s", n, b.N, failures(l))
+			}
+		}
 		closeLimiter(l)
 	})
 }

@@ -89,7 +89,7 @@ if [ "$MODE" = all ]; then
 		echo "redis-server: $(redis-server --version 2>/dev/null | cut -d' ' -f3 || echo none)"
 		echo "library: commit $(git -C .. rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C .. status --porcelain 2>/dev/null | grep -v ' bench/' | grep -qv ' BENCHMARKS.md' && echo ' plus uncommitted changes')"
 		echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
-		echo "runs: COUNT=$COUNT, -benchtime $BENCHTIME (heap: 1x), -benchmem"
+		echo "runs: COUNT=$COUNT, -benchtime $BENCHTIME (heap: 1x; NewKeyGrowing: 1000000x), -benchmem"
 	} >"$OUT/machine.txt"
 	cat "$OUT/machine.txt"
 
@@ -105,6 +105,7 @@ if [ "$MODE" = all ]; then
 		bench middleware '^BenchmarkMiddleware(Parallel|Parts|PartsParallel)?$' "$BENCHTIME"
 		bench redis '^BenchmarkRedis(HotKeyParallel64|Keys100kParallel64|ScriptOp)?$' "$BENCHTIME"
 		bench heap '^BenchmarkHeapPerKey$' 1x
+		bench growing '^BenchmarkNewKeyGrowing$' 1000000x
 		bench layout '^BenchmarkLRU(Layout|LayoutWarm|Insert)$' "$BENCHTIME"
 	done
 
@@ -133,6 +134,7 @@ if [ "$MODE" != report ] && [ "${PROFILES:-1}" != 0 ]; then
 	prof keys100k-cpu 'Keys100kParallel$/^ratelimit$' 2s cpu
 	prof newkey-cpu 'NewKey$/^ratelimit$' 1000000x cpu
 	prof newkey-alloc 'NewKey$/^ratelimit$' 1000000x mem -sample_index=alloc_space
+	prof newkeygrowing-cpu 'NewKeyGrowing$/^ratelimit$' 1000000x cpu
 	"$bin" -test.run '^$' -test.bench 'HeapPerKey$/^ratelimit$' -test.benchtime 1x -heap-profile "$tmp/heap-inuse.pprof" >/dev/null
 	go tool pprof -top -nodecount 30 -sample_index=inuse_space "$bin" "$tmp/heap-inuse.pprof" >"$OUT/profiles/heap-inuse.txt" 2>/dev/null
 	prof middleware-cpu 'Middleware$/^ratelimit$' 2s cpu

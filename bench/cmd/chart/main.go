@@ -40,7 +40,7 @@ const (
 
 // Workloads in display order.
 var (
-	memWorkloads   = []string{"HotKey", "HotKeyParallel", "Keys100kParallel", "NewKey"}
+	memWorkloads   = []string{"HotKey", "HotKeyParallel", "Keys100kParallel", "NewKey", "NewKeyGrowing"}
 	mwWorkloads    = []string{"Middleware", "MiddlewareParallel"}
 	redisWorkloads = []string{"Redis", "RedisHotKeyParallel64", "RedisKeys100kParallel64"}
 	// redis64Workloads are the 64-way Redis workloads, which report
