@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run.sh: the whole comparison in one command (about 20 minutes on 2 cores with COUNT=8).
+# run.sh: the whole comparison in one command (about 25 minutes on 2 cores with COUNT=8).
 #
 #   cd bench && ./run.sh            # everything
 #   cd bench && ./run.sh profiles   # only the profiles, then the report
