@@ -160,8 +160,9 @@ func newKeys(b *testing.B, ks []string, next func() limiter) limiter {
 // operation, from one goroutine, in a limiter that starts empty and holds
 // every key (heapCapacity): the store grows to heapKeys keys and bounded
 // peers never evict, as in the first table of our performance targets.
-// Timed with -benchtime heapKeys x, one run is one growth from empty to
-// full; past heapKeys decisions the limiter is replaced (timer stopped).
+// Timed with -benchtime 1000000x (heapKeys), one run is one growth from
+// empty to full; past heapKeys decisions the limiter is replaced (timer
+// stopped).
 // Before the timer starts, a throwaway limiter of the same peer is filled
 // with the same keys and dropped, so that every row finds the process's
 // heap already grown (see BenchmarkNewKey).
@@ -186,7 +187,7 @@ func BenchmarkNewKeyGrowing(b *testing.B) {
 		if c, ok := l.(*coreLimiter); ok {
 			// The last limiter decided the last (b.N-1)%heapKeys+1 keys.
 			if n, want := c.Len(), (b.N-1)%heapKeys+1; n != want {
-				b.Fatalf("the store holds %d keys after %d new ones: it evicted%s", n, want, failures(l))
+				b.Fatalf("the store holds %d keys, want %d: it evicted%s", n, want, failures(l))
 			}
 		}
 		closeLimiter(l)

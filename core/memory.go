@@ -129,10 +129,10 @@ type MemoryConfig struct {
 // shard's life, each taking about a decision's time and 48 bytes of
 // allocation per key held, with the shard's lock held: on a 2-core test
 // machine, at most 2 ms while a store of 200,000 keys fills and 12 ms for
-// one of 1,050,000 (see BENCHMARKS.md). A filling shard keeps 60 to 80% of its keys at
-// their home slot. A shard that runs full and evicts places its new keys
-// in the slots freed, and stops guessing once fewer than half of its keys
-// are at home. Slots are placed by hash, not in the order keys arrive:
+// one of 1,050,000 (see BENCHMARKS.md). A filling shard keeps 60 to 80% of
+// its keys at their home slot. A shard that runs full and evicts places
+// its new keys in the slots freed, and stops guessing once fewer than half
+// of its keys are at home. Slots are placed by hash, not in the order keys arrive:
 // traffic that revisits keys in the order they first came finds them
 // further apart in memory than an arrival-ordered layout would keep them.
 //
