@@ -132,9 +132,10 @@ type MemoryConfig struct {
 // one of 1,050,000 (see BENCHMARKS.md). A filling shard keeps 60 to 80% of
 // its keys at their home slot. A shard that runs full and evicts places
 // its new keys in the slots freed, and stops guessing once fewer than half
-// of its keys are at home. Slots are placed by hash, not in the order keys arrive:
-// traffic that revisits keys in the order they first came finds them
-// further apart in memory than an arrival-ordered layout would keep them.
+// of its keys are at home. Slots are placed by hash, not in the order keys
+// arrive: traffic that revisits keys in the order they first came finds
+// them further apart in memory than an arrival-ordered layout would keep
+// them.
 //
 // Recency is kept lazily, as memcached keeps its LRU: a decision moves its
 // key to the front of the shard's list only when the key may have drifted
