@@ -105,6 +105,14 @@ const (
 // maxSFInteger is the largest Structured Field Integer (15 digits).
 const maxSFInteger = 999_999_999_999_999
 
+// sharedDigits reports whether X-RateLimit-Remaining takes its digits from
+// the response's one allocation (the RateLimit field's r, or the
+// X-RateLimit set's block) for remaining: beyond the cached small numbers,
+// and within the Structured Field Integers the RateLimit field clamps to.
+func sharedDigits(remaining int64) bool {
+	return remaining > maxSmallInt && remaining <= maxSFInteger
+}
+
 // pkLen is the number of SHA-256 bytes in a partition key.
 const pkLen = 12
 
@@ -159,7 +167,7 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 		}
 		vals, state = headerValues(n, b)
 		rem = state[remStart:remEnd]
-	} else if d := ls[sp].Decision.Remaining; n == 3 && d > maxSmallInt && d <= maxSFInteger {
+	} else if d := ls[sp].Decision.Remaining; n == 3 && sharedDigits(d) {
 		// The values and X-RateLimit-Remaining's digits in one block.
 		vals, rem = xHeaderValues(d)
 	} else {
@@ -180,7 +188,7 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 		} else {
 			put(canonLimit, itoa(d.Limit))
 		}
-		if rem == "" || d.Remaining <= maxSmallInt || d.Remaining > maxSFInteger {
+		if rem == "" || !sharedDigits(d.Remaining) {
 			rem = itoa(d.Remaining)
 		}
 		put(canonRemaining, rem)
