@@ -15,12 +15,13 @@ const maxPipeline = 128
 // pipeliner sends the script calls of concurrent decisions together
 // (Config.Pipeline), on a single-node or failover client (a pipeline
 // across nodes would wait for the slowest). At most lanes calls or
-// pipelines are in flight at once. A call that finds a lane free is sent at once, alone, as without
-// a pipeliner. A call that finds every lane busy waits in the queue, and
-// the first lane to come free sends everything waiting as one pipeline:
-// one write and one read for the lot, on the client and on the server.
-// Each call stays a script call of its own, atomic on its own, and is
-// sent once (noRetryInts: go-redis retries no pipeline holding one).
+// pipelines are in flight at once. A call that finds a lane free is sent
+// at once, alone, as without a pipeliner. A call that finds every lane
+// busy waits in the queue, and the first lane to come free sends
+// everything waiting as one pipeline: one write and one read for the lot,
+// on the client and on the server. Each call stays a script call of its
+// own, atomic on its own, and is sent once (noRetryInts: go-redis retries
+// no pipeline holding one).
 type pipeliner struct {
 	client  redis.UniversalClient
 	gate    *gate
