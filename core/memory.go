@@ -123,13 +123,15 @@ type MemoryConfig struct {
 // its state overlap. The slots a hash points to are the shard's first
 // ones, 4/3 to 8/3 times as many as the keys it holds while it fills (from
 // its 24th key): when its keys pass three quarters of them, the range
-// doubles, up to the shard's capacity c (Capacity divided among the
-// shards), and the shard places all its keys anew, the most recently used
-// first, keeping their LRU order. That is at most ⌈log2(c/64)⌉ pauses in a
-// shard's life, each taking about a decision's time and 48 bytes of
-// allocation per key held, with the shard's lock held: on a 2-core test
-// machine, at most 2 ms while a store of 200,000 keys fills and 12 ms for
-// one of 1,050,000 (see BENCHMARKS.md). A filling shard keeps 60 to 80% of
+// about doubles, and the shard places all its keys anew, the most recently
+// used first, keeping their LRU order. The range's sizes are the shard's
+// capacity c (Capacity divided among the shards) halved over and over, so
+// that the last growth is a doubling too. That is at most ⌈log2(c/64)⌉
+// pauses in a shard's life, each taking about a decision's time and 40
+// bytes of allocation per key held, with the shard's lock held (about 3/4
+// of a placement per key of c in all): on a 2-core test machine, at most 2
+// to 3 ms while a store of 200,000 keys fills and 9 to 12 ms for one of
+// 1,050,000 (see BENCHMARKS.md). A filling shard keeps 60 to 80% of
 // its keys at their home slot. A shard that runs full and evicts places
 // its new keys in the slots freed, and stops guessing once fewer than half
 // of its keys are at home. Slots are placed by hash, not in the order keys
@@ -275,7 +277,7 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 		}
 		s.lru = l
 		s.cap = per
-		s.span = uint32(min(per, slabChunk))
+		s.span = nextSpan(0, per)
 		s.setGuessing()
 		s.slab = make([][]memSlot, (per+slabChunk-1)/slabChunk)
 		s.used = make([]uint64, (per+63)/64)

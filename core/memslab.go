@@ -162,10 +162,10 @@ func (s *memShard) front(h uint64, ref memRef) memRef {
 // add stores e as the record of the new key hashed h, at the front of the
 // LRU; makeRoom has made space. Requires s.mu.
 //
-// A shard places its keys among its first span slots, and doubles span
-// (up to its capacity) when its keys fill more than three quarters of it
-// (see grow): a key then finds its home free often enough, and the slots
-// of the keys a shard holds stay close together (from its 24th key, 16 to
+// A shard places its keys among its first span slots, and about doubles
+// span when its keys fill more than three quarters of it (see grow and
+// nextSpan): a key then finds its home free often enough, and the slots of
+// the keys a shard holds stay close together (from its 24th key, 16 to
 // about 43 bytes of slab per key, where a span of the whole capacity would
 // spread a few keys over all of it, each on a cache line of its own).
 func (s *memShard) add(h uint64, e *memEntry) {
@@ -176,7 +176,7 @@ func (s *memShard) add(h uint64, e *memEntry) {
 		s.setLog(ref.slot, e.st.log)
 	}
 	s.front(h, ref)
-	if n := uint64(s.lru.Len()); n*4 > uint64(s.span)*3 && s.span < uint32(s.cap) {
+	if n := uint64(s.lru.Len()); n*4 > uint64(s.span)*3 && int(s.span) < s.cap {
 		s.grow()
 		return
 	}
@@ -187,42 +187,65 @@ func (s *memShard) add(h uint64, e *memEntry) {
 // the shard's keys are at home. Requires s.mu.
 func (s *memShard) setGuessing() { s.guessing = s.athome*2 >= uint32(s.lru.Len()) }
 
-// grow doubles the shard's span (up to its capacity) and places every key
+// grow about doubles the shard's span (see nextSpan) and places every key
 // anew, as newSlot places a new key, so that each key's home is again where
 // find guesses it. Keys are placed from the most recently used to the least
 // (where two share a home, the one likelier to be decided again gets it),
 // then go to the front of the LRU with their new slots from the least
 // recently used to the most: their order is unchanged, and each key's stamp
 // is then exactly its distance from the front. Its cost, about that of a
-// decision and 48 bytes of allocation per key held, is paid only while the
-// shard fills: ⌈log2(cap/64)⌉ times at most. Requires s.mu.
+// decision and 40 bytes of allocation per key held, is paid only while the
+// shard fills: ⌈log2(cap/64)⌉ times at most, and about 3/4 of a placement
+// per key of the shard's capacity in all. Requires s.mu.
 func (s *memShard) grow() {
 	keys, refs := s.lru.Keys(), s.lru.Values() // least recently used first
-	type moved struct {
-		v   memSlot
-		log *timeLog
+	recs := make([]memSlot, len(keys))
+	var logs []*timeLog
+	if len(s.logs) > 0 {
+		logs = make([]*timeLog, len(keys))
 	}
-	recs := make([]moved, len(keys))
 	for i, ref := range refs {
-		recs[i] = moved{v: *s.at(ref.slot), log: s.logs[ref.slot]}
+		recs[i] = *s.at(ref.slot)
+		if logs != nil {
+			logs[i] = s.logs[ref.slot]
+		}
 		s.vacate(ref.slot)
 	}
 	s.freed = 0
-	s.span = uint32(min(2*uint64(s.span), uint64(s.cap)))
+	s.span = nextSpan(s.span, s.cap)
 	s.athome = 0
 	// The most recently used keys, the likeliest to be decided again, are
 	// placed first: where two share a home, they get it.
 	for i := len(keys) - 1; i >= 0; i-- {
 		refs[i].slot = s.newSlot(keys[i])
-		*s.at(refs[i].slot) = recs[i].v
-		if recs[i].log != nil {
-			s.setLog(refs[i].slot, recs[i].log)
+		*s.at(refs[i].slot) = recs[i]
+		if logs != nil && logs[i] != nil {
+			s.setLog(refs[i].slot, logs[i])
 		}
 	}
 	for i, h := range keys {
 		s.front(h, refs[i])
 	}
 	s.setGuessing()
+}
+
+// nextSpan returns the span a shard of capacity c takes after span: the
+// least of c, c/2, c/4, ... above span, or the first of them when span is
+// 0. Each after c is rounded up to a whole number of 64-slot chunks, and
+// the halving stops at 64 slots. The spans are halvings of the capacity,
+// not doublings of 64, so that the last growth is about a doubling too: one
+// from 16,384 slots to a capacity of 16,935 would place 12,288 keys anew
+// for 551 more slots.
+func nextSpan(span uint32, c int) uint32 {
+	n := uint64(c)
+	for n > slabChunk {
+		half := ((n+1)/2 + slabMask) &^ slabMask
+		if half <= uint64(span) {
+			break
+		}
+		n = half
+	}
+	return uint32(n)
 }
 
 // home returns the slot a key hashed h takes when it is free: the low 32

@@ -532,3 +532,35 @@ func TestMemShardGrowInBatch(t *testing.T) {
 		t.Fatal("k0 admitted beyond its limit")
 	}
 }
+
+// A shard's spans run from 64 slots (its capacity, when smaller) up to
+// its capacity, each short of the capacity a whole number of chunks, each
+// step at most a doubling (so that a shard's slab stays dense) and, from
+// 2,048 slots, about one (the last one too), so that a large shard filling
+// to its capacity places about 3/4 of a key anew per slot in all.
+func TestNextSpan(t *testing.T) {
+	for _, c := range []int{1, 10, 63, 64, 65, 127, 128, 130, 191, 192, 1000, 4096, 16935, 16385, 1<<20 + 5, int(maxShardCapacity)} {
+		span := nextSpan(0, c)
+		if want := uint32(min(c, slabChunk)); span != want {
+			t.Fatalf("capacity %d: first span %d; want %d", c, span, want)
+		}
+		placed := 0.0
+		for int(span) < c {
+			next := nextSpan(span, c)
+			if next <= span || int(next) > c {
+				t.Fatalf("capacity %d: span %d grows to %d", c, span, next)
+			}
+			if int(next) < c && next%slabChunk != 0 {
+				t.Fatalf("capacity %d: span %d is not a whole number of chunks", c, next)
+			}
+			if r := float64(next) / float64(span); r > 2 || span >= 2048 && r < 1.9 {
+				t.Fatalf("capacity %d: span %d grows to %d (%.3fx)", c, span, next, r)
+			}
+			placed += 0.75 * float64(span)
+			span = next
+		}
+		if c >= 1000 && placed > 0.8*float64(c) {
+			t.Fatalf("capacity %d: %.0f keys placed anew while it fills; want at most 0.8 per slot", c, placed)
+		}
+	}
+}
