@@ -121,17 +121,20 @@ type MemoryConfig struct {
 // the slot its hash points to when that one is free, and a decision reads
 // that slot while it looks the key up, so that finding the key and reading
 // its state overlap. The slots a hash points to are the shard's first
-// ones, 4/3 to 8/3 times as many as the keys it holds while it fills (from
-// its 24th key): when its keys pass three quarters of them, the range
-// about doubles, and the shard places all its keys anew, the most recently
-// used first, keeping their LRU order. The range's sizes are the shard's
-// capacity c (Capacity divided among the shards) halved over and over, so
-// that the last growth is a doubling too. That is at most ⌈log2(c/64)⌉
-// pauses in a shard's life, each taking about a decision's time and 40
-// bytes of allocation per key held, with the shard's lock held (about 3/4
-// of a placement per key of c in all): on a 2-core test machine, at most 2
-// to 3 ms while a store of 200,000 keys fills and 9 to 12 ms for one of
-// 1,050,000 (see BENCHMARKS.md). A filling shard keeps 60 to 80% of
+// ones, at most 8/3 times as many as the keys it holds (from its 24th key),
+// and at least 4/3 as many until they are the whole shard: when its keys
+// pass three quarters of them, the range about doubles, and the shard
+// places all its keys anew, the most recently used first, keeping their
+// LRU order. The range's sizes are the shard's capacity c (Capacity
+// divided among the shards) halved over and over, so that the last growth
+// is about a doubling too (at least 1.75 times in a shard of 1,000 keys or
+// more). That is at most ⌈log2(c/64)⌉ pauses in a shard's life, each
+// taking about a decision's time and 40 bytes of allocation per key held
+// (48 with sliding logs), with the shard's lock held; a shard filling to c
+// places 3/4 of a key anew per key of c in all when c is large, up to 0.94
+// for c of a few thousand. On a 2-core test machine, the pauses took at
+// most 2 to 3 ms while a store of 200,000 keys filled and 9 to 12 ms for
+// one of 1,050,000 (see BENCHMARKS.md). A filling shard keeps 60 to 80% of
 // its keys at their home slot. A shard that runs full and evicts places
 // its new keys in the slots freed, and stops guessing once fewer than half
 // of its keys are at home. Slots are placed by hash, not in the order keys

@@ -194,9 +194,10 @@ func (s *memShard) setGuessing() { s.guessing = s.athome*2 >= uint32(s.lru.Len()
 // then go to the front of the LRU with their new slots from the least
 // recently used to the most: their order is unchanged, and each key's stamp
 // is then exactly its distance from the front. Its cost, about that of a
-// decision and 40 bytes of allocation per key held, is paid only while the
-// shard fills: ⌈log2(cap/64)⌉ times at most, and about 3/4 of a placement
-// per key of the shard's capacity in all. Requires s.mu.
+// decision and 40 bytes of allocation per key held (48 with sliding logs),
+// is paid only while the shard fills: ⌈log2(cap/64)⌉ times at most, and
+// from 3/4 (large shards) to 0.94 of a placement per slot of the shard's
+// capacity in all. Requires s.mu.
 func (s *memShard) grow() {
 	keys, refs := s.lru.Keys(), s.lru.Values() // least recently used first
 	recs := make([]memSlot, len(keys))

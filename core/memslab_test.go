@@ -3,8 +3,10 @@ package core
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -535,16 +537,27 @@ func TestMemShardGrowInBatch(t *testing.T) {
 
 // A shard's spans run from 64 slots (its capacity, when smaller) up to
 // its capacity, each short of the capacity a whole number of chunks, each
-// step at most a doubling (so that a shard's slab stays dense) and, from
-// 2,048 slots, about one (the last one too), so that a large shard filling
-// to its capacity places about 3/4 of a key anew per slot in all.
+// step at most a doubling (so that a shard's slab stays dense), at most
+// ⌈log2(c/64)⌉ steps, and, in a shard of 1,000 slots or more, the last
+// step about a doubling too: a shard filling to its capacity then places
+// at most 0.94 of a key anew per slot in all, and at most 0.8 from 8,192
+// slots.
 func TestNextSpan(t *testing.T) {
-	for _, c := range []int{1, 10, 63, 64, 65, 127, 128, 130, 191, 192, 1000, 4096, 16935, 16385, 1<<20 + 5, int(maxShardCapacity)} {
+	caps := []int{1<<20 + 5}
+	for c := 1; c <= 20_000; c++ {
+		caps = append(caps, c)
+	}
+	if strconv.IntSize == 64 {
+		for _, c := range []uint64{1<<31 + 1, maxShardCapacity} {
+			caps = append(caps, int(c))
+		}
+	}
+	for _, c := range caps {
 		span := nextSpan(0, c)
 		if want := uint32(min(c, slabChunk)); span != want {
 			t.Fatalf("capacity %d: first span %d; want %d", c, span, want)
 		}
-		placed := 0.0
+		placed, steps, last := 0.0, 0, 0.0
 		for int(span) < c {
 			next := nextSpan(span, c)
 			if next <= span || int(next) > c {
@@ -553,14 +566,28 @@ func TestNextSpan(t *testing.T) {
 			if int(next) < c && next%slabChunk != 0 {
 				t.Fatalf("capacity %d: span %d is not a whole number of chunks", c, next)
 			}
-			if r := float64(next) / float64(span); r > 2 || span >= 2048 && r < 1.9 {
-				t.Fatalf("capacity %d: span %d grows to %d (%.3fx)", c, span, next, r)
+			last = float64(next) / float64(span)
+			if last > 2 || span >= 2048 && last < 1.9 {
+				t.Fatalf("capacity %d: span %d grows to %d (%.3fx)", c, span, next, last)
 			}
 			placed += 0.75 * float64(span)
+			steps++
 			span = next
 		}
-		if c >= 1000 && placed > 0.8*float64(c) {
-			t.Fatalf("capacity %d: %.0f keys placed anew while it fills; want at most 0.8 per slot", c, placed)
+		if c > slabChunk && steps > int(math.Ceil(math.Log2(float64(c)/slabChunk))) {
+			t.Fatalf("capacity %d: %d steps", c, steps)
 		}
+		perSlot := placed / float64(c)
+		if c >= 1000 && (last < 1.75 || perSlot > 0.94) || c >= 8192 && perSlot > 0.8 {
+			t.Fatalf("capacity %d: last step %.3fx, %.3f keys placed anew per slot", c, last, perSlot)
+		}
+	}
+	var got []uint32
+	for span := uint32(0); int(span) < 16935; {
+		span = nextSpan(span, 16935)
+		got = append(got, span)
+	}
+	if want := []uint32{64, 128, 192, 320, 576, 1088, 2176, 4288, 8512, 16935}; !slices.Equal(got, want) {
+		t.Fatalf("spans of a shard of 16,935: %v; want %v", got, want)
 	}
 }
