@@ -3,11 +3,14 @@ package bench
 import (
 	"fmt"
 	"hash/maphash"
+	"math/bits"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"github.com/limitry/ratelimit/core"
 )
 
 // BenchmarkLRULayout isolates the cost of the per-key structure behind
@@ -321,6 +324,135 @@ func BenchmarkLRUInsert(b *testing.B) {
 				if s.next++; s.next == per {
 					s.next = 0
 				}
+				s.m[h] = state{a: 1}
+			}
+			s.mu.Unlock()
+		})
+	})
+}
+
+// growShards is the number of shards core.MemoryStore takes by default for
+// heapCapacity keys (BenchmarkLRUInsertGrowing checks it).
+const growShards = 81
+
+// BenchmarkLRUInsertGrowing isolates the cost of the per-key structure
+// behind NewKeyGrowing: store heapKeys keys never seen before, from one
+// goroutine, in growShards locked shards that start empty and hold
+// heapCapacity keys in all (none is ever evicted), with no clock and no
+// algorithm. Timed with -benchtime 1000000x (heapKeys), one run is one
+// growth from empty to full, after a throwaway one that grows the
+// process's heap (as in BenchmarkNewKeyGrowing).
+// "golang-lru" is the least that a store finding its keys' state through
+// golang-lru does for a new key: look the key's hash up (a miss) and add
+// it with a 4-byte value (where its state would be), and nothing else.
+// "golang-lru-slot" is core.MemoryStore's structure without its placement:
+// look the hash up (a miss), write the state into the shard's next free
+// slot (slots in the order keys arrive, so a shard never places its keys
+// anew), and add the hash with the slot's memRef-sized value.
+// "map" is a map[uint64]state per shard, looked up and inserted into,
+// growing as Go maps do, as httprate's counters grow.
+func BenchmarkLRUInsertGrowing(b *testing.B) {
+	if c := core.MustMemoryStore(&core.MemoryConfig{Capacity: heapCapacity}).Capacity(); c != growShards*(heapCapacity/growShards) {
+		b.Fatalf("a store of %d keys holds %d: its default shards are no longer %d", heapCapacity, c, growShards)
+	}
+	keys := make([]string, heapKeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("g%014d", i)
+	}
+	seed := maphash.MakeSeed()
+	type state struct{ a, b int64 }
+	const per = heapCapacity / growShards
+	shardOf := func(h uint64) uint64 {
+		hi, _ := bits.Mul64(h, growShards)
+		return hi
+	}
+	// run times one new key per operation, from a fresh structure made
+	// by reset (with the timer stopped) every heapKeys keys.
+	run := func(b *testing.B, reset func(), do func(h uint64)) {
+		if b.N > 1 {
+			reset()
+			for _, k := range keys {
+				do(maphash.String(seed, k))
+			}
+		}
+		reset()
+		runtime.GC()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if i%heapKeys == 0 && i > 0 {
+				b.StopTimer()
+				reset()
+				runtime.GC()
+				b.StartTimer()
+			}
+			do(maphash.String(seed, keys[i%heapKeys]))
+		}
+	}
+	b.Run("golang-lru", func(b *testing.B) {
+		var shards [growShards]struct {
+			mu sync.Mutex
+			l  *simplelru.LRU[uint64, uint32]
+			_  [112]byte
+		}
+		run(b, func() {
+			for i := range shards {
+				shards[i].l, _ = simplelru.NewLRU[uint64, uint32](per, nil)
+			}
+		}, func(h uint64) {
+			s := &shards[shardOf(h)]
+			s.mu.Lock()
+			if _, ok := s.l.Peek(h); !ok {
+				s.l.Add(h, uint32(s.l.Len()))
+			}
+			s.mu.Unlock()
+		})
+	})
+	b.Run("golang-lru-slot", func(b *testing.B) {
+		type ref struct {
+			slot, pol uint32
+			stamp     uint64
+		}
+		var shards [growShards]struct {
+			mu   sync.Mutex
+			l    *simplelru.LRU[uint64, ref]
+			slab []state
+			tick uint64
+			_    [80]byte
+		}
+		run(b, func() {
+			for i := range shards {
+				s := &shards[i]
+				s.l, _ = simplelru.NewLRU[uint64, ref](per, nil)
+				s.slab = make([]state, per)
+				s.tick = 0
+			}
+		}, func(h uint64) {
+			s := &shards[shardOf(h)]
+			s.mu.Lock()
+			if _, ok := s.l.Peek(h); !ok {
+				slot := uint32(s.l.Len())
+				s.slab[slot] = state{a: 1}
+				s.tick++
+				s.l.Add(h, ref{slot: slot, stamp: s.tick})
+			}
+			s.mu.Unlock()
+		})
+	})
+	b.Run("map", func(b *testing.B) {
+		var shards [growShards]struct {
+			mu sync.Mutex
+			m  map[uint64]state
+			_  [112]byte
+		}
+		run(b, func() {
+			for i := range shards {
+				shards[i].m = make(map[uint64]state)
+			}
+		}, func(h uint64) {
+			s := &shards[shardOf(h)]
+			s.mu.Lock()
+			if _, ok := s.m[h]; !ok {
 				s.m[h] = state{a: 1}
 			}
 			s.mu.Unlock()

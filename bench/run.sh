@@ -89,7 +89,7 @@ if [ "$MODE" = all ]; then
 		echo "redis-server: $(redis-server --version 2>/dev/null | cut -d' ' -f3 || echo none)"
 		echo "library: commit $(git -C .. rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C .. status --porcelain 2>/dev/null | grep -v ' bench/' | grep -qv ' BENCHMARKS.md' && echo ' plus uncommitted changes')"
 		echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
-		echo "runs: COUNT=$COUNT, -benchtime $BENCHTIME (heap: 1x; NewKeyGrowing: 1000000x), -benchmem"
+		echo "runs: COUNT=$COUNT, -benchtime $BENCHTIME (heap: 1x; NewKeyGrowing, LRUInsertGrowing: 1000000x), -benchmem"
 	} >"$OUT/machine.txt"
 	cat "$OUT/machine.txt"
 
@@ -105,7 +105,7 @@ if [ "$MODE" = all ]; then
 		bench middleware '^BenchmarkMiddleware(Parallel|Parts|PartsParallel)?$' "$BENCHTIME"
 		bench redis '^BenchmarkRedis(HotKeyParallel64|Keys100kParallel64|ScriptOp)?$' "$BENCHTIME"
 		bench heap '^BenchmarkHeapPerKey$' 1x
-		bench growing '^BenchmarkNewKeyGrowing$' 1000000x
+		bench growing '^Benchmark(NewKeyGrowing|LRUInsertGrowing)$' 1000000x
 		bench layout '^BenchmarkLRU(Layout|LayoutWarm|Insert)$' "$BENCHTIME"
 	done
 

@@ -544,6 +544,7 @@ func report(r results, m meta, machine string, runs int) string {
 	pf("%s", scriptTable(r))
 	pf("%s", layoutTable(r))
 	pf("%s", insertTable(r))
+	pf("%s", growInsertTable(r))
 	pf("\n![ns/op per workload and peer](bench/results/chart.svg)\n\n")
 	pf("%s\n", endMarker)
 	return b.String()
