@@ -71,6 +71,30 @@ func scriptTable(r results) string {
 	return b.String()
 }
 
+// structure is a row of a structure benchmark's table: the sub-benchmark's
+// name and what it stands for.
+type structure struct{ name, what string }
+
+// structureRows writes the table of the structure benchmark w: each of
+// rows that the run measured, with its per-round ratio to the last row,
+// the baseline.
+func structureRows(b *strings.Builder, r results, w string, rows []structure) {
+	base := rows[len(rows)-1].name
+	fmt.Fprintf(b, "| structure | ns/op | B/op | allocs/op | per-round ratio to %s |\n|---|---:|---:|---:|---|\n", base)
+	for _, row := range rows {
+		v, ok := r.get(w, row.name, "ns/op")
+		if !ok {
+			continue
+		}
+		ratio := "–"
+		if row.name != base {
+			ratio = r.pairedNote(w, row.name, base, "ns/op")
+		}
+		fmt.Fprintf(b, "| %s (%s) | %s | %s | %s | %s |\n", row.name, row.what,
+			num(v), cell(r, w, row.name, "B/op"), cell(r, w, row.name, "allocs/op"), ratio)
+	}
+}
+
 // insertTable is the table of BenchmarkLRUInsert: what the bound costs a
 // new key, set against NewKey's gap to the fastest peer.
 func insertTable(r results) string {
@@ -82,16 +106,12 @@ func insertTable(r results) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n### A new key's structure alone (BenchmarkLRUInsert: 200,000 keys in 64 locked shards, 1 goroutine, no clock or algorithm)\n\n")
-	fmt.Fprintf(&b, "| structure | ns/op | B/op | allocs/op | per-round ratio to map |\n|---|---:|---:|---:|---|\n")
-	fmt.Fprintf(&b, "| golang-lru-slot (the store's: a miss, drop the least recently used key, add one in its slot) | %s | %s | %s | %s |\n",
-		num(lru), cell(r, w, "golang-lru-slot", "B/op"), cell(r, w, "golang-lru-slot", "allocs/op"), r.pairedNote(w, "golang-lru-slot", "map", "ns/op"))
+	structureRows(&b, r, w, []structure{
+		{"golang-lru-slot", "the store's: a miss, drop the least recently used key, add one in its slot"},
+		{"map-fifo", "the same map, bounded: drop the oldest key for each new one; no recency"},
+		{"map", "unbounded, cleared when full, as httprate's windows"},
+	})
 	fifo, ok3 := r.get(w, "map-fifo", "ns/op")
-	if ok3 {
-		fmt.Fprintf(&b, "| map-fifo (the same map, bounded: drop the oldest key for each new one; no recency) | %s | %s | %s | %s |\n",
-			num(fifo), cell(r, w, "map-fifo", "B/op"), cell(r, w, "map-fifo", "allocs/op"), r.pairedNote(w, "map-fifo", "map", "ns/op"))
-	}
-	fmt.Fprintf(&b, "| map (unbounded, cleared when full, as httprate's windows) | %s | %s | %s | – |\n",
-		num(m), cell(r, w, "map", "B/op"), cell(r, w, "map", "allocs/op"))
 	fmt.Fprintf(&b, "\ngolang-lru's bounded structure costs a new key %s ns more than an unbounded map here", num(lru-m))
 	if ok3 {
 		fmt.Fprintf(&b, "; the cheapest bound on a Go map (golang-lru's index), first in first out, %s ns more (finding and deleting the dropped key's entry), and least-recently-used order on golang-lru %s ns more than that", num(fifo-m), num(lru-fifo))
@@ -121,19 +141,11 @@ func growInsertTable(r results) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n### A new key's structure alone, in a growing store (BenchmarkLRUInsertGrowing: 1,000,000 keys into 81 locked shards that start empty, 1 goroutine, no clock or algorithm)\n\n")
-	fmt.Fprintf(&b, "| structure | ns/op | B/op | allocs/op | per-round ratio to map |\n|---|---:|---:|---:|---|\n")
-	rows := []struct{ name, what string }{
+	structureRows(&b, r, w, []structure{
 		{"golang-lru", "a lookup that misses and an Add of the key's hash with a 4-byte value: the least a store finding its keys' state through golang-lru does"},
 		{"golang-lru-slot", "the store's structure without placing keys by hash: a lookup that misses, the state in the shard's next slot, an Add with the slot"},
-	}
-	for _, row := range rows {
-		if v, ok := r.get(w, row.name, "ns/op"); ok {
-			fmt.Fprintf(&b, "| %s (%s) | %s | %s | %s | %s |\n", row.name, row.what,
-				num(v), cell(r, w, row.name, "B/op"), cell(r, w, row.name, "allocs/op"), r.pairedNote(w, row.name, "map", "ns/op"))
-		}
-	}
-	fmt.Fprintf(&b, "| map (growing as Go maps do, as httprate's counters) | %s | %s | %s | – |\n",
-		num(m), cell(r, w, "map", "B/op"), cell(r, w, "map", "allocs/op"))
+		{"map", "growing as Go maps do, as httprate's counters"},
+	})
 	fmt.Fprintf(&b, "\nIn a growing store, golang-lru costs a new key at least %s ns more than a map (its entry, allocated, linked, and marked by the collector)", num(least-m))
 	slot, ok3 := r.get(w, "golang-lru-slot", "ns/op")
 	if ok3 {
