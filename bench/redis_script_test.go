@@ -2,6 +2,9 @@ package bench
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -13,6 +16,9 @@ import (
 type scriptOp struct {
 	name string
 	body string // Lua, run once per iteration; x is a local to assign to
+	// setup, if set, is Lua run once before the loop (locals the body
+	// uses).
+	setup func(tb testing.TB) string
 }
 
 // scriptOps are the steps of the fixed-window scripts compared in
@@ -20,26 +26,78 @@ type scriptOp struct {
 // ulule's (INCRBY, then PTTL) and ours (unpack the policy, GET the tagged
 // record, match it, read the server clock, format the record, SET it: with
 // its expiry for a window's first charge, keeping it for the later ones),
-// and the two sequences whole (ours as for a later charge). "loop" is the loop alone, to be
+// the two sequences of commands whole (ours as for a later charge), and
+// the two scripts whole, their Lua around the commands included: ulule's
+// as it counts a request after a window's first, ours as its fast path
+// decides a charge after a window's first. "loop" is the loop alone, to be
 // subtracted from the others.
 var scriptOps = []scriptOp{
-	{"loop", `x = i`},
-	{"TIME", `x = redis.call('TIME')`},
-	{"GET", `x = redis.call('GET', KEYS[1])`},
-	{"SET-PX", `x = redis.call('SET', KEYS[1], 'f:29527333:17;f,1000000000,1000000,1000000000', 'PX', '60250')`},
-	{"SET-KEEPTTL", `x = redis.call('SET', KEYS[1], 'f:29527333:17;f,1000000000,1000000,1000000000', 'KEEPTTL')`},
-	{"INCRBY", `x = redis.call('INCRBY', KEYS[2], '1')`},
-	{"PTTL", `x = redis.call('PTTL', KEYS[2])`},
-	{"unpack-policy", `local ok, a, b, c, d, e, f, g, h = pcall(cmsgpack.unpack, P) x = h`},
-	{"match-record", `local a, b, r = string.match(V, '^f:(%-?%d+):(%d+)(.*)$') x = r`},
-	{"format-record", `x = string.format('f:%d:%d;%s', 29527333, 17, 'f,1000000000,1000000,1000000000')`},
-	{"INCRBY+PTTL", `x = redis.call('INCRBY', KEYS[2], '1') x = redis.call('PTTL', KEYS[2])`},
-	{"TIME+GET+SET-KEEPTTL", `x = redis.call('TIME') x = redis.call('GET', KEYS[1]) x = redis.call('SET', KEYS[1], 'f:29527333:17;f,1000000000,1000000,1000000000', 'KEEPTTL')`},
+	{name: "loop", body: `x = i`},
+	{name: "TIME", body: `x = redis.call('TIME')`},
+	{name: "GET", body: `x = redis.call('GET', KEYS[1])`},
+	{name: "SET-PX", body: `x = redis.call('SET', KEYS[1], 'f:29527333:17;f,1000000000,1000000,1000000000', 'PX', '60250')`},
+	{name: "SET-KEEPTTL", body: `x = redis.call('SET', KEYS[1], 'f:29527333:17;f,1000000000,1000000,1000000000', 'KEEPTTL')`},
+	{name: "INCRBY", body: `x = redis.call('INCRBY', KEYS[2], '1')`},
+	{name: "PTTL", body: `x = redis.call('PTTL', KEYS[2])`},
+	{name: "unpack-policy", body: `local ok, a, b, c, d, e, f, g, h = pcall(cmsgpack.unpack, P) x = h`},
+	{name: "match-record", body: `local a, b, r = string.match(V, '^f:(%-?%d+):(%d+)(.*)$') x = r`},
+	{name: "format-record", body: `x = string.format('f:%d:%d;%s', 29527333, 17, 'f,1000000000,1000000,1000000000')`},
+	{name: "INCRBY+PTTL", body: `x = redis.call('INCRBY', KEYS[2], '1') x = redis.call('PTTL', KEYS[2])`},
+	{name: "TIME+GET+SET-KEEPTTL", body: `x = redis.call('TIME') x = redis.call('GET', KEYS[1]) x = redis.call('SET', KEYS[1], 'f:29527333:17;f,1000000000,1000000,1000000000', 'KEEPTTL')`},
+	{name: "ulule-script", setup: ululeScript, body: `x = ulule({KEYS[2]}, {'1', '600000'})`},
+	{name: "fast-path", setup: ourFastPath, body: `x = fast(FK, FA)`},
 }
 
-// scriptLoop wraps body in a loop of ARGV[1] iterations and returns the
-// server's microseconds for the loop, read with TIME around it.
-func scriptLoop(body string) string {
+// ululeScript defines ulule(KEYS, ARGV), the body of ulule/limiter's
+// Redis store script that counts a request, as of v3.11.2.
+func ululeScript(testing.TB) string {
+	return `local function ulule(KEYS, ARGV)
+local key = KEYS[1]
+local count = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local ret = redis.call("incrby", key, ARGV[1])
+if ret == count then
+	if ttl > 0 then
+		redis.call("pexpire", key, ARGV[2])
+	end
+	return {ret, ttl}
+end
+ttl = redis.call("pttl", key)
+return {ret, ttl}
+end
+local check = ulule({KEYS[2]}, {'1', '600000'})
+if type(check) ~= 'table' or type(check[1]) ~= 'number' or check[1] < 1 then
+  return redis.error_reply('ulule: no count')
+end
+`
+}
+
+// ourFastPath defines fast(KEYS, ARGV), the start of adapters/redisstore's
+// script (its arithmetic and its fast path, read from the module's Lua
+// sources) as a function, and FK and FA, the keys and arguments with which
+// the store takes one unit of the fixed window of policyArgs, on the
+// server's clock: the call the store makes.
+func ourFastPath(tb testing.TB) string {
+	var src strings.Builder
+	for _, f := range []string{"prelude.lua", "fast.lua"} {
+		b, err := os.ReadFile(filepath.Join("..", "adapters", "redisstore", "lua", f))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		src.Write(b)
+		src.WriteString("\n")
+	}
+	return "local function fast(KEYS, ARGV)\n" + src.String() + "end\n" +
+		"local FK, FA = {KEYS[1]}, {'T', '', '0', '1', P, '1', '0'}\n" +
+		// The fast path decides (it does not fall through) and admits.
+		"local check = fast(FK, FA)\n" +
+		"if type(check) ~= 'table' or check[2] ~= 1 then return redis.error_reply('fast path: no admission') end\n"
+}
+
+// scriptLoop wraps body in a loop of ARGV[1] iterations, after setup,
+// and returns the server's microseconds for the loop, read with TIME
+// around it.
+func scriptLoop(setup, body string) string {
 	return `
 local n = tonumber(ARGV[1])
 local P = ARGV[2]
@@ -47,6 +105,7 @@ local V = 'f:29527333:17;f,1000000000,1000000,1000000000'
 redis.call('SET', KEYS[1], V, 'PX', '600000')
 redis.call('SET', KEYS[2], '0', 'PX', '600000')
 local x
+` + setup + `
 local t0 = redis.call('TIME')
 for i = 1, n do
 ` + body + `
@@ -98,7 +157,11 @@ func BenchmarkRedisScriptOp(b *testing.B) {
 			if err := c.Eval(ctx, checkPolicyArgs, nil, policyArgs, recordTag).Err(); err != nil {
 				b.Fatal(err)
 			}
-			script := redis.NewScript(scriptLoop(op.body))
+			setup := ""
+			if op.setup != nil {
+				setup = op.setup(b)
+			}
+			script := redis.NewScript(scriptLoop(setup, op.body))
 			keys := []string{"script-op:record", "script-op:counter"}
 			// One run first: it loads the script and checks it.
 			if _, err := script.Eval(ctx, c, keys, 1, policyArgs).Int64(); err != nil {
