@@ -88,7 +88,7 @@ func ourFastPath(tb testing.TB) string {
 		src.WriteString("\n")
 	}
 	return "local function fast(KEYS, ARGV)\n" + src.String() + "end\n" +
-		"local FK, FA = {KEYS[1]}, {'T', '', '0', '1', P, '1', '0'}\n" +
+		"local FK, FA = {KEYS[1]}, {P, '1'}\n" +
 		// The fast path decides (it does not fall through) and admits.
 		"local check = fast(FK, FA)\n" +
 		"if type(check) ~= 'table' or check[2] ~= 1 then return redis.error_reply('fast path: no admission') end\n"

@@ -67,12 +67,12 @@ func TestFullPath(t *testing.T) {
 // as the take script does, only when the fast path declines), the other
 // on the full path alone. Decisions and the records written must be
 // equal, and the fast path must have decided most requests of each
-// algorithm, refusals and stepped-back clocks included, while declining
-// every record of another policy.
+// algorithm, refusals, stepped-back clocks and records of the previous
+// version included, while declining every record of another policy.
 func TestFastPathMatchesFullPath(t *testing.T) {
 	client := newClient(t, redistest.Server(t))
 	st := replayFastVsFull(t, client, storetest.T0, 7, 4000)
-	t.Logf("decided by the fast path: %v (%d refused, %d with the clock stepped back); declined: %v", st.decided, st.refused, st.back, st.declined)
+	t.Logf("decided by the fast path: %v (%d refused, %d with the clock stepped back, %d on untagged records); declined: %v", st.decided, st.refused, st.back, st.untagged, st.declined)
 	for _, a := range []core.Algorithm{core.TokenBucket, core.LeakyBucket, core.FixedWindow} {
 		if st.decided[a.Name()] < st.declined[a.Name()] || st.decided[a.Name()] < 100 {
 			t.Errorf("the fast path decided %d %s requests and declined %d", st.decided[a.Name()], a.Name(), st.declined[a.Name()])
@@ -86,6 +86,9 @@ func TestFastPathMatchesFullPath(t *testing.T) {
 	}
 	if st.refused < 50 || st.back < 50 || st.foreign != 0 {
 		t.Errorf("fast path: %d refusals, %d with the clock stepped back (want 50 or more each), %d foreign values (want 0)", st.refused, st.back, st.foreign)
+	}
+	if st.untagged < 10 {
+		t.Errorf("the fast path decided %d requests on records of the previous version (untagged), want 10 or more", st.untagged)
 	}
 }
 
@@ -108,8 +111,8 @@ func TestFastPathMatchesFullPathAtExtremes(t *testing.T) {
 
 // fastStats counts what the fast path did in a replay.
 type fastStats struct {
-	decided, declined      map[string]int // per algorithm
-	refused, back, foreign int
+	decided, declined                map[string]int // per algorithm
+	refused, back, foreign, untagged int
 }
 
 // replayFastVsFull replays steps random single requests from base (seeded
@@ -165,7 +168,7 @@ func replayFastVsFull(t *testing.T, client *redis.Client, base time.Time, seed u
 	at, maxAt := base, base
 	decided := map[string]int{}  // by the fast path, per algorithm
 	declined := map[string]int{} // by the fast path, per algorithm
-	var fastRefused, fastBack, fastForeign int
+	var fastRefused, fastBack, fastForeign, fastUntagged int
 	for step := range steps {
 		switch x := rng.IntN(100); {
 		case x < 45:
@@ -188,7 +191,7 @@ func replayFastVsFull(t *testing.T, client *redis.Client, base time.Time, seed u
 		k := keys[rng.IntN(len(keys))]
 		// Now and then, the same record of the previous version (no
 		// tag), or a foreign value, under both stores.
-		foreign := false
+		foreign, untagged := false, false
 		if x := rng.IntN(100); x < 3 {
 			var v string
 			us := at.UnixMicro()
@@ -206,6 +209,7 @@ func replayFastVsFull(t *testing.T, client *redis.Client, base time.Time, seed u
 			default:
 				v, foreign = "not a record", true
 			}
+			untagged = !foreign
 			for _, s := range []*Store{fast, full} {
 				client.Set(ctx, keyOf(s, p, k), v, time.Hour)
 			}
@@ -231,6 +235,9 @@ func replayFastVsFull(t *testing.T, client *redis.Client, base time.Time, seed u
 			if foreign {
 				fastForeign++
 			}
+			if untagged {
+				fastUntagged++
+			}
 		}
 		werr := full.Take(ctx, at, req, want[:])
 		if (gerr == nil) != (werr == nil) {
@@ -243,5 +250,5 @@ func replayFastVsFull(t *testing.T, client *redis.Client, base time.Time, seed u
 			t.Fatalf("step %d at %v (%s key %q cost %d): fast path wrote %q, full path %q", step, at.UTC(), p, k, cost, g, w)
 		}
 	}
-	return fastStats{decided: decided, declined: declined, refused: fastRefused, back: fastBack, foreign: fastForeign}
+	return fastStats{decided: decided, declined: declined, refused: fastRefused, back: fastBack, foreign: fastForeign, untagged: fastUntagged}
 }

@@ -16,7 +16,9 @@ import (
 // arithmetic of prelude.lua and the other helpers (helpers.lua), decides
 // the usual call (one request taken under a token bucket, a leaky bucket
 // or a fixed window) with the same arithmetic and returns before the rest
-// is set up.
+// is set up. A single take comes with short arguments (see fast.lua),
+// which shortargs.lua rewrites in main.lua's form when fast.lua leaves the
+// request to the rest.
 //
 //go:embed lua/*.lua
 var luaFiles embed.FS
@@ -24,6 +26,7 @@ var luaFiles embed.FS
 var luaParts = []string{
 	"lua/prelude.lua",
 	"lua/fast.lua",
+	"lua/shortargs.lua",
 	"lua/helpers.lua",
 	"lua/gcra.lua",
 	"lua/fixed_window.lua",

@@ -792,9 +792,19 @@ func (s *Store) call(ctx context.Context, mode string, nowArg any, reqs []core.R
 			overLocal = j + 1
 		}
 	}
-	args = append(args, modeArg(mode), nowArg, overLocal, s.slackArg)
-	for _, i := range idx {
-		args = append(args, infos[i].args, reqs[i].Cost, extras[i])
+	switch {
+	case n == 1 && mode == modeTake && over < 0 && s.clientTime:
+		// A single take: the script's short arguments (lua/fast.lua).
+		args = append(args, infos[idx[0]].args, reqs[idx[0]].Cost, nowArg, s.slackArg)
+	case n == 1 && mode == modeTake && over < 0 && s.slack == 1:
+		// The same on the server's clock, with the slack the script
+		// assumes.
+		args = append(args, infos[idx[0]].args, reqs[idx[0]].Cost)
+	default:
+		args = append(args, modeArg(mode), nowArg, overLocal, s.slackArg)
+		for _, i := range idx {
+			args = append(args, infos[i].args, reqs[i].Cost, extras[i])
+		}
 	}
 	reply, err := s.eval(ctx, ab, args)
 	if err != nil {

@@ -4,9 +4,17 @@
 -- arithmetic of gcra.lua and fixed_window.lua (decide, then commit) on
 -- plain numbers, with no closures made and one table, the reply
 -- (helpers.lua, gcra.lua and fixed_window.lua name the steps). Anything
--- else (a batch, a check, a refund, a request over capacity, another
--- algorithm, a record written under another policy, a bad argument) falls
--- through, untouched, to the rest of the script.
+-- else (a check, a refund, another algorithm, a record written under
+-- another policy, a bad argument) falls through, untouched, to the rest of
+-- the script (shortargs.lua first).
+--
+-- The usual decision comes with the short arguments (one key, at most
+-- four arguments): ARGV[1] the policy (as main.lua's), ARGV[2] the cost,
+-- and, in client-time mode, ARGV[3] now and ARGV[4] the expiry slack
+-- (without them: the server's TIME and 1 ms). The store sends a single
+-- take this way, and every other call with main.lua's arguments, which
+-- this file leaves to the rest of the script: fewer arguments are less
+-- for the server to read and to hand to the script on every call.
 --
 -- Every call of the script runs it from the top: what is set up before
 -- this point is paid by every decision, so only the locals and the two
@@ -14,11 +22,11 @@
 -- is made only for a value that needs it (one beyond 2^31 in magnitude,
 -- where a 32-bit C long would not hold it).
 
-if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
+if #KEYS == 1 and #ARGV <= 4 then
   -- policyargs, for a token or leaky bucket or a fixed window (our own
   -- argument: a value of another type could only make the arithmetic
   -- below fail, not mislead)
-  local ok, alg, tag, W, L, cap, md, tauQ, tauR = pcall(cmsgpack.unpack, ARGV[5])
+  local ok, alg, tag, W, L, cap, md, tauQ, tauR = pcall(cmsgpack.unpack, ARGV[1])
   local key = KEYS[1]
   -- load: a missing key, or a record of this policy (or of the previous
   -- version, untagged) in the algorithm's shape
@@ -28,21 +36,33 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
     if v == false then
       mine = true
     elseif type(v) == 'string' then
-      local a, b, rest = smatch(v, alg == 'g' and '^g:(%-?%d+):(%d+)(.*)$' or '^f:(%-?%d+):(%d+)(.*)$')
-      if a ~= nil and (rest == '' or rest == ';' .. tag) then
-        A, B, fresh, mine, tagged = tonumber(a), tonumber(b), false, true, rest ~= ''
+      -- the record's numbers, then nothing (untagged) or ';' and this
+      -- policy's tag, compared in place
+      local _, e, a, b = sfind(v, alg == 'g' and '^g:(%-?%d+):(%d+)' or '^f:(%-?%d+):(%d+)')
+      if a ~= nil then
+        local n = #v
+        if e == n then
+          A, B, fresh, mine = tonumber(a), tonumber(b), false, true
+        elseif n - e == #tag + 1 and sbyte(v, e + 1) == 59 and sfind(v, tag, e + 2, true) then
+          A, B, fresh, mine, tagged = tonumber(a), tonumber(b), false, true, true
+        end
       end
     end
   end
   if mine then
-    local cost, slack = tonumber(ARGV[6]), tonumber(ARGV[4])
-    if redis.replicate_commands then redis.replicate_commands() end
+    -- the usual cost and slack, 1, without converting them
+    local cost, nowArg, slack = ARGV[2], ARGV[3], ARGV[4]
+    if cost == '1' then cost = 1 else cost = tonumber(cost) end
+    if slack == nil or slack == '1' then slack = 1 else slack = tonumber(slack) end
     local now
-    if ARGV[2] == '' then
+    if nowArg == nil then
+      -- before Redis 7 (which has REDIS_VERSION_NUM), effects replication
+      -- may need asking for before TIME
+      if redis.REDIS_VERSION_NUM == nil and redis.replicate_commands then redis.replicate_commands() end
       local t = redis.call('TIME')
       now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     else
-      now = tonumber(ARGV[2])
+      now = tonumber(nowArg)
     end
     if alg == 'f' then
       -- fixed.decide: the window's index is floor(now / W); a window in
@@ -69,7 +89,7 @@ if #KEYS == 1 and ARGV[1] == 'T' and ARGV[3] == '0' then
       -- policy's record of this window on the server's clock): e > 0
       -- always
       if nB > 0 then
-        local kept = tagged and idx == A and ARGV[2] == '' and redis.REDIS_VERSION_NUM
+        local kept = tagged and idx == A and nowArg == nil and redis.REDIS_VERSION_NUM
         local ms = 0
         if not kept then
           local rm

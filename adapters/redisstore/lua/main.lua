@@ -10,7 +10,8 @@
 -- ARGV[4] milliseconds added to every key's expiry.
 -- Then three arguments per request: the policy (alg tag W L cap maxDelay
 -- tauQ tauR, times in microseconds, as MessagePack: see policyargs), the
--- cost, and (for 'R') what the charge reported.
+-- cost, and (for 'R') what the charge reported. (A single take comes with
+-- fast.lua's short arguments, in this form once shortargs.lua has run.)
 --
 -- Every record carries the identity tag of the policy that wrote it. A
 -- record written under another policy (another tag) is never read under

@@ -10,7 +10,7 @@
 
 local P53 = 9007199254740992
 local floor, fmod, frexp = math.floor, math.fmod, math.frexp
-local sformat, smatch = string.format, string.match
+local sformat, smatch, sfind, sbyte = string.format, string.match, string.find, string.byte
 
 -- divmod returns floor(n / d) and n mod d for 0 <= n < 2^53 and
 -- 0 < d < 2^53, exactly: fmod is exact, and so is the division of the
