@@ -129,12 +129,10 @@ func insertTable(r results) string {
 		fmt.Fprintf(&b, "; the cheapest bound on a Go map (golang-lru's index), first in first out, %s ns more (finding and deleting the dropped key's entry), and least-recently-used order on golang-lru %s ns more than that", num(fifo-m), num(lru-fifo))
 	}
 	b.WriteString(". ")
-	if p, v, ok := r.best("NewKey", "ns/op", func(p string) bool { return !isOurs(p) }); ok {
-		if o, ok := r.get("NewKey", ours, "ns/op"); ok {
-			fmt.Fprintf(&b, "NewKey: ours %s ns, %s %s ns; ours less that: %s ns.", num(o), p, num(v), num(o-(lru-m)))
-			if ok3 {
-				fmt.Fprintf(&b, " Our gap to %s (%s ns) is %s the first-in-first-out bound's cost (%s ns).", p, num(o-v), cmpWord(o-v, fifo-m), num(fifo-m))
-			}
+	if o, p, v, ok := r.oursAndBest("NewKey"); ok {
+		fmt.Fprintf(&b, "NewKey: ours %s ns, %s %s ns; ours less that: %s ns.", num(o), p, num(v), num(o-(lru-m)))
+		if ok3 {
+			fmt.Fprintf(&b, " Our gap to %s (%s ns) is %s the first-in-first-out bound's cost (%s ns).", p, num(o-v), cmpWord(o-v, fifo-m), num(fifo-m))
 		}
 	}
 	b.WriteString("\n")
@@ -164,12 +162,10 @@ func growInsertTable(r results) string {
 		fmt.Fprintf(&b, "; the store's structure, without placing keys by hash, %s ns more", num(slot-m))
 	}
 	b.WriteString(". ")
-	if p, v, ok := r.best("NewKeyGrowing", "ns/op", func(p string) bool { return !isOurs(p) }); ok {
-		if o, ok := r.get("NewKeyGrowing", ours, "ns/op"); ok {
-			fmt.Fprintf(&b, "NewKeyGrowing: ours %s ns, %s %s ns, a gap of %s ns, %s golang-lru's least (%s ns).", num(o), p, num(v), num(o-v), cmpWord(o-v, least-m), num(least-m))
-			if ok3 {
-				fmt.Fprintf(&b, " Ours less the store's structure over a map: %s ns.", num(o-(slot-m)))
-			}
+	if o, p, v, ok := r.oursAndBest("NewKeyGrowing"); ok {
+		fmt.Fprintf(&b, "NewKeyGrowing: ours %s ns, %s %s ns, a gap of %s ns, %s golang-lru's least (%s ns).", num(o), p, num(v), num(o-v), cmpWord(o-v, least-m), num(least-m))
+		if ok3 {
+			fmt.Fprintf(&b, " Ours less the store's structure over a map: %s ns.", num(o-(slot-m)))
 		}
 	}
 	b.WriteString("\n")

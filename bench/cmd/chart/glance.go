@@ -196,10 +196,8 @@ func layoutTable(r results) string {
 	slab, ok2 := r.get("LRULayout", "slab", "ns/op")
 	if ok1 && ok2 {
 		fmt.Fprintf(&b, "\nThe store's layout costs a decision %s ns here against the slab, which has no LRU (a golang-lru lookup, then the slot; now and then a move to the front). ", num(lru-slab))
-		if p, v, ok := r.best("Keys100kParallel", "ns/op", func(p string) bool { return !isOurs(p) }); ok {
-			if o, ok := r.get("Keys100kParallel", ours, "ns/op"); ok {
-				fmt.Fprintf(&b, "Keys100kParallel: ours %s ns, %s %s ns; ours less that: %s ns.", num(o), p, num(v), num(o-(lru-slab)))
-			}
+		if o, p, v, ok := r.oursAndBest("Keys100kParallel"); ok {
+			fmt.Fprintf(&b, "Keys100kParallel: ours %s ns, %s %s ns; ours less that: %s ns.", num(o), p, num(v), num(o-(lru-slab)))
 		}
 		b.WriteString("\n")
 	}

@@ -246,6 +246,15 @@ func (r results) best(workload, unit string, keep func(string) bool) (string, fl
 	return bp, bv, found
 }
 
+// oursAndBest returns our median ns/op in workload, and the fastest peer
+// (as best picks it) with its median.
+func (r results) oursAndBest(workload string) (o float64, peer string, v float64, ok bool) {
+	if peer, v, ok = r.best(workload, "ns/op", nil); ok {
+		o, ok = r.get(workload, ours, "ns/op")
+	}
+	return o, peer, v, ok
+}
+
 // num formats a median for a table: three significant digits.
 func num(v float64) string {
 	switch {
