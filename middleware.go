@@ -645,13 +645,15 @@ func (l *Limiter) admit(w http.ResponseWriter, r *http.Request, res *Result) boo
 }
 
 // routeRequest returns r ready for [Route] when the Limiter knows the
-// ServeMux (see [WithServeMux]) and r has not been routed yet: it sets
-// r.Pattern to the pattern the mux will match, as the mux itself does when it
-// serves r, or, when the mux matches nothing, returns a copy of r marked as
-// routed without a match.
+// ServeMux (see [WithServeMux]) and no framework adapter has keyed its
+// route: it sets r.Pattern to the pattern the mux will match, as the mux
+// itself does when it serves r, or, when the mux matches nothing, returns a
+// copy of r marked as routed without a match. A pattern already on r is
+// replaced: it is an outer mux's (the Limiter's mux mounted under
+// "/api/"), not the route the wrapped mux will serve.
 func (l *Limiter) routeRequest(r *http.Request) *http.Request {
 	mux := l.cfg.mux
-	if mux == nil || r.Pattern != "" {
+	if mux == nil {
 		return r
 	}
 	if _, routed := r.Context().Value(routeContextKey{}).(string); routed {

@@ -118,6 +118,36 @@ func TestRouteMethodCannotDodge(t *testing.T) {
 	}
 }
 
+// TestServeMuxUnderOuterMux checks that a Limiter around a mux mounted
+// under another mux keys its route layers by the inner mux's patterns, not
+// by the outer one's (which the outer mux has already set on the request):
+// a login-only layer applies, and two inner routes keep a quota each.
+func TestServeMuxUnderOuterMux(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	inner := http.NewServeMux()
+	inner.Handle("POST /api/login", ok)
+	inner.Handle("GET /api/a", ok)
+	inner.Handle("GET /api/b", ok)
+	l := mwLimiter(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1).Named("login"), Routes: []string{"POST /api/login"}},
+		{Key: ratelimit.Route(), Rule: core.PerMinute(1).Named("route"), Routes: []string{"GET /api/a", "GET /api/b"}},
+	}, ratelimit.WithServeMux(inner))
+	outer := http.NewServeMux()
+	outer.Handle("/api/", l.Handler(inner))
+	var codes []int
+	for _, req := range []struct{ method, path string }{
+		{"POST", "/api/login"}, {"POST", "/api/login"},
+		{"GET", "/api/a"}, {"GET", "/api/b"}, {"GET", "/api/a"},
+	} {
+		rec := httptest.NewRecorder()
+		outer.ServeHTTP(rec, muxReq(req.method, req.path, "192.0.2.1:1"))
+		codes = append(codes, rec.Code)
+	}
+	if want := []int{200, 429, 200, 200, 429}; !equalInts(codes, want) {
+		t.Fatalf("codes %v, want %v", codes, want)
+	}
+}
+
 // TestRouteKeysBounded checks that 1,000 distinct method tokens on two
 // routes produce two route keys.
 func TestRouteKeysBounded(t *testing.T) {

@@ -53,9 +53,11 @@ func defaultConfig() config {
 
 // WithServeMux tells the Limiter the *http.ServeMux its handler wraps, so
 // that a Limiter mounted around the whole mux, before routing, can key
-// [Route] layers and apply [Layer.Routes]: for each request not yet routed
-// it asks mux.Handler(r) for the pattern the mux will match and sets
-// r.Pattern to it, as the mux itself does when it serves r. A request the
+// [Route] layers and apply [Layer.Routes]: for each request it asks
+// mux.Handler(r) for the pattern the mux will match and sets r.Pattern to
+// it, as the mux itself does when it serves r (replacing the pattern of an
+// outer mux the Limiter is mounted under, as in
+// outer.Handle("/api/", l.Handler(mux))). A request the
 // mux matches no pattern for (a 404, a 405, a redirect) is not keyed by
 // route: route layers do not apply to it (the mux answers it). Without this
 // option, or a framework adapter, a Route layer mounted before routing is a
