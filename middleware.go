@@ -824,7 +824,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		if ly.resolver != nil {
 			rp, err := ly.resolver.Resolve(ctx, key)
 			if err != nil {
-				if l.gone(res, ctx, err) {
+				if l.gone(res, ctx) {
 					return 0
 				}
 				l.failed(res, outcomeStore, wrap(ErrStoreFailure, "layer "+ly.desc+": resolving the policy", err))
@@ -914,7 +914,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
 		l.release(res)
 		switch {
-		case l.gone(res, r.Context(), err):
+		case l.gone(res, r.Context()):
 		case errors.Is(err, core.ErrDuplicateRequest):
 			l.configError(res, nil, err)
 		case errors.Is(err, core.ErrStoreFull):
@@ -969,16 +969,17 @@ func (l *Limiter) release(res *Result) {
 	}
 }
 
-// gone reports whether err means that the request itself ended (its client
-// went away, or its deadline passed) rather than that the store failed; if
-// so it records that in res.
-func (l *Limiter) gone(res *Result, ctx context.Context, err error) bool {
+// gone reports whether the request itself ended (its client went away, or
+// its deadline passed) by the time its store or Resolver failed,
+// rather than that the store failed; if so it records that in res. Only
+// the request's own context says so: a context.Canceled from a store or
+// Resolver whose request is still live (a lookup shared with another
+// request that was cancelled, say) is a store failure, answered by the
+// fail policy.
+func (l *Limiter) gone(res *Result, ctx context.Context) bool {
 	cerr := ctx.Err()
-	if cerr == nil && !errors.Is(err, context.Canceled) {
-		return false
-	}
 	if cerr == nil {
-		cerr = context.Canceled
+		return false
 	}
 	res.Err, res.kind, res.Proceed = fmt.Errorf("ratelimit: request ended before it was decided: %w", cerr), outcomeGone, false
 	return true

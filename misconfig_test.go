@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -423,6 +424,56 @@ func TestClientGoneIsNotStoreFailure(t *testing.T) {
 		res := e.l.Decide(mwReq("192.0.2.1:1").WithContext(ctx))
 		if res.Proceed || !errors.Is(res.Err, context.Canceled) || errors.Is(res.Err, ratelimit.ErrStoreFailure) {
 			t.Fatalf("Decide: %+v", res)
+		}
+	}
+}
+
+// canceledStore fails every Take with context.Canceled while the caller's
+// context is live, as a store whose call was shared with another,
+// cancelled request would.
+type canceledStore struct{}
+
+func (canceledStore) Take(context.Context, time.Time, []core.Request, []core.Decision) error {
+	return fmt.Errorf("shared call: %w", context.Canceled)
+}
+
+// TestForeignCancelIsStoreFailure checks that a context.Canceled from a
+// store or a Resolver, for a request whose own context is live, is a store
+// failure under the fail policy (reported, 503 fail-closed, served
+// fail-open), not a request that ended and is answered with nothing.
+func TestForeignCancelIsStoreFailure(t *testing.T) {
+	canceled := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) {
+		return nil, fmt.Errorf("shared lookup: %w", context.Canceled)
+	})
+	cases := []struct {
+		name  string
+		layer ratelimit.Layer
+		opts  []ratelimit.Option
+	}{
+		{"store", ratelimit.Layer{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10).Named("ip")}, []ratelimit.Option{ratelimit.WithStore(canceledStore{})}},
+		{"resolver", ratelimit.Layer{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10).Named("ip"), Resolver: canceled}, nil},
+	}
+	for _, tc := range cases {
+		for _, closed := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/failClosed=%v", tc.name, closed), func(t *testing.T) {
+				var er errRecorder
+				opts := append([]ratelimit.Option{er.option()}, tc.opts...)
+				if closed {
+					opts = append(opts, ratelimit.WithFailClosed())
+				}
+				e := mwNew(t, []ratelimit.Layer{tc.layer}, opts...)
+				rec := e.do(t, mwReq("192.0.2.1:1"))
+				want, served := http.StatusOK, int64(1)
+				if closed {
+					want, served = http.StatusServiceUnavailable, 0
+				}
+				if rec.Code != want || e.served.Load() != served {
+					t.Fatalf("status %d, served %d; want %d, %d", rec.Code, e.served.Load(), want, served)
+				}
+				if errs := er.all(); len(errs) != 1 || !errors.Is(errs[0], ratelimit.ErrStoreFailure) {
+					t.Fatalf("error handler saw %v, want one store failure", errs)
+				}
+			})
 		}
 	}
 }

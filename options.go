@@ -128,8 +128,10 @@ func WithDryRun() Option { return func(c *config) { c.dryRun = true } }
 // Fail-open keeps the service up when the limiter's backend is down, at the
 // price of not limiting during the outage (logged once, see [WithLogger]);
 // choose fail-closed when the limiter protects something that must never be
-// overrun. A store error caused by the request's own context ending (the
+// overrun. A store error met once the request's own context has ended (the
 // client went away) is neither: the request is dropped without a response.
+// Only the request's context decides that: a context.Canceled from a store
+// or Resolver while it is live is a store failure.
 func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
 
 // WithErrorHandler sets a function called for every error the middleware
