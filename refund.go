@@ -118,7 +118,7 @@ func (l *Limiter) refundHandler(next http.Handler) http.Handler {
 		}
 		if l.serveRefundable(w, r, next) {
 			var rq [core.MaxBatch]core.Request
-			if k := l.refundRequests(buf[:n], &rq); k > 0 {
+			if k := l.refundRequests(buf[:n], res.rs, &rq); k > 0 {
 				l.refund(context.WithoutCancel(r.Context()), rq[:k])
 			}
 		}
@@ -144,7 +144,7 @@ func (l *Limiter) refundResultHandler(next http.Handler) http.Handler {
 		// a charge is given back at most once.
 		if l.serveRefundable(w, r, next) && !res.refunded {
 			var rq [core.MaxBatch]core.Request
-			if k := l.refundRequests(res.Layers, &rq); k > 0 {
+			if k := l.refundRequests(res.Layers, res.rs, &rq); k > 0 {
 				res.refunded = true
 				l.refund(context.WithoutCancel(r.Context()), rq[:k])
 			}
@@ -172,10 +172,17 @@ func charged(res *Result, n int) bool {
 }
 
 // refundRequests fills reqs with the charges of layers, the applied layers
-// of a charged request of this Limiter, and returns their number: every
-// rate layer (a concurrency layer holds a slot, not a charge). It returns
-// 0 for layers that were not all charged.
-func (l *Limiter) refundRequests(layers []LayerResult, reqs *[core.MaxBatch]core.Request) int {
+// of a charged request of this Limiter decided under the rule set rs, and
+// returns their number: every rate layer (a concurrency layer holds a slot,
+// not a charge). It returns 0 for layers that were not all charged.
+//
+// A layer decided under its own rule that SetRules has replaced since is
+// refunded under the rule in force: its key's state is carried over to
+// that rule by the next decision, if not already, and refunding under the
+// old one would carry it back, clamped to the old capacity, crediting what
+// was charged since (see core.Refunder).
+func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, reqs *[core.MaxBatch]core.Request) int {
+	cur := l.rules.Load()
 	n := 0
 	for i := range layers {
 		ly := &layers[i]
@@ -185,7 +192,11 @@ func (l *Limiter) refundRequests(layers []LayerResult, reqs *[core.MaxBatch]core
 		if n == len(reqs) || ly.Refused || !ly.Decision.Allowed || ly.Decision.Policy == nil {
 			return 0
 		}
-		reqs[n] = core.Request{Policy: ly.Decision.Policy, Key: ly.Key, Cost: ly.Cost}
+		p := ly.Decision.Policy
+		if rs != nil && rs != cur && own(rs, ly) && ly.index < len(cur.rules) {
+			p = cur.rules[ly.index].policy
+		}
+		reqs[n] = core.Request{Policy: p, Key: ly.Key, Cost: ly.Cost}
 		n++
 	}
 	return n
@@ -210,7 +221,7 @@ func (l *Limiter) Refund(ctx context.Context, res *Result) error {
 		return nil
 	}
 	var reqs [core.MaxBatch]core.Request
-	n := l.refundRequests(res.Layers, &reqs)
+	n := l.refundRequests(res.Layers, res.rs, &reqs)
 	if n == 0 {
 		return nil
 	}

@@ -411,6 +411,52 @@ func TestLimiterRefund(t *testing.T) {
 	}
 }
 
+// TestRefundAfterSetRules: a request charged under a rule that SetRules
+// then replaced is refunded under the rule in force, so the refund gives
+// back its own charge and credits nothing charged since (refunding under
+// the old rule would carry the key's state back to its smaller capacity).
+// Both Limiter.Refund and WithRefund's handler.
+func TestRefundAfterSetRules(t *testing.T) {
+	layers := []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerHour(2).Named("ip")}}
+	raise := func(t *testing.T, l *ratelimit.Limiter) {
+		t.Helper()
+		if err := l.SetRules(map[string]core.Rule{"ip": core.PerHour(100)}); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 50; i++ {
+			if !l.Decide(mwReq("192.0.2.1:1")).Proceed {
+				t.Fatalf("request %d refused", i)
+			}
+		}
+	}
+	check := func(t *testing.T, l *ratelimit.Limiter) {
+		t.Helper()
+		// 51 charged, 1 refunded: 50 in use, 50 left, 49 after the peek's own unit.
+		if p := l.Peek(mwReq("192.0.2.1:1")); p.Layers[0].Decision.Remaining != 49 {
+			t.Fatalf("remaining %d after the refund, want 49", p.Layers[0].Decision.Remaining)
+		}
+	}
+	t.Run("Refund", func(t *testing.T) {
+		l, _, _ := refundEnv(t, layers, mwOK)
+		res := l.Decide(mwReq("192.0.2.1:1"))
+		raise(t, l)
+		if err := l.Refund(context.Background(), &res); err != nil {
+			t.Fatal(err)
+		}
+		check(t, l)
+	})
+	t.Run("WithRefund", func(t *testing.T) {
+		var l *ratelimit.Limiter
+		l, h, _ := refundEnv(t, layers, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			raise(t, l) // while this request is in its handler; 200: refunded
+		}), ratelimit.WithRefund(ratelimit.RefundSuccessful))
+		if rec := serve(h, mwReq("192.0.2.1:1")); rec.Code != http.StatusOK {
+			t.Fatalf("status %d", rec.Code)
+		}
+		check(t, l)
+	})
+}
+
 // TestRefundWithConcurrencyLayer: a refund gives back the rate layers and
 // leaves the concurrency layer's slot to be given back as usual; Peek
 // reports the rate layers only and takes no slot.

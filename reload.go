@@ -35,7 +35,10 @@ type RulesObserver interface {
 // recover under the new rule, from the moment of the change (a token
 // bucket refills them at the new rate, a fixed or sliding window counts
 // them in the window that holds that moment, a log records them at it).
-// This holds when the algorithm changes too.
+// This holds when the algorithm changes too. A request charged under the
+// old rule and refunded after the change (WithRefund, Limiter.Refund) is
+// refunded under the new one, so that the refund gives back its own charge
+// without carrying the key back to the old rule.
 //
 // SetRules validates everything first and changes nothing on an error: a
 // name that is no layer's, a Rule whose Name is set and differs from its
