@@ -504,6 +504,27 @@ func TestCost(t *testing.T) {
 	if got := e.served.Load(); got != 2 {
 		t.Errorf("served %d, want 2", got)
 	}
+
+	// A cost above every layer's capacity (a hostile size): 413 from each
+	// algorithm, every layer refused with no retry time, nothing charged.
+	for _, alg := range core.Algorithms() {
+		e := mwNew(t, []ratelimit.Layer{
+			{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10).Named("per-ip")},
+			{Key: ratelimit.Global("all"), Rule: core.Rule{Name: "global", Algorithm: alg, Limit: 100, Window: time.Minute}},
+		}, ratelimit.WithCost(costHeader))
+		for _, c := range []string{"101", "4611686018427387904"} {
+			if rec := e.do(t, mwReq("192.0.2.1:1", "X-Cost", c)); rec.Code != http.StatusRequestEntityTooLarge || rec.Header().Get(ratelimit.HeaderRetryAfter) != "" {
+				t.Fatalf("%s, cost %s: %d, Retry-After %q", alg.Name(), c, rec.Code, rec.Header().Get(ratelimit.HeaderRetryAfter))
+			}
+			res := e.l.Decide(mwReq("192.0.2.1:1", "X-Cost", c))
+			if !errors.Is(res.Err, core.ErrCostExceedsCapacity) || !res.Layers[0].Refused || !res.Layers[1].Refused || res.RetryAfter() != 0 {
+				t.Fatalf("%s, Decide cost %s: %+v", alg.Name(), c, res)
+			}
+		}
+		if res := e.l.Decide(mwReq("192.0.2.1:1", "X-Cost", "1")); !res.Proceed || res.Layers[0].Decision.Remaining != 9 {
+			t.Fatalf("%s: cost 1 after the refusals: %+v, want admitted with 9 left: the refusals charged something", alg.Name(), res)
+		}
+	}
 }
 
 // TestDryRun checks that dry-run never blocks, writes headers and reports

@@ -648,8 +648,11 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			s.scratch = State{}
 			st = &s.scratch
 		}
-		cost := r.Cost
-		if i == over {
+		// Every request over its capacity (CheckBatch names the first) is
+		// decided at cost 0 and refused with no RetryAfter: Decide takes
+		// no cost above the capacity.
+		cost, big := r.Cost, r.Cost > r.Policy.capacity
+		if big {
 			cost = 0
 		}
 		r.Policy.alg.Decide(r.Policy, st, cost, now, false, &s.dec)
@@ -657,7 +660,7 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			entries[i] = s.cur
 		}
 		out[i] = s.dec
-		if i == over {
+		if big {
 			out[i].Allowed = false
 			out[i].RetryAfter = 0
 		}

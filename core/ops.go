@@ -217,13 +217,16 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 			found[i] = true
 		}
 		m.peekState(s, held[i], found[i], r.Policy, now, &s.scratch)
-		cost := r.Cost
-		if i == over {
+		// Every request over its capacity (CheckBatch names the first) is
+		// decided at cost 0 and refused with no RetryAfter: Decide takes
+		// no cost above the capacity.
+		cost, big := r.Cost, r.Cost > r.Policy.capacity
+		if big {
 			cost = 0
 		}
 		r.Policy.alg.Decide(r.Policy, &s.scratch, cost, now, false, &s.dec)
 		out[i] = s.dec
-		if i == over {
+		if big {
 			out[i].Allowed = false
 			out[i].RetryAfter = 0
 		}

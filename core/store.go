@@ -33,8 +33,8 @@ type Request struct {
 // decisions say who refused.
 //
 // Take returns ErrInvalidCost for a cost < 1, ErrCostExceedsCapacity (with
-// that request's decision refused and RetryAfter 0, and nothing charged) for
-// a cost above the policy's capacity, ErrDuplicateRequest when two requests
+// the decision of every request above its capacity refused and RetryAfter
+// 0, and nothing charged) for a cost above the policy's capacity, ErrDuplicateRequest when two requests
 // share a policy name and key, and ErrBatchTooLarge beyond MaxBatch
 // requests; the MemoryStore also returns ErrStoreFull (every decision
 // refused, nothing charged). Any other error is a backend failure, after
@@ -106,7 +106,8 @@ var (
 // CheckBatch validates a batch the way every Store must before touching
 // state: lengths, costs, duplicates. Store implementations call it first.
 // For a cost above capacity it returns ErrCostExceedsCapacity and the index
-// of the offending request; otherwise the index is -1.
+// of the first offending request (a store decides every such request at
+// cost 0, refused with no RetryAfter); otherwise the index is -1.
 func CheckBatch(reqs []Request, out []Decision) (int, error) {
 	if len(out) < len(reqs) {
 		return -1, ErrShortOutput

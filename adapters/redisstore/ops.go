@@ -78,7 +78,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 	var zero [core.MaxBatch]core.Decision
 	err = s.opsBounded(ctx, func(ctx context.Context) error {
 		return s.forGroups(keys[:len(reqs)], func(idx []int) error {
-			reply, err := s.opsCall(ctx, modePeek, nowArg, reqs, infos, keys[:], idx, over)
+			reply, err := s.opsCall(ctx, modePeek, nowArg, reqs, infos, keys[:], idx)
 			if err != nil {
 				return err
 			}
@@ -101,12 +101,12 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 	}
 	if !all {
 		// As a refused batch reports them: the requests that would have
-		// passed without their cost; the one over capacity refused with no
-		// retry time.
+		// passed without their cost; those over their capacity refused with
+		// no retry time.
 		for i := range reqs {
-			if i == over || out[i].Allowed {
+			if big := reqs[i].Cost > reqs[i].Policy.Capacity(); big || out[i].Allowed {
 				out[i] = zero[i]
-				out[i].Allowed = i != over
+				out[i].Allowed = !big
 			}
 		}
 	}
@@ -147,7 +147,7 @@ func (s *Store) Refund(ctx context.Context, now time.Time, reqs []core.Request) 
 	s.keysOf(reqs, infos, keys[:len(reqs)])
 	return s.opsBounded(ctx, func(ctx context.Context) error {
 		return s.forGroups(keys[:len(reqs)], func(idx []int) error {
-			_, err := s.opsCall(ctx, modeGiveBack, nowArg, reqs, infos, keys[:], idx, -1)
+			_, err := s.opsCall(ctx, modeGiveBack, nowArg, reqs, infos, keys[:], idx)
 			return err
 		})
 	})
@@ -239,8 +239,8 @@ func (s *Store) forGroups(keys []string, f func(idx []int) error) error {
 }
 
 // opsCall runs the ops script in mode for the requests idx of the batch;
-// the request over (its cost above capacity) is peeked at cost 0.
-func (s *Store) opsCall(ctx context.Context, mode string, nowArg any, reqs []core.Request, infos []*policyInfo, keys []string, idx []int, over int) (string, error) {
+// a request over its capacity is peeked at cost 0.
+func (s *Store) opsCall(ctx context.Context, mode string, nowArg any, reqs []core.Request, infos []*policyInfo, keys []string, idx []int) (string, error) {
 	args := make([]any, 0, 3+len(idx)+3+2*len(idx))
 	args = append(args, nil, nil, len(idx))
 	for _, i := range idx {
@@ -249,7 +249,7 @@ func (s *Store) opsCall(ctx context.Context, mode string, nowArg any, reqs []cor
 	args = append(args, mode, nowArg, s.slackArg)
 	for _, i := range idx {
 		cost := reqs[i].Cost
-		if i == over {
+		if cost > reqs[i].Policy.Capacity() {
 			cost = 0
 		}
 		args = append(args, infos[i].args, cost)

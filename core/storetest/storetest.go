@@ -488,6 +488,44 @@ func testCost(t *testing.T, newStore func(*testing.T) core.Store) {
 	if d, err := h.Take(p, key, 3, 0); err != nil || !d.Allowed {
 		t.Fatalf("invalid costs charged something: %+v %v", d, err)
 	}
+	// A batch with several requests over their capacities (the cost of a
+	// request given to every layer), on new keys and on held ones, for
+	// every algorithm: each is refused with no RetryAfter, and nothing is
+	// charged.
+	for _, r := range suiteRules(3, time.Minute) {
+		for _, c := range []int64{4, 1 << 62} {
+			q := mustPolicy(t, r)
+			ka, kb := uniqueKey(t, "over-a"), uniqueKey(t, "over-b")
+			for _, held := range []bool{false, true} {
+				if held {
+					if _, err := h.TakeBatch([]core.Request{{Policy: p, Key: ka, Cost: 1}, {Policy: q, Key: kb, Cost: 1}}, 0); err != nil {
+						t.Fatal(err)
+					}
+				}
+				reqs := []core.Request{{Policy: p, Key: ka, Cost: c}, {Policy: q, Key: kb, Cost: c}}
+				out, err := h.TakeBatch(reqs, 0)
+				if !errors.Is(err, core.ErrCostExceedsCapacity) {
+					t.Fatalf("%s, cost %d on both, held %v: err %v, want ErrCostExceedsCapacity", r.Algorithm.Name(), c, held, err)
+				}
+				for i, d := range out {
+					if d.Allowed || d.RetryAfter != 0 {
+						t.Fatalf("%s, cost %d on both, held %v: request %d %+v, want refused with RetryAfter 0", r.Algorithm.Name(), c, held, i, d)
+					}
+				}
+				if pk, ok := h.Store.(core.Peeker); ok {
+					var pout [2]core.Decision
+					if err := pk.Peek(context.Background(), T0, reqs, pout[:]); !errors.Is(err, core.ErrCostExceedsCapacity) || pout[1].Allowed || pout[1].RetryAfter != 0 {
+						t.Fatalf("%s, cost %d on both, held %v: Peek %+v %v", r.Algorithm.Name(), c, held, pout, err)
+					}
+				}
+			}
+			// Only the two single units above were charged.
+			d, err := h.TakeBatch([]core.Request{{Policy: p, Key: ka, Cost: 2}, {Policy: q, Key: kb, Cost: 2}}, 0)
+			if err != nil || !d[0].Allowed || !d[1].Allowed || d[0].Remaining != 0 || d[1].Remaining != 0 {
+				t.Fatalf("%s, cost %d: the refused batches charged something: %+v %v", r.Algorithm.Name(), c, d, err)
+			}
+		}
+	}
 }
 
 func testConcurrency(t *testing.T, newStore func(*testing.T) core.Store) {

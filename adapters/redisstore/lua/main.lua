@@ -89,14 +89,15 @@ if mode == 'R' then
   return reply()
 end
 
--- Decide every request without writing.
+-- Decide every request without writing; every request over its capacity
+-- (ARGV[3] names the first) at cost 0, refused with no retry time.
 local all = true
 for i = 1, n do
   local r = reqs[i]
-  local cost = r.cost
-  if i == over then cost = 0 end
+  local cost, big = r.cost, r.cost > r.P.cap
+  if big then cost = 0 end
   local d = r.alg.decide(r.st, r.P, cost, now)
-  if i == over then
+  if big then
     d.allowed = false
     d.retry = 0
   end
