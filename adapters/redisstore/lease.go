@@ -40,8 +40,9 @@ type LeaseConfig struct {
 
 	// MaxAge is how long a lease may be spent after it was granted. Units
 	// left when it ends are returned to a backend that can refund
-	// (core.Refunder, as the Redis and memory stores do) and otherwise lost
-	// (see the LeaseStore documentation). The default value is
+	// (core.Refunder, as the Redis and memory stores do) when the refund
+	// is sure to give back those units, and otherwise lost (see the
+	// LeaseStore documentation). The default value is
 	// DefaultLeaseMaxAge, one second.
 	MaxAge time.Duration
 
@@ -76,7 +77,7 @@ type LeaseStats struct {
 	// they charged to the backend.
 	Leases, LeasedUnits uint64
 	// ExpiredUnits is the number of leased units that were never spent: the
-	// leftovers of leases that ended (MaxAge), of keys forgotten by the
+	// leftovers of leases that ended (MaxAge) not returned, of keys forgotten by the
 	// LRU, of leases replaced under another policy, and units too few for
 	// the request that ended a lease.
 	ExpiredUnits uint64
@@ -136,12 +137,22 @@ type LeaseStats struct {
 //
 // When a lease ends (MaxAge) with units left and the backend implements
 // core.Refunder (the Redis and memory stores do), the next decision of the
-// key returns them with one Refund before it goes on: a unit of a
-// window-based quota whose window has passed meanwhile is not returned,
-// since it no longer counts. Stats reports them as ReturnedUnits. Units
-// that cannot be returned (a backend without Refund, a failed refund, a
-// key the LRU forgets, a lease replaced under another policy) are lost to
-// the quota, as though they were admitted: with N processes, about
+// key returns them with one Refund before it goes on, when that refund is
+// sure to give back the lease's own units. A refund cannot say which
+// charge it stands for: it gives back the most recent units in use, or
+// those of the current window (see core.Refunder). So units are returned
+// only under a TokenBucket, LeakyBucket or FixedWindow policy, and only
+// while the backend's quota still holds them, with a margin of MaxAge for
+// the refund's own way to the backend: until MaxAge before the backend's
+// ResetAfter of the grant (when the bucket would be whole again, or the
+// fixed window ends), measured from the grant. A later refund could give
+// back units the quota had already recovered, taking them from charges
+// made since, by this process or another, and admit more than the quota.
+// Stats reports returned units as ReturnedUnits. Units that are not
+// returned (those, the units of other algorithms, a backend without
+// Refund, a failed refund, a key the LRU forgets, a lease replaced under
+// another policy) are lost to the quota, as though they were admitted
+// (most of them would have recovered by then anyway): with N processes, about
 // N x Size units per key per MaxAge can then be refused early. Precisely:
 // a process holds at most one lease per key and takes a new one only when
 // the last is spent or has ended, and a lease that ends with units left
@@ -314,7 +325,7 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 			s.local.Add(1)
 			return nil
 		}
-		s.giveBack(ctx, now, e, r.Key, e.left.Swap(0))
+		s.giveBack(ctx, now, t, e, r.Key, e.left.Swap(0))
 	}
 	if !hot || (t < e.exactUntil && t >= e.granted-s.maxAge) {
 		<-e.sem
@@ -325,13 +336,14 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 	return err
 }
 
-// giveBack returns n units of e's ended lease to the backend when it can
-// refund, and counts them as expired otherwise. It requires e.sem held.
-func (s *LeaseStore) giveBack(ctx context.Context, now time.Time, e *leaseEntry, key string, n int64) {
+// giveBack returns n units of e's lease to the backend when a refund at t
+// is sure to give back those units (see returnable), and counts them as
+// expired otherwise. It requires e.sem held.
+func (s *LeaseStore) giveBack(ctx context.Context, now time.Time, t int64, e *leaseEntry, key string, n int64) {
 	if n <= 0 {
 		return
 	}
-	if rf, ok := s.backend.(core.Refunder); ok {
+	if rf, ok := s.backend.(core.Refunder); ok && s.returnable(e, t) {
 		s.calls.Add(1)
 		if rf.Refund(ctx, now, []core.Request{{Policy: e.policy, Key: key, Cost: n}}) == nil {
 			s.returned.Add(uint64(n))
@@ -339,6 +351,22 @@ func (s *LeaseStore) giveBack(ctx context.Context, now time.Time, e *leaseEntry,
 		}
 	}
 	s.expired.Add(uint64(n))
+}
+
+// returnable reports whether a refund of e's leftover units at t gives
+// back the lease's own units: under a policy whose refund gives back the
+// units of the charge still in use (a bucket's latest, a fixed window's
+// current window), while the backend still holds the lease's charge, by
+// its ResetAfter at the grant, for MaxAge more. A time before the grant (a
+// caller that read its clock before waiting for the key) counts as the
+// grant's; one more than MaxAge before it (a clock stepped back) tells
+// nothing, and returns nothing. It requires e.sem held.
+func (s *LeaseStore) returnable(e *leaseEntry, t int64) bool {
+	switch e.policy.Algorithm() {
+	case core.TokenBucket, core.LeakyBucket, core.FixedWindow:
+		return t >= e.granted-s.maxAge && max(t, e.granted) <= e.resetAt-s.maxAge
+	}
+	return false
 }
 
 // exact decides the batch with the backend.

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -46,5 +47,111 @@ func TestLeaseReturnsLeftovers(t *testing.T) {
 	// a peek reports Remaining after its own cost of 1.
 	if out[0].Remaining != 6 {
 		t.Fatalf("backend remaining %d, want 6 (without the return the peek would be refused)", out[0].Remaining)
+	}
+}
+
+// TestLeaseReturnsOnlyWhatTheQuotaHolds: a lease's leftover units go back
+// only while the backend still holds the lease's charge, with MaxAge to
+// spare: under a fixed window, early in the window of the grant, not near
+// its end; under other algorithms than the buckets and the fixed window,
+// never (their refunds give back the most recent units, not the lease's).
+func TestLeaseReturnsOnlyWhatTheQuotaHolds(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0) // a multiple of a minute: a fixed window starts
+	cases := []struct {
+		alg                core.Algorithm
+		at                 time.Duration // the grant, from t0
+		returned, expired  uint64
+		remainingAfterPeek int64
+	}{
+		// 20 - 10 (lease) + 7 (returned) - 10 (next lease) = 7, 6 after the peek's unit.
+		{core.FixedWindow, 0, 7, 0, 6},
+		// The lease ends 1 s after the grant, at 59.5 s: within MaxAge of
+		// the window's end, so its 7 units are not returned (the window's
+		// count keeps them until it ends): 20 - 10 - 10 = 0, and the peek
+		// is refused.
+		{core.FixedWindow, 58500 * time.Millisecond, 0, 7, -1},
+		{core.SlidingWindowCounter, 0, 0, 7, -1},
+		{core.SlidingWindowLog, 0, 0, 7, -1},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%s/%v", tc.alg.Name(), tc.at), func(t *testing.T) {
+			backend := core.MustMemoryStore(nil)
+			ls := mustLease(t, backend, LeaseConfig{Size: 10, MaxAge: time.Second, HotThreshold: 1})
+			p := mustPolicy(t, core.Rule{Name: "api", Algorithm: tc.alg, Limit: 20, Window: time.Minute})
+			grant := t0.Add(tc.at)
+			for i := range 3 {
+				if d := take(t, ls, grant.Add(time.Duration(i)*time.Millisecond), p, "k", 1); !d.Allowed {
+					t.Fatalf("request %d refused", i)
+				}
+			}
+			after := grant.Add(time.Second + time.Millisecond) // the lease has ended
+			take(t, ls, after, p, "k", 1)
+			if st := ls.Stats(); st.ReturnedUnits != tc.returned || st.ExpiredUnits != tc.expired {
+				t.Fatalf("stats %+v, want %d units returned and %d lost", st, tc.returned, tc.expired)
+			}
+			var out [1]core.Decision
+			if err := backend.Peek(context.Background(), after, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:]); err != nil {
+				t.Fatal(err)
+			}
+			if tc.remainingAfterPeek < 0 {
+				if out[0].Allowed {
+					t.Fatalf("backend peek %+v, want refused", out[0])
+				}
+			} else if !out[0].Allowed || out[0].Remaining != tc.remainingAfterPeek {
+				t.Fatalf("backend peek %+v, want %d remaining", out[0], tc.remainingAfterPeek)
+			}
+		})
+	}
+}
+
+// TestLeaseLeftoversNeverCreditLaterCharges: two processes share a Redis
+// quota, one leasing; the leaser's lease ends with units left, and the
+// quota recovers and is spent again by the other process before the
+// leaser's next decision. Returning the leftovers then would take them
+// from the other process's charges and admit more than the quota.
+func TestLeaseLeftoversNeverCreditLaterCharges(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	cases := []struct {
+		alg       core.Algorithm
+		lease     time.Duration // the leaser's first decision, from t0
+		other, at time.Duration // the other process's burst, the leaser's next decisions
+		want      int           // at most admitted in the burst and after it
+	}{
+		// Window [2 s, 3 s) holds 10: the other process takes them all.
+		{core.FixedWindow, 900 * time.Millisecond, 2100 * time.Millisecond, 2500 * time.Millisecond, 10},
+		// 10 per second: the bucket is whole again long before 4.9 s; the
+		// other process empties it, and 0.1 s refills one.
+		{core.TokenBucket, 0, 4900 * time.Millisecond, 5000 * time.Millisecond, 11},
+	}
+	for _, tc := range cases {
+		t.Run(tc.alg.Name(), func(t *testing.T) {
+			p := mustPolicy(t, core.Rule{Name: "q", Algorithm: tc.alg, Limit: 10, Window: time.Second})
+			procs := processes(t, 2)
+			x := mustLease(t, procs[0].Store, LeaseConfig{Size: 5, MaxAge: time.Second, HotThreshold: 1})
+			z := procs[1]
+			if d := take(t, x, t0.Add(tc.lease), p, "k", 1); !d.Allowed {
+				t.Fatalf("leaser's first decision refused: %+v", d)
+			}
+			admitted := 0
+			for range 20 {
+				if take(t, z, t0.Add(tc.other), p, "k", 1).Allowed {
+					admitted++
+				}
+			}
+			if admitted != 10 {
+				t.Fatalf("the other process admitted %d of a whole quota of 10", admitted)
+			}
+			for range 20 {
+				if take(t, x, t0.Add(tc.at), p, "k", 1).Allowed {
+					admitted++
+				}
+				if take(t, z, t0.Add(tc.at), p, "k", 1).Allowed {
+					admitted++
+				}
+			}
+			if st := x.Stats(); admitted > tc.want || st.ReturnedUnits != 0 || st.ExpiredUnits != 4 {
+				t.Fatalf("admitted %d (at most %d), leaser's stats %+v (want 4 units lost, none returned)", admitted, tc.want, st)
+			}
+		})
 	}
 }
