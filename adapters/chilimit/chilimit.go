@@ -60,6 +60,7 @@ package chilimit
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 
@@ -96,8 +97,13 @@ func Middleware(l *ratelimit.Limiter, opts ...Option) func(http.Handler) http.Ha
 		}
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			dr := r
-			if route, ok := RouteOf(r); ok {
+			if route, ok, inChi := routeOf(r); ok {
 				dr = r.WithContext(ratelimit.WithRoute(r.Context(), route))
+			} else if inChi && r.Pattern != "" {
+				// chi's pattern so far (a mount's "/api/*") is not the
+				// route: a route layer must find none, and fail loudly.
+				dr = r.WithContext(r.Context())
+				dr.Pattern = ""
 			}
 			if l.RefundsByStatus() {
 				// WithRefund needs the status next writes: serve
@@ -151,10 +157,25 @@ func WithResult() Option { return func(o *options) { o.result = true } }
 // one registered for every method (r.Handle, r.HandleFunc), "" for a request
 // no route matches. ok is false outside a chi router (no routing context).
 // It may be called before chi has routed r, in a top-level r.Use.
+//
+// Before routing, the path is the one chi will route: the routing context's
+// RoutePath when a middleware rewrote it (middleware.CleanPath,
+// StripSlashes, URLFormat), the URL's otherwise. Inside a mounted
+// sub-router, where the routing context holds only the rest of the path,
+// RouteOf reads the URL; if a middleware of the sub-router rewrote the rest
+// and the URL then matches no route, RouteOf cannot tell the route, and
+// says so (ok false: a route layer fails loudly rather than skip the
+// request).
 func RouteOf(r *http.Request) (route string, ok bool) {
+	route, ok, _ = routeOf(r)
+	return route, ok
+}
+
+// routeOf is RouteOf, also reporting whether r is in a chi router.
+func routeOf(r *http.Request) (route string, ok, inChi bool) {
 	rctx := chi.RouteContext(r.Context())
 	if rctx == nil || rctx.Routes == nil {
-		return "", false
+		return "", false, false
 	}
 	path := r.URL.RawPath
 	if path == "" {
@@ -163,6 +184,16 @@ func RouteOf(r *http.Request) (route string, ok bool) {
 	if path == "" {
 		path = "/"
 	}
+	rewritten := false
+	if rp := rctx.RoutePath; rp != "" {
+		if len(rctx.RoutePatterns) == 0 {
+			path = rp // not routed yet: chi's root routes this path
+		} else {
+			// A mount's rest of the path is the URL's tail, unless a
+			// middleware rewrote it.
+			rewritten = !strings.HasSuffix(path, rp)
+		}
+	}
 	method := rctx.RouteMethod // set by middleware such as GetHead
 	if method == "" {
 		method = r.Method
@@ -170,7 +201,7 @@ func RouteOf(r *http.Request) (route string, ok bool) {
 	fc := chi.NewRouteContext()
 	pattern := rctx.Routes.Find(fc, method, path)
 	if pattern == "" {
-		return "", true
+		return "", !rewritten, true
 	}
 	// A route registered for every method matches any other method too:
 	// then the method is not part of the route.
@@ -180,9 +211,9 @@ func RouteOf(r *http.Request) (route string, ok bool) {
 	}
 	fc.Reset()
 	if rctx.Routes.Find(fc, probe, path) == pattern {
-		return pattern, true
+		return pattern, true, true
 	}
-	return method + " " + pattern, true
+	return method + " " + pattern, true, true
 }
 
 // New builds a Limiter from layers and opts with [ratelimit.New] and returns

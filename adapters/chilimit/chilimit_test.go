@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/limitry/ratelimit"
 	"github.com/limitry/ratelimit/adapters/chilimit"
@@ -236,6 +237,58 @@ func TestRouteMethodCannotDodge(t *testing.T) {
 	}
 	if len(seen) != 2 || !seen["route=6:/login9:192.0.2.1"] || !seen["route=6:GET /x9:192.0.2.1"] {
 		t.Errorf("route keys %v", seen)
+	}
+}
+
+// TestRouteAfterPathRewrite checks that a route layer applies to the
+// route chi serves after a top-level middleware rewrote the path
+// (CleanPath, StripSlashes): "//login" and "/login/" are "POST /login",
+// not unrouted requests the layer skips.
+func TestRouteAfterPathRewrite(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mw   func(http.Handler) http.Handler
+		path string
+	}{
+		{"StripSlashes", middleware.StripSlashes, "/login/"},
+		{"CleanPath", middleware.CleanPath, "//login"},
+		{"CleanPath dot-dot", middleware.CleanPath, "/x/../login"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
+				Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+				Rule:   core.Rule{Name: "login", Limit: 2, Window: time.Minute},
+				Routes: []string{"POST /login"},
+			}})
+			r := chi.NewRouter()
+			r.Use(tc.mw, chilimit.Middleware(l))
+			r.Post("/login", ok)
+			var codes []int
+			for range 4 {
+				codes = append(codes, do(r, "POST", tc.path, peer).Code)
+			}
+			if want := []int{200, 200, 429, 429}; !slices.Equal(codes, want) {
+				t.Fatalf("POST %s: %v, want %v", tc.path, codes, want)
+			}
+		})
+	}
+	// In a mounted sub-router, a rewrite of the rest of the path that
+	// leaves the URL matching nothing is a route RouteOf cannot tell: a
+	// route layer answers 500 rather than skip the request; a true 404
+	// there stays a 404.
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
+		Key: ratelimit.Route(), Rule: core.Rule{Name: "route", Limit: 2, Window: time.Minute},
+	}}, ratelimit.WithLogger(nil))
+	r := chi.NewRouter()
+	r.Route("/api", func(r chi.Router) {
+		r.Use(middleware.StripSlashes, chilimit.Middleware(l))
+		r.Post("/login", ok)
+	})
+	if w := do(r, "POST", "/api/login/", peer); w.Code != http.StatusInternalServerError {
+		t.Errorf("POST /api/login/ through a sub-router's StripSlashes: %d, want 500", w.Code)
+	}
+	if w := do(r, "POST", "/api/nope", peer); w.Code != http.StatusNotFound {
+		t.Errorf("POST /api/nope: %d, want 404", w.Code)
 	}
 }
 
