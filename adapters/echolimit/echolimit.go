@@ -175,7 +175,8 @@ func admit(l *ratelimit.Limiter, result bool, w http.ResponseWriter, kc *keyCont
 // [ratelimit.Route] keys it: "GET /users/:id" for a route registered for
 // its method, "/login" for one registered for every method (e.Any), "" for
 // a request no route matches (404, 405). Before routing (in e.Pre
-// middleware) it looks the route up in echo's router.
+// middleware) it looks the route up in the router echo will use: the
+// request's host's (e.Host), or the default one.
 func RouteOf(c echo.Context) string {
 	e := c.Echo()
 	r := c.Request()
@@ -184,7 +185,7 @@ func RouteOf(c echo.Context) string {
 		fc := e.AcquireContext()
 		defer e.ReleaseContext(fc)
 		fc.Reset(r, nil)
-		e.Router().Find(r.Method, echo.GetPath(r), fc)
+		router(e, r.Host).Find(r.Method, echo.GetPath(r), fc)
 		path, h, allow = fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)
 	}
 	if !matched(path, h, allow) {
@@ -200,11 +201,20 @@ func RouteOf(c echo.Context) string {
 	fc := e.AcquireContext()
 	defer e.ReleaseContext(fc)
 	fc.Reset(r, nil)
-	e.Router().Find(probe, echo.GetPath(r), fc)
+	router(e, r.Host).Find(probe, echo.GetPath(r), fc)
 	if fc.Path() == path && matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) {
 		return path
 	}
 	return r.Method + " " + path
+}
+
+// router returns the router echo routes a request for host with: the
+// host's own (e.Host) when there is one, the default router otherwise.
+func router(e *echo.Echo, host string) *echo.Router {
+	if rt, ok := e.Routers()[host]; ok {
+		return rt
+	}
+	return e.Router()
 }
 
 // matched reports whether the router found a route: a path, a handler other

@@ -3,6 +3,7 @@ package echolimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -344,6 +345,51 @@ func TestRouteMethodCannotDodge(t *testing.T) {
 	}
 	if len(seen) != 2 || !seen["route=6:/login9:192.0.2.1"] || !seen["route=6:GET /x9:192.0.2.1"] {
 		t.Errorf("route keys %v", seen)
+	}
+}
+
+// TestRouteKeyHostRouter checks that routes registered on a host's own
+// router (e.Host) are found for that host's requests, in e.Pre and e.Use:
+// a login-only layer applies, and a route registered with Any is keyed
+// without its method.
+func TestRouteKeyHostRouter(t *testing.T) {
+	for _, pre := range []bool{false, true} {
+		for _, anyMethod := range []bool{false, true} {
+			t.Run(fmt.Sprintf("pre=%v/any=%v", pre, anyMethod), func(t *testing.T) {
+				route := "POST /login"
+				if anyMethod {
+					route = "/login"
+				}
+				l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
+					Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+					Rule:   core.Rule{Name: "login", Limit: 2, Window: time.Minute},
+					Routes: []string{route},
+				}})
+				e := echo.New()
+				if pre {
+					e.Pre(echolimit.Middleware(l))
+				} else {
+					e.Use(echolimit.Middleware(l))
+				}
+				api := e.Host("api.example.com")
+				if anyMethod {
+					api.Any("/login", ok)
+				} else {
+					api.POST("/login", ok)
+				}
+				var codes []int
+				for _, m := range []string{"POST", "POST", "POST"} {
+					r := httptest.NewRequest(m, "http://api.example.com/login", nil)
+					r.RemoteAddr = peer
+					w := httptest.NewRecorder()
+					e.ServeHTTP(w, r)
+					codes = append(codes, w.Code)
+				}
+				if want := []int{200, 200, 429}; !slices.Equal(codes, want) {
+					t.Fatalf("POST api.example.com/login: %v, want %v", codes, want)
+				}
+			})
+		}
 	}
 }
 
