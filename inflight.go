@@ -228,12 +228,10 @@ func (l *Limiter) acquireWith(ctx context.Context, res *Result, buf []LayerResul
 		slot[i].Decision, slot[i].Refused = d, !s.Allowed
 	}
 	if l.cfg.observer != nil {
-		lat := l.clock.Now().Sub(start)
-		for i := 0; i < k; i++ {
-			l.cfg.observer.ObserveDecision(core.DecisionEvent{Key: slot[i].Key, Decision: slot[i].Decision, Admitted: release != nil, DryRun: l.cfg.dryRun, Latency: lat})
-		}
+		res.slotLatency = l.clock.Now().Sub(start)
 	}
 	if release == nil {
+		l.observeSlots(res, slot[:k], false)
 		copy(buf, slot[:k])
 		res.kind, res.Proceed = outcomeRefused, l.cfg.dryRun
 		return k, true
@@ -247,17 +245,41 @@ func (l *Limiter) acquireWith(ctx context.Context, res *Result, buf []LayerResul
 }
 
 // settle ends a decision that took in-flight slots: it puts the applied
-// layers back in layer order and gives the slots back unless the request
-// proceeds.
+// layers back in layer order, reports the slot layers' decisions, and gives
+// the slots back unless the request proceeds.
 func (l *Limiter) settle(res *Result, buf []LayerResult) {
 	for i := 1; i < len(buf); i++ {
 		for j := i; j > 0 && buf[j].index < buf[j-1].index; j-- {
 			buf[j], buf[j-1] = buf[j-1], buf[j]
 		}
 	}
+	if l.cfg.observer != nil {
+		// Admitted as the rate layers' events say it (a dry-run refusal
+		// is not), and also when a failed rate store served the request
+		// fail-open: its slots stay held.
+		admitted := res.Proceed && res.kind != outcomeRefused && res.kind != outcomeTooCostly
+		for i := range buf {
+			if l.layers[buf[i].index].inFlight > 0 {
+				l.observeSlots(res, buf[i:i+1], admitted)
+			}
+		}
+	}
 	if !res.Proceed && res.held != nil {
 		res.held()
 		res.held = nil
+	}
+}
+
+// observeSlots reports the decisions of the slot layers ls to the Observer,
+// if any. Slots taken are reported once the rate layers have decided (see
+// settle), so that a request another layer refused is not counted as
+// admitted by its concurrency layers.
+func (l *Limiter) observeSlots(res *Result, ls []LayerResult, admitted bool) {
+	if l.cfg.observer == nil {
+		return
+	}
+	for i := range ls {
+		l.cfg.observer.ObserveDecision(core.DecisionEvent{Key: ls[i].Key, Decision: ls[i].Decision, Admitted: admitted, DryRun: l.cfg.dryRun, Latency: res.slotLatency})
 	}
 }
 

@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -523,6 +525,40 @@ func TestInFlightObserved(t *testing.T) {
 	failing.AdmitFunc(httptest.NewRecorder(), getFrom("192.0.2.1"))
 	if obs.errs != 1 {
 		t.Fatalf("observed %d errors, want 1", obs.errs)
+	}
+}
+
+// TestInFlightObservedAfterRateLayers checks that a concurrency layer's
+// decision is reported as admitted only when the rate layers admitted the
+// request too: a request a rate layer refuses gives its slot back, and its
+// concurrency layer's event says not admitted (promlimit's not_charged).
+func TestInFlightObservedAfterRateLayers(t *testing.T) {
+	for _, dry := range []bool{false, true} {
+		obs := &mwObserver{}
+		opts := []ratelimit.Option{ratelimit.WithObserver(obs)}
+		if dry {
+			opts = append(opts, ratelimit.WithDryRun())
+		}
+		l := mwLimiter(t, []ratelimit.Layer{
+			{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1).Named("rate")},
+			inFlightLayer(5),
+		}, opts...)
+		for range 3 {
+			_, done := l.AdmitFunc(httptest.NewRecorder(), getFrom("192.0.2.1"))
+			done()
+		}
+		var got []string
+		for _, ev := range obs.decisions {
+			got = append(got, fmt.Sprintf("%s:%v:%v", ev.Decision.Policy.Name(), ev.Decision.Allowed, ev.Admitted))
+		}
+		want := []string{
+			"rate:true:true", "in-flight:true:true",
+			"rate:false:false", "in-flight:true:false",
+			"rate:false:false", "in-flight:true:false",
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("dry-run %v: events %v, want %v", dry, got, want)
+		}
 	}
 }
 

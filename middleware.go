@@ -172,6 +172,9 @@ type Result struct {
 	// slotsFailed reports that the slot store failed and, under fail-open,
 	// the request was decided by its rate layers alone.
 	slotsFailed bool
+	// slotLatency is the time the slot store took, for the slot layers'
+	// decision events, reported once the rate layers have decided.
+	slotLatency time.Duration
 	rs          *ruleSet // the rules the request was decided under
 	refunded    bool     // Limiter.Refund gave the charge back
 }

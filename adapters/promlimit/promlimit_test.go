@@ -288,6 +288,33 @@ ratelimit_decisions_total{outcome="not_charged",rule="per-ip"} 0
 	}
 }
 
+// TestInFlightLayerNotCharged: a concurrency layer's slot given back
+// because a rate layer refused the request counts as not_charged, not
+// allowed: allowed is exactly the number of slots that stayed taken.
+func TestInFlightLayerNotCharged(t *testing.T) {
+	m, reg := newMetrics(t)
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 1, Window: time.Minute}},
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "conc"}, InFlight: 5},
+	}, ratelimit.WithClock(core.NewFakeClock(t0)), ratelimit.WithObserver(m)))
+	h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for range 3 {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	compare(t, reg, decisionsHelp+`
+ratelimit_decisions_total{outcome="allowed",rule="conc"} 1
+ratelimit_decisions_total{outcome="allowed",rule="rate"} 1
+ratelimit_decisions_total{outcome="denied",rule="conc"} 0
+ratelimit_decisions_total{outcome="denied",rule="rate"} 2
+ratelimit_decisions_total{outcome="dry_run_denied",rule="conc"} 0
+ratelimit_decisions_total{outcome="dry_run_denied",rule="rate"} 0
+ratelimit_decisions_total{outcome="not_charged",rule="conc"} 2
+ratelimit_decisions_total{outcome="not_charged",rule="rate"} 0
+`, "ratelimit_decisions_total")
+}
+
 func TestRegistration(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	if _, err := promlimit.New(reg); err != nil {
