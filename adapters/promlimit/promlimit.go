@@ -49,8 +49,12 @@
 // microsecond to a few microseconds, a Redis round trip about a millisecond.
 // A Limiter on a fake clock reports 0.
 //
-// ratelimit_errors_total counts store failures (the Store returned an error
-// other than a refusal), once under each rule of the failed batch. Key errors
+// ratelimit_errors_total counts the errors a Store returned, once under each
+// rule of the batch: store failures, and core.ErrStoreFull from a full
+// MemoryStore with KeepActive (its requests are answered 429, but no rule
+// refused them, so they are not "denied": a growing count means the store
+// is too small for its busy keys, or under a flood of new ones). A cost
+// above a rule's capacity is a refusal ("denied"), not an error. Key errors
 // and Resolver errors of the HTTP middleware never reach the store and are
 // not counted; see ratelimit.WithErrorHandler. ratelimit_evictions_total
 // counts keys a MemoryStore evicted while they still held state, under the
@@ -182,7 +186,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		}, []string{"rule"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "errors_total",
-			Help: "Store failures, once per rule of the failed batch.",
+			Help: "Errors a store returned (failures, and a full KeepActive store), once per rule of the batch.",
 		}, []string{"rule"}),
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "evictions_total",

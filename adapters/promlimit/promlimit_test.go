@@ -201,7 +201,7 @@ func TestErrors(t *testing.T) {
 		t.Fatal("no error from a failing store")
 	}
 	compare(t, reg, `
-# HELP ratelimit_errors_total Store failures, once per rule of the failed batch.
+# HELP ratelimit_errors_total Errors a store returned (failures, and a full KeepActive store), once per rule of the batch.
 # TYPE ratelimit_errors_total counter
 ratelimit_errors_total{rule="login"} 2
 ratelimit_errors_total{rule="per-ip"} 3
@@ -209,6 +209,34 @@ ratelimit_errors_total{rule="per-ip"} 3
 	if n := testutil.CollectAndCount(m, "ratelimit_decisions_total"); n != 0 {
 		t.Errorf("%d decision series after failures only, want 0", n)
 	}
+}
+
+// TestStoreFullIsAnError: a full KeepActive MemoryStore refuses a new key
+// with core.ErrStoreFull; no rule refused it, so it counts in errors_total,
+// not as denied.
+func TestStoreFullIsAnError(t *testing.T) {
+	m, reg := newMetrics(t)
+	p := core.MustPolicy(core.Rule{Name: "per-ip", Limit: 10, Window: time.Minute})
+	store := core.MustMemoryStore(&core.MemoryConfig{Capacity: 1, Shards: 1, KeepActive: true})
+	l := core.Must(core.NewWithPolicy(nil, core.WithStore(store), core.WithClock(core.NewFakeClock(t0)), core.WithObserver(m)))
+	if !take(t, l, core.Request{Policy: p, Key: "a", Cost: 1}) {
+		t.Fatal("first key refused")
+	}
+	out := make([]core.Decision, 1)
+	if _, err := l.Take(context.Background(), []core.Request{{Policy: p, Key: "b", Cost: 1}}, out); !errors.Is(err, core.ErrStoreFull) {
+		t.Fatalf("second key in a full store: %v, want ErrStoreFull", err)
+	}
+	compare(t, reg, `
+# HELP ratelimit_errors_total Errors a store returned (failures, and a full KeepActive store), once per rule of the batch.
+# TYPE ratelimit_errors_total counter
+ratelimit_errors_total{rule="per-ip"} 1
+`, "ratelimit_errors_total")
+	compare(t, reg, decisionsHelp+`
+ratelimit_decisions_total{outcome="allowed",rule="per-ip"} 1
+ratelimit_decisions_total{outcome="denied",rule="per-ip"} 0
+ratelimit_decisions_total{outcome="dry_run_denied",rule="per-ip"} 0
+ratelimit_decisions_total{outcome="not_charged",rule="per-ip"} 0
+`, "ratelimit_decisions_total")
 }
 
 func TestEvictionsAndMemoryStore(t *testing.T) {
