@@ -54,6 +54,16 @@ const decisionsHelp = `# HELP ratelimit_decisions_total Rate-limit decisions, on
 # TYPE ratelimit_decisions_total counter
 `
 
+// decisions is the expected ratelimit_decisions_total series of rule, one
+// per outcome.
+func decisions(rule string, allowed, denied, dryRunDenied, notCharged int) string {
+	return fmt.Sprintf(`ratelimit_decisions_total{outcome="allowed",rule=%[1]q} %[2]d
+ratelimit_decisions_total{outcome="denied",rule=%[1]q} %[3]d
+ratelimit_decisions_total{outcome="dry_run_denied",rule=%[1]q} %[4]d
+ratelimit_decisions_total{outcome="not_charged",rule=%[1]q} %[5]d
+`, rule, allowed, denied, dryRunDenied, notCharged)
+}
+
 // Every outcome, counted exactly: enforced and dry-run, single requests and
 // layered batches where one rule allows and another refuses.
 func TestDecisionOutcomes(t *testing.T) {
@@ -90,20 +100,9 @@ func TestDecisionOutcomes(t *testing.T) {
 	take(t, dry, core.Request{Policy: shadow, Key: "a", Cost: 1})                                                 // dry_run_denied
 	take(t, dry, core.Request{Policy: shadow, Key: "a", Cost: 1}, core.Request{Policy: login, Key: "z", Cost: 1}) // login not_charged
 
-	compare(t, reg, decisionsHelp+`
-ratelimit_decisions_total{outcome="allowed",rule="login"} 1
-ratelimit_decisions_total{outcome="denied",rule="login"} 1
-ratelimit_decisions_total{outcome="dry_run_denied",rule="login"} 0
-ratelimit_decisions_total{outcome="not_charged",rule="login"} 1
-ratelimit_decisions_total{outcome="allowed",rule="per-ip"} 2
-ratelimit_decisions_total{outcome="denied",rule="per-ip"} 2
-ratelimit_decisions_total{outcome="dry_run_denied",rule="per-ip"} 0
-ratelimit_decisions_total{outcome="not_charged",rule="per-ip"} 1
-ratelimit_decisions_total{outcome="allowed",rule="shadow"} 1
-ratelimit_decisions_total{outcome="denied",rule="shadow"} 0
-ratelimit_decisions_total{outcome="dry_run_denied",rule="shadow"} 2
-ratelimit_decisions_total{outcome="not_charged",rule="shadow"} 0
-`, "ratelimit_decisions_total")
+	compare(t, reg, decisionsHelp+decisions("login", 1, 1, 0, 1)+
+		decisions("per-ip", 2, 2, 0, 1)+
+		decisions("shadow", 1, 0, 2, 0), "ratelimit_decisions_total")
 }
 
 // stepClock advances by step on every reading, so that the time a Limiter
@@ -231,12 +230,7 @@ func TestStoreFullIsAnError(t *testing.T) {
 # TYPE ratelimit_errors_total counter
 ratelimit_errors_total{rule="per-ip"} 1
 `, "ratelimit_errors_total")
-	compare(t, reg, decisionsHelp+`
-ratelimit_decisions_total{outcome="allowed",rule="per-ip"} 1
-ratelimit_decisions_total{outcome="denied",rule="per-ip"} 0
-ratelimit_decisions_total{outcome="dry_run_denied",rule="per-ip"} 0
-ratelimit_decisions_total{outcome="not_charged",rule="per-ip"} 0
-`, "ratelimit_decisions_total")
+	compare(t, reg, decisionsHelp+decisions("per-ip", 1, 0, 0, 0), "ratelimit_decisions_total")
 }
 
 func TestEvictionsAndMemoryStore(t *testing.T) {
@@ -291,12 +285,7 @@ func TestThroughMiddlewareNoKeyLabels(t *testing.T) {
 	if codes[200] != 5 || codes[429] != 1 {
 		t.Fatalf("statuses %v", codes)
 	}
-	compare(t, reg, decisionsHelp+`
-ratelimit_decisions_total{outcome="allowed",rule="per-ip"} 5
-ratelimit_decisions_total{outcome="denied",rule="per-ip"} 1
-ratelimit_decisions_total{outcome="dry_run_denied",rule="per-ip"} 0
-ratelimit_decisions_total{outcome="not_charged",rule="per-ip"} 0
-`, "ratelimit_decisions_total")
+	compare(t, reg, decisionsHelp+decisions("per-ip", 5, 1, 0, 0), "ratelimit_decisions_total")
 
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -331,16 +320,7 @@ func TestInFlightLayerNotCharged(t *testing.T) {
 		r.RemoteAddr = "192.0.2.1:1"
 		h.ServeHTTP(httptest.NewRecorder(), r)
 	}
-	compare(t, reg, decisionsHelp+`
-ratelimit_decisions_total{outcome="allowed",rule="conc"} 1
-ratelimit_decisions_total{outcome="allowed",rule="rate"} 1
-ratelimit_decisions_total{outcome="denied",rule="conc"} 0
-ratelimit_decisions_total{outcome="denied",rule="rate"} 2
-ratelimit_decisions_total{outcome="dry_run_denied",rule="conc"} 0
-ratelimit_decisions_total{outcome="dry_run_denied",rule="rate"} 0
-ratelimit_decisions_total{outcome="not_charged",rule="conc"} 2
-ratelimit_decisions_total{outcome="not_charged",rule="rate"} 0
-`, "ratelimit_decisions_total")
+	compare(t, reg, decisionsHelp+decisions("conc", 1, 0, 0, 2)+decisions("rate", 1, 2, 0, 0), "ratelimit_decisions_total")
 }
 
 func TestRegistration(t *testing.T) {
@@ -409,12 +389,7 @@ func TestConcurrentObserve(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	compare(t, reg, decisionsHelp+`
-ratelimit_decisions_total{outcome="allowed",rule="r"} 200
-ratelimit_decisions_total{outcome="denied",rule="r"} 200
-ratelimit_decisions_total{outcome="dry_run_denied",rule="r"} 0
-ratelimit_decisions_total{outcome="not_charged",rule="r"} 0
-`, "ratelimit_decisions_total")
+	compare(t, reg, decisionsHelp+decisions("r", 200, 200, 0, 0), "ratelimit_decisions_total")
 }
 
 func TestObserveDecisionDoesNotAllocate(t *testing.T) {
