@@ -45,9 +45,11 @@ type RefusalCacheStats struct {
 // bounded by an LRU of MaxKeys refusals.
 //
 // A refusal of cost c is reused only for requests of the same policy (the
-// same *core.Policy) and key with a cost of at least c: a larger request is
-// refused at least as long by every built-in algorithm, a smaller one may
-// be admitted sooner and goes to the backend.
+// same *core.Policy) and key with the same cost c, or, under a FixedWindow
+// policy, a cost of at least c: a fixed window refuses a larger request
+// until the window ends too, while the other built-in algorithms make it
+// wait longer than c's RetryAfter (by a time the cache cannot know), and
+// may admit a smaller one sooner. Other costs go to the backend.
 //
 // A local refusal is the backend's refused decision with RetryAfter the
 // time left until R ends (never earlier than the backend's answer), and
@@ -149,7 +151,7 @@ func (c *RefusalCache) Take(ctx context.Context, now time.Time, reqs []core.Requ
 		if t < f.at { // a clock read before the refusal: ask the backend
 			continue
 		}
-		if f.policy == r.Policy && r.Cost >= f.cost {
+		if f.policy == r.Policy && (r.Cost == f.cost || (r.Cost > f.cost && r.Policy.Algorithm() == core.FixedWindow)) {
 			hit[i], found = f, true
 		}
 	}

@@ -90,6 +90,33 @@ func TestRefusalCacheCost(t *testing.T) {
 	}
 }
 
+// TestRefusalCacheCostBucket: under a token bucket a larger request waits
+// longer than a smaller one's RetryAfter, so a cached refusal serves only
+// its own cost; a larger one goes to the backend and gets its own,
+// exact RetryAfter, after which it is admitted.
+func TestRefusalCacheCostBucket(t *testing.T) {
+	back := processes(t, 1)[0]
+	c := mustRefusalCache(t, back, nil)
+	p := mustPolicy(t, core.Rule{Name: "tb", Algorithm: core.TokenBucket, Limit: 10, Window: 10 * time.Second})
+	if d := take(t, c, leaseT0, p, "k", 10); !d.Allowed {
+		t.Fatalf("a whole bucket refused: %+v", d)
+	}
+	if d := take(t, c, leaseT0, p, "k", 2); d.Allowed || d.RetryAfter != 2*time.Second {
+		t.Fatalf("cost 2: %+v, want refused for 2s", d)
+	}
+	calls := back.n.Load()
+	if d := take(t, c, leaseT0, p, "k", 2); d.Allowed || back.n.Load() != calls {
+		t.Fatalf("cost 2 again: %+v with %d calls, want a local refusal", d, back.n.Load()-calls)
+	}
+	big := take(t, c, leaseT0, p, "k", 8)
+	if big.Allowed || big.RetryAfter != 8*time.Second || back.n.Load() != calls+1 {
+		t.Fatalf("cost 8: %+v with %d calls, want the backend's refusal for 8s", big, back.n.Load()-calls)
+	}
+	if d := take(t, c, leaseT0.Add(big.RetryAfter), p, "k", 8); !d.Allowed {
+		t.Fatalf("cost 8 after its RetryAfter: %+v", d)
+	}
+}
+
 // TestRefusalCacheBatch: a layered batch holding a cached refusal is refused
 // locally as a whole; its other requests promise nothing.
 func TestRefusalCacheBatch(t *testing.T) {
