@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -218,4 +220,90 @@ func withBurst(r core.Rule) core.Rule {
 		r.Burst = r.Limit
 	}
 	return r
+}
+
+// silentServer accepts connections and never answers. stop closes them
+// (and the listener), so that reads waiting on them end; it is also
+// called when the test ends, and may be called more than once.
+func silentServer(t *testing.T) (addr string, stop func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			ln.Close()
+			<-done
+			mu.Lock()
+			for _, c := range conns {
+				c.Close()
+			}
+			mu.Unlock()
+		})
+	}
+	t.Cleanup(stop)
+	return ln.Addr().String(), stop
+}
+
+// TestClusterSlotMapWithinTimeout: a Cluster client that has not loaded
+// its slot map, facing nodes that never answer, costs a decision the
+// store's Timeout, not the client's read timeout (for loading the map
+// before any breaker is asked), and the Fallback answers; with and without
+// ContextTimeoutEnabled.
+func TestClusterSlotMapWithinTimeout(t *testing.T) {
+	for _, cte := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
+			addr, stop := silentServer(t)
+			client := redis.NewClusterClient(&redis.ClusterOptions{
+				Addrs:                 []string{addr},
+				ContextTimeoutEnabled: cte,
+				ReadTimeout:           20 * time.Second,
+				MaxRetries:            -1,
+			})
+			t.Cleanup(func() {
+				stop() // first: the reads of abandoned lookups end
+				client.Close()
+			})
+			var rec errorRecorder
+			s := newStore(t, client, &Config{
+				Timeout:  50 * time.Millisecond,
+				Breaker:  &BreakerConfig{Failures: 1, OpenFor: time.Minute},
+				Fallback: core.MustMemoryStore(nil),
+				Observer: &rec,
+			})
+			p := mustPolicy(t, core.Rule{Name: "c", Limit: 10, Window: time.Minute})
+			for i := range 3 {
+				start := time.Now()
+				d := take(t, s, time.Now(), p, "k", 1)
+				if el := time.Since(start); el > 10*time.Second || !d.Allowed {
+					t.Fatalf("decision %d: %+v after %v, want the Fallback's admission within the 50ms Timeout (the read timeout is 20s)", i, d, el)
+				}
+			}
+			if st := s.State(); st != BreakerOpen {
+				t.Fatalf("breaker %v, want open", st)
+			}
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if len(rec.errs) == 0 {
+				t.Fatal("the failures were not reported")
+			}
+		})
+	}
 }

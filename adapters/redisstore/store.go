@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -447,27 +448,80 @@ func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs [
 // own breaker and the keys of the others keep deciding; a batch spanning
 // several masters goes through each of their breakers, and its failure
 // counts against each.
+//
+// The masters are looked up within the store's Timeout too (a client that
+// has not loaded the Cluster's slot map loads it then): a lookup that fails
+// fails the batch through the breaker of no master (""), without a second
+// wait for the decision, so an unreachable Cluster costs a decision at most
+// one Timeout, and the Fallback answers it.
 func (s *Store) takeNodes(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
-	cl := s.client.(*redis.ClusterClient)
 	var nodes [core.MaxBatch]string
-	n := 0
-	for _, k := range st.keys[:len(reqs)] {
-		node := ""
-		if c, err := cl.MasterForKey(ctx, k); err == nil {
-			node = c.Options().Addr
+	n, err := s.mastersOf(ctx, st.keys[:len(reqs)], &nodes)
+	if err != nil {
+		if ctx.Err() != nil {
+			return callerGone(ctx, err)
 		}
-		dup := false
-		for _, m := range nodes[:n] {
-			dup = dup || m == node
-		}
-		if !dup {
-			nodes[n] = node
-			n++
-		}
+		err = fmt.Errorf("redisstore: finding the masters of the batch's keys: %w", err)
+		return s.throughBreakers([]string{""}, func() error { return err })
 	}
 	return s.throughBreakers(nodes[:n], func() error {
 		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
 	})
+}
+
+// mastersOf writes the addresses of the masters holding keys, each once,
+// to nodes, and returns their number, looked up within the store's Timeout
+// (for a client without ContextTimeoutEnabled, the lookup is abandoned
+// when the Timeout passes, as a decision is; see Store.eval).
+func (s *Store) mastersOf(ctx context.Context, keys []string, nodes *[core.MaxBatch]string) (int, error) {
+	cl := s.client.(*redis.ClusterClient)
+	lookup := func(ctx context.Context, nodes *[core.MaxBatch]string) (int, error) {
+		n := 0
+		for _, k := range keys {
+			c, err := cl.MasterForKey(ctx, k)
+			if err != nil {
+				return 0, err
+			}
+			if node := c.Options().Addr; !slices.Contains(nodes[:n], node) {
+				nodes[n] = node
+				n++
+			}
+		}
+		return n, nil
+	}
+	if s.timeout <= 0 {
+		return lookup(ctx, nodes)
+	}
+	tctx, cancel := ctx, context.CancelFunc(func() {})
+	if ctx.Done() == nil {
+		tctx = s.deadlines.withTimeout(ctx, s.timeout)
+	} else {
+		tctx, cancel = context.WithTimeout(ctx, s.timeout)
+	}
+	defer cancel()
+	if s.ctxBound {
+		return lookup(tctx, nodes)
+	}
+	type result struct {
+		n     int
+		nodes [core.MaxBatch]string
+		err   error
+	}
+	ch := make(chan *result, 1)
+	s.gate.hold() // within a running Take: the gate cannot have drained
+	go func() {
+		defer s.gate.leave()
+		r := new(result)
+		r.n, r.err = lookup(tctx, &r.nodes)
+		ch <- r
+	}()
+	select {
+	case r := <-ch:
+		*nodes = r.nodes
+		return r.n, r.err
+	case <-tctx.Done():
+		return 0, fmt.Errorf("timed out after %v: %w", s.timeout, tctx.Err())
+	}
 }
 
 // throughBreakers runs f through the breakers of nodes, nested.
