@@ -12,9 +12,13 @@ import (
 //
 // Peek decides reqs at now exactly as Take would (the same decisions, the
 // same errors, and the same all-or-nothing reporting of a batch), but
-// charges nothing and writes no state: a key never seen stays unstored, and
-// a record written under another policy is read through the carry-over of
-// Store without being rewritten.
+// charges nothing: a key never seen stays unstored, and a record written
+// under another policy is read through the carry-over of Store without
+// being rewritten. The one state it writes is a record of the request's
+// policy left ahead of a clock that stepped back, rewritten clamped to now
+// as every decision rewrites it (see Algorithm): the bound on how long such
+// a record refuses runs from the first decision after the step, and a
+// Peek's RetryAfter must hold for the Take that follows it.
 type Peeker interface {
 	Peek(ctx context.Context, now time.Time, reqs []Request, out []Decision) error
 }
@@ -213,8 +217,20 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 	for i := 0; i < n; i++ {
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
-		if _, _, ok := s.find(hashes[i], &held[i], true); ok {
+		if ref, sl, ok := s.find(hashes[i], &held[i], true); ok {
 			found[i] = true
+			if held[i].pol.identity == r.Policy.identity {
+				// A state left ahead of a clock that stepped back is
+				// written clamped, as every decision writes it (charging
+				// nothing), so that the RetryAfter reported holds for
+				// the next decision, whose own clamp would otherwise
+				// start again from its later time.
+				s.cur = held[i]
+				s.cur.pol.alg.Decide(s.cur.pol, &s.cur.st, 0, now, true, &s.dec)
+				held[i].st = s.cur.st
+				s.put(hashes[i], ref, sl, &s.cur)
+				s.cur = memEntry{}
+			}
 		}
 		m.peekState(s, held[i], found[i], r.Policy, now, &s.scratch)
 		// Every request over its capacity (CheckBatch names the first) is

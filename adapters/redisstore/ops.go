@@ -51,9 +51,11 @@ const (
 )
 
 // Peek implements core.Peeker: it decides reqs at now exactly as Take
-// would, the same decisions and errors, and writes nothing to Redis (a key
-// never seen stays absent; a record of another policy is read through the
-// carry-over of units in use, and left as it is). One script call per
+// would, the same decisions and errors, and charges nothing (a key never
+// seen stays absent; a record of another policy is read through the
+// carry-over of units in use, and left as it is; a record of the request's
+// policy left ahead of a clock that stepped back is written clamped, as
+// core.Peeker says). One script call per
 // Cluster slot of the batch (per hash tag for other clients). A backend
 // failure goes to the Fallback's Peek when the Fallback is a core.Peeker,
 // and is returned otherwise.

@@ -147,6 +147,27 @@ func testPeek(t *testing.T, newStore func(*testing.T) core.Store) {
 			}
 		}
 	})
+	// After the clock steps back, a Peek's RetryAfter holds: the Take made
+	// when it has passed is admitted (a record ahead of the clock is
+	// clamped from the first decision after the step, a Peek included).
+	t.Run("RetryAfterAfterClockStepsBack", func(t *testing.T) {
+		for _, r := range suiteRules(1, time.Second) {
+			h := Harness{t, newStore(t)}
+			p := mustPolicy(t, r)
+			key := uniqueKey(t, "back")
+			if d, err := h.Take(p, key, 1, 100*time.Second); err != nil || !d.Allowed {
+				t.Fatalf("%s: first take %+v %v", r.Algorithm.Name(), d, err)
+			}
+			pk, err := h.Peek([]core.Request{{Policy: p, Key: key, Cost: 1}}, 0) // 100 s earlier
+			if err != nil || pk[0].Allowed || pk[0].RetryAfter <= 0 {
+				t.Fatalf("%s: peek after the step back %+v %v, want refused with a RetryAfter", r.Algorithm.Name(), pk, err)
+			}
+			if d, err := h.Take(p, key, 1, pk[0].RetryAfter); err != nil || !d.Allowed {
+				t.Fatalf("%s: take after the peek's RetryAfter %v: %+v %v, want admitted", r.Algorithm.Name(), pk[0].RetryAfter, d, err)
+			}
+		}
+	})
+
 	t.Run("Errors", func(t *testing.T) {
 		h := Harness{t, newStore(t)}
 		p := mustPolicy(t, core.Rule{Name: "pk-err", Limit: 2, Window: time.Second})

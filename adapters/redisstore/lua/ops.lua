@@ -2,7 +2,8 @@
 -- with the algorithm modules of the take script (see ops.go).
 --
 -- ARGV[1] mode: 'P' peek (decide every request at its cost and at cost 0,
---               write nothing),
+--               write nothing but a record of the request's policy left
+--               ahead of a clock that stepped back, clamped),
 --               'F' refund (give back each request's cost, as defined per
 --               algorithm in refunders below; never more than is in use).
 -- ARGV[2] now in Unix microseconds, or '' to read the server's TIME.
@@ -12,8 +13,9 @@
 --
 -- A record written under another policy (another identity tag) is read as
 -- the take script reads it: the units in use under its own policy carry
--- over to a fresh state of the request's policy. A peek writes nothing; a
--- refund converts the record, then gives back.
+-- over to a fresh state of the request's policy. A peek writes only a
+-- record of its policy left ahead of a clock that stepped back (clamped, as
+-- every decision writes it); a refund converts the record, then gives back.
 --
 -- The reply is one string of integers separated by spaces: now, then, for
 -- 'P', per request allowed (0/1), remaining, resetAfter, retryAfter and
@@ -169,6 +171,12 @@ for i = 1, n do
   if mode == 'P' then
     local d = r.alg.decide(st, r.P, r.cost, now)
     local z = r.alg.decide(st, r.P, 0, now)
+    -- A record of this policy left ahead of a clock that stepped back is
+    -- written clamped, as every decision writes it (charging nothing), so
+    -- that the RetryAfter reported holds for the next decision.
+    if z.clamped and not st.rewrite then
+      r.alg.saveclamped(KEYS[i], st, r.P, now, z, slack)
+    end
     local ok = 0
     if d.allowed then ok = 1 end
     parts[i + 1] = sformat(I64 and '%d %d %d %d %d %d %d %d' or '%d %.0f %.0f %.0f %.0f %.0f %.0f %.0f',
