@@ -263,6 +263,9 @@ func (l *Limiter) TakeAt(ctx context.Context, now time.Time, reqs []Request, out
 // on copies, so that the caller's arrays stay on its stack in the common
 // in-memory case.
 func (l *Limiter) takeStore(ctx context.Context, now time.Time, reqs []Request, out []Decision) error {
+	if len(out) < len(reqs) {
+		return ErrShortOutput // as the store would say, before it charges
+	}
 	rc := append([]Request(nil), reqs...)
 	oc := make([]Decision, len(reqs))
 	err := l.store.Take(ctx, now, rc, oc)

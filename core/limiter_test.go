@@ -129,3 +129,37 @@ func TestLimiterDryRunAndBatch(t *testing.T) {
 		t.Fatalf("refused batch charged layer a: Remaining %d, want 4", out[0].Remaining)
 	}
 }
+
+// wrappedStore is a Store other than the MemoryStore (as a Redis store or
+// a decorator is), with Peek.
+type wrappedStore struct{ m *core.MemoryStore }
+
+func (w wrappedStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	return w.m.Take(ctx, now, reqs, out)
+}
+
+func (w wrappedStore) Peek(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	return w.m.Peek(ctx, now, reqs, out)
+}
+
+// TestLimiterShortOutput: an out shorter than reqs is ErrShortOutput from
+// Take and Peek, whatever the store, and charges nothing.
+func TestLimiterShortOutput(t *testing.T) {
+	ctx := context.Background()
+	p := core.MustPolicy(core.PerMinute(10))
+	reqs := []core.Request{{Policy: p, Key: "a", Cost: 1}, {Policy: p, Key: "b", Cost: 1}}
+	for _, s := range []core.Store{core.MustMemoryStore(nil), wrappedStore{core.MustMemoryStore(nil)}} {
+		l := core.Must(core.New(core.PerMinute(10), core.WithStore(s), core.WithClock(core.NewFakeClock(time.Unix(1_800_000_000, 0)))))
+		short := make([]core.Decision, 1)
+		if _, err := l.Take(ctx, reqs, short); !errors.Is(err, core.ErrShortOutput) {
+			t.Fatalf("%T: Take: %v, want ErrShortOutput", s, err)
+		}
+		if _, err := l.Peek(ctx, reqs, short); !errors.Is(err, core.ErrShortOutput) {
+			t.Fatalf("%T: Peek: %v, want ErrShortOutput", s, err)
+		}
+		out := make([]core.Decision, 2)
+		if ok, err := l.Take(ctx, reqs, out); !ok || err != nil || out[0].Remaining != 9 || out[1].Remaining != 9 {
+			t.Fatalf("%T: after the short calls: %v %v %+v, want nothing charged before", s, ok, err, out)
+		}
+	}
+}

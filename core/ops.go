@@ -371,6 +371,9 @@ func (l *Limiter) PeekAt(ctx context.Context, now time.Time, reqs []Request, out
 	if !ok {
 		return false, fmt.Errorf("%w: %T has no Peek", ErrUnsupported, l.store)
 	}
+	if len(out) < len(reqs) {
+		return false, ErrShortOutput
+	}
 	rc := append([]Request(nil), reqs...)
 	oc := make([]Decision, len(reqs))
 	err := pk.Peek(ctx, now, rc, oc)
