@@ -591,3 +591,23 @@ func TestNextSpan(t *testing.T) {
 		t.Fatalf("spans of a shard of 16,935: %v; want %v", got, want)
 	}
 }
+
+// TestSlidingLogMemoryBound: a key's sliding log never holds room for more
+// entries than its policy's capacity (each live entry holds a unit), so it
+// keeps the documented 16 bytes per unit of Limit.
+func TestSlidingLogMemoryBound(t *testing.T) {
+	for _, limit := range []int64{1, 3, 5, 1025, 4096} {
+		p := MustPolicy(Rule{Algorithm: SlidingWindowLog, Limit: limit, Window: time.Hour})
+		var st State
+		var d Decision
+		for i := int64(0); i < limit; i++ {
+			p.alg.Decide(p, &st, 1, 1_000+i, true, &d)
+			if !d.Allowed {
+				t.Fatalf("limit %d: request %d refused", limit, i)
+			}
+		}
+		if n := int64(cap(st.log.ents)); n != limit {
+			t.Errorf("limit %d: a log of %d entries has room for %d", limit, st.log.len, n)
+		}
+	}
+}

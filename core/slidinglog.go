@@ -58,7 +58,10 @@ func (l *timeLog) drop(k int, units int64) {
 	}
 }
 
-func (l *timeLog) push(t, n int64) {
+// push records n units at t (at least the newest entry's time), in a ring
+// grown by doubling up to capacity entries: each entry holds at least one
+// unit of the policy's capacity, so no more are ever live.
+func (l *timeLog) push(t, n, capacity int64) {
 	if l.len > 0 {
 		if last := l.at(l.len - 1); last.t == t {
 			last.n += n
@@ -67,7 +70,7 @@ func (l *timeLog) push(t, n int64) {
 		}
 	}
 	if l.len == len(l.ents) {
-		grown := make([]logEntry, max(4, 2*len(l.ents)))
+		grown := make([]logEntry, max(l.len+1, int(min(int64(max(4, 2*len(l.ents))), capacity))))
 		for i := 0; i < l.len; i++ {
 			grown[i] = *l.at(i)
 		}
@@ -80,7 +83,7 @@ func (l *timeLog) push(t, n int64) {
 
 // clampFuture moves the entries recorded after now (by a clock that has
 // since stepped back) to now, merging them into one entry.
-func (l *timeLog) clampFuture(now int64) {
+func (l *timeLog) clampFuture(now, capacity int64) {
 	var n int64
 	for l.len > 0 && l.at(l.len-1).t > now {
 		n += l.at(l.len - 1).n
@@ -90,7 +93,7 @@ func (l *timeLog) clampFuture(now int64) {
 	if l.len == 0 {
 		l.head = 0
 	}
-	l.push(now, n)
+	l.push(now, n, capacity)
 }
 
 func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
@@ -128,10 +131,10 @@ func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool
 			}
 			l.drop(k, gone)
 			if future {
-				l.clampFuture(now)
+				l.clampFuture(now, p.capacity)
 			}
 			if cost > 0 {
-				l.push(now, cost)
+				l.push(now, cost, p.capacity)
 			}
 		}
 		return
@@ -150,7 +153,7 @@ func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool
 	d.ResetAfter = time.Duration(newest + p.window - now)
 	if commit && future {
 		l.drop(k, gone)
-		l.clampFuture(now)
+		l.clampFuture(now, p.capacity)
 	}
 }
 
@@ -171,7 +174,7 @@ func (slidingWindowLog) Refund(p *Policy, s *State, cost, now int64) {
 	}
 	l.drop(l.expired(now - p.window))
 	if l.len > 0 && l.newest() > now {
-		l.clampFuture(now)
+		l.clampFuture(now, p.capacity)
 	}
 	for cost > 0 && l.len > 0 {
 		e := l.at(l.len - 1)
