@@ -7,7 +7,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -111,9 +113,12 @@ type IdempotencyConfig struct {
 // failed is not remembered: a refusal is not a promise, and the next request
 // with it is decided afresh.
 //
-// Keys are scoped per client (see IdempotencyConfig.Client), per method and
-// per URL path, and hashed (SHA-256) before they reach the store, so a raw
-// key is never stored and one client cannot replay another's.
+// Keys are scoped per client (see IdempotencyConfig.Client), per method,
+// per URL path and per charge (the key and cost of every layer that applies
+// to the request), and hashed (SHA-256) before they reach the store, so a
+// raw key is never stored, one client cannot replay another's (nor one user
+// another's behind the same address), and a replay is never of a costlier
+// request than the one charged.
 //
 // Claiming a key and charging are one step for concurrent requests: the
 // first request with a fresh key claims it in the ReplayStore, is decided,
@@ -250,7 +255,9 @@ func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
 		replayHeaders(w.Header(), rec)
 		return true
 	}
-	res := f.l.Decide(r)
+	// Decided as Admit decides: a request meeting a full waiting room is
+	// refused before anything is charged.
+	res := f.l.decideResult(r, true)
 	rec = nil
 	if admittedResult(&res) {
 		h := make(http.Header, 4)
@@ -290,7 +297,8 @@ func admittedResult(res *Result) bool {
 }
 
 // scopedKey returns the store key of r's idempotency key: a hash of the
-// client, method, path and key. ok is false when r has no usable key.
+// client, method, path and key, and of what r would be charged (see
+// writeChargeScope). ok is false when r has no usable key.
 func (f *Idempotency) scopedKey(r *http.Request) (string, bool) {
 	k, err := f.key(r)
 	if err != nil || k == "" {
@@ -305,8 +313,50 @@ func (f *Idempotency) scopedKey(r *http.Request) (string, bool) {
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}
+	f.l.writeChargeScope(h, r)
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(h.Sum(sum[:0])[:16]), true
+}
+
+// writeChargeScope writes to h what deciding r would charge: the index, key
+// and cost of every layer that applies to it. A replay is then of a request
+// with the same charges: neither a costlier one (one unit charged would
+// otherwise buy replays of any cost) nor another user's or API key's behind
+// the same address (which the client scope alone would let through). A
+// layer whose key fails is left out, as deciding r leaves it out or fails.
+func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) {
+	r = l.routeRequest(r)
+	var (
+		route    string
+		routeErr error
+		routed   bool
+		defCost  int64
+		haveCost bool
+		b        []byte
+	)
+	for i := range l.layers {
+		ly := &l.layers[i]
+		if ly.routes != nil {
+			if !routed {
+				route, routeErr = routeKey(r)
+				routed = true
+			}
+			if routeErr != nil || !containsString(ly.routes, route) {
+				continue
+			}
+		}
+		key, err := ly.key(r)
+		if err != nil {
+			continue
+		}
+		b = strconv.AppendInt(b[:0], int64(i), 10)
+		b = append(b, 0)
+		b = append(b, key...)
+		b = append(b, 0)
+		b = strconv.AppendInt(b, l.layerCost(ly, r, &defCost, &haveCost), 10)
+		b = append(b, 0)
+		h.Write(b)
+	}
 }
 
 // encodeHeaders serialises the rate-limit headers of a decision as

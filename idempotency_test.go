@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -355,5 +356,146 @@ func TestIdempotencyRefusedAfterDecisionIsNotRemembered(t *testing.T) {
 	}
 	if served != before+1 {
 		t.Fatalf("handler ran %d times for the retry, want 1", served-before)
+	}
+}
+
+// TestIdempotencyReplayIsOfTheSameCharge: a key admitted for a request of
+// cost 1 is replayed for the same request, never for a costlier one, which
+// is decided and charged as usual (or refused, above the capacity).
+func TestIdempotencyReplayIsOfTheSameCharge(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "units", Limit: 10, Window: time.Hour},
+	}}, ratelimit.WithClock(clock), ratelimit.WithCost(func(r *http.Request) int64 {
+		n, _ := strconv.ParseInt(r.URL.Query().Get("units"), 10, 64)
+		return max(n, 1)
+	})))
+	f, err := ratelimit.NewIdempotency(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := f.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	do := func(units string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/export?units="+units, nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		r.Header.Set("Idempotency-Key", "k")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	for i, tc := range []struct {
+		units     string
+		code      int
+		remaining string
+	}{
+		{"1", 200, "9"},
+		{"1", 200, "9"}, // replayed: the same charge, charged nothing
+		{"1000000", http.StatusRequestEntityTooLarge, "9"},
+		{"5", 200, "4"}, // decided and charged
+		{"5", 200, "4"}, // replayed
+	} {
+		w := do(tc.units)
+		if w.Code != tc.code || w.Header().Get("X-RateLimit-Remaining") != tc.remaining {
+			t.Fatalf("request %d (%s units): %d, remaining %q; want %d, %q", i, tc.units, w.Code, w.Header().Get("X-RateLimit-Remaining"), tc.code, tc.remaining)
+		}
+	}
+}
+
+// TestIdempotencyScopedPerUser: behind one address, a user's key is not
+// replayed for another user, whose own layer decides (and here refuses).
+func TestIdempotencyScopedPerUser(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key:     ratelimit.User(),
+		Rule:    core.Rule{Name: "per-user", Limit: 1, Window: time.Hour},
+		IfNoKey: ratelimit.NoKeyRefuse,
+	}}, ratelimit.WithClock(clock)))
+	f, err := ratelimit.NewIdempotency(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := map[string]int{}
+	h := f.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, _ := ratelimit.UserFromContext(r.Context())
+		runs[u]++
+	}))
+	do := func(user, key string) int {
+		r := httptest.NewRequest("POST", "/send", nil)
+		r.RemoteAddr = "198.51.100.7:1" // one office behind one address
+		r = r.WithContext(ratelimit.WithUser(r.Context(), user))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	for i, tc := range []struct {
+		user, key string
+		code      int
+	}{
+		{"bob", "b1", 200},
+		{"bob", "b2", 429}, // bob's quota is spent
+		{"alice", "1", 200},
+		{"alice", "1", 200}, // alice's replay
+		{"bob", "1", 429},   // alice's key, bob's charge: decided, refused
+	} {
+		if c := do(tc.user, tc.key); c != tc.code {
+			t.Fatalf("request %d (%s, key %s): %d, want %d", i, tc.user, tc.key, c, tc.code)
+		}
+	}
+	if runs["bob"] != 1 || runs["alice"] != 2 {
+		t.Fatalf("handler runs %v, want bob 1 and alice 2", runs)
+	}
+}
+
+// TestIdempotencyFullWaitingRoomChargesNothing: through the filter as
+// through Admit, a request refused for a full waiting room is charged
+// nothing: the next request's delay counts only the requests admitted.
+func TestIdempotencyFullWaitingRoomChargesNothing(t *testing.T) {
+	for _, viaFilter := range []bool{false, true} {
+		clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+		l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+			Key:  ratelimit.MustClientIP(),
+			Rule: core.Rule{Name: "shaped", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute},
+		}}, ratelimit.WithClock(clock), ratelimit.WithMaxWaiting(1)))
+		hold := make(chan struct{})
+		delays := make(chan time.Duration, 8)
+		ratelimit.SetWaitFunc(l, func(ctx context.Context, d time.Duration) error {
+			delays <- d
+			<-hold
+			return nil
+		})
+		f, err := ratelimit.NewIdempotency(l, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+		h := l.Handler(next)
+		if viaFilter {
+			h = f.Handler(next)
+		}
+		do := func(key string) int {
+			r := httptest.NewRequest("POST", "/x", nil)
+			r.RemoteAddr = "192.0.2.1:1"
+			r.Header.Set("Idempotency-Key", key)
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			return w.Code
+		}
+		do("a") // the bucket's one unit, no delay
+		done := make(chan struct{})
+		go func() { do("b"); close(done) }() // delayed 1 s: the one waiting slot
+		<-delays
+		for _, k := range []string{"c1", "c2", "c3"} {
+			if c := do(k); c != http.StatusTooManyRequests {
+				t.Fatalf("filter %v: %s with the room full: %d, want 429", viaFilter, k, c)
+			}
+		}
+		close(hold)
+		<-done
+		go do("d")
+		if d := <-delays; d != 2*time.Second {
+			t.Fatalf("filter %v: the next delay is %v, want 2s (a and b charged, the refusals not)", viaFilter, d)
+		}
 	}
 }

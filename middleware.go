@@ -736,14 +736,17 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 // composed flow). It allocates the Result's Layers; Admit does not. With
 // concurrency layers, a Result that proceeds holds their slots until
 // [Result.Release] is called.
-func (l *Limiter) Decide(r *http.Request) Result {
+func (l *Limiter) Decide(r *http.Request) Result { return l.decideResult(r, false) }
+
+// decideResult is Decide, with reserve as for decide.
+func (l *Limiter) decideResult(r *http.Request, reserve bool) Result {
 	var (
 		res  Result
 		reqs [core.MaxBatch]core.Request
 		out  [core.MaxBatch]core.Decision
 	)
 	buf := make([]LayerResult, len(l.layers))
-	if n := l.decide(l.routeRequest(r), &res, buf, reqs[:], out[:], false); n > 0 {
+	if n := l.decide(l.routeRequest(r), &res, buf, reqs[:], out[:], reserve); n > 0 {
 		res.Layers = buf[:n]
 	}
 	return res
@@ -837,20 +840,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 				p = rp
 			}
 		}
-		var cost int64
-		switch {
-		case ly.inFlight > 0:
-			cost = 1
-		case ly.cost != nil:
-			cost = ly.cost(r)
-		case l.cfg.cost != nil:
-			if !haveCost {
-				defCost, haveCost = l.cfg.cost(r), true
-			}
-			cost = defCost
-		default:
-			cost = 1
-		}
+		cost := l.layerCost(ly, r, &defCost, &haveCost)
 		if cost < 1 {
 			l.failed(res, outcomeBadRequest, fmt.Errorf("ratelimit: layer %s: cost %d: %w", ly.desc, cost, errInvalidCost))
 			return 0
@@ -958,6 +948,24 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		l.release(res)
 	}
 	return n
+}
+
+// layerCost returns what layer ly charges r: 1 for a concurrency layer, else
+// what its Cost function says, else what WithCost's function says (called
+// once per request: def and have keep its answer), else 1.
+func (l *Limiter) layerCost(ly *layer, r *http.Request, def *int64, have *bool) int64 {
+	switch {
+	case ly.inFlight > 0:
+		return 1
+	case ly.cost != nil:
+		return ly.cost(r)
+	case l.cfg.cost != nil:
+		if !*have {
+			*def, *have = l.cfg.cost(r), true
+		}
+		return *def
+	}
+	return 1
 }
 
 // errInvalidCost is core.ErrInvalidCost without its own prefix, for
