@@ -327,9 +327,7 @@ func (f *Idempotency) scopedKey(r *http.Request) (string, bool) {
 func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) {
 	r = l.routeRequest(r)
 	var (
-		route    string
-		routeErr error
-		routed   bool
+		rc       routeOnce
 		defCost  int64
 		haveCost bool
 		b        []byte
@@ -337,11 +335,7 @@ func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) {
 	for i := range l.layers {
 		ly := &l.layers[i]
 		if ly.routes != nil {
-			if !routed {
-				route, routeErr = routeKey(r)
-				routed = true
-			}
-			if routeErr != nil || !containsString(ly.routes, route) {
+			if route, err := rc.get(r); err != nil || !containsString(ly.routes, route) {
 				continue
 			}
 		}

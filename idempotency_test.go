@@ -307,55 +307,77 @@ func TestIdempotencyReplaysBounded(t *testing.T) {
 // TestIdempotencyRefusedAfterDecisionIsNotRemembered: a request admitted by
 // the store but refused before it is served (a full shaping waiting room)
 // is not remembered, so its retry is decided afresh.
-func TestIdempotencyRefusedAfterDecisionIsNotRemembered(t *testing.T) {
+// shapedIdem is a Limiter of one shaped request per second per client IP
+// with one waiting slot, and an Idempotency filter around it; every delay
+// is sent on delays and waited until hold is closed. do sends a POST with
+// an idempotency key through the filter, or, with viaFilter false, through
+// the Limiter alone.
+type shapedIdem struct {
+	hold   chan struct{}
+	delays chan time.Duration
+	served int
+	do     func(key string, viaFilter bool) int
+}
+
+func newShapedIdem(t *testing.T) *shapedIdem {
+	t.Helper()
 	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
 	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
 		Key:  ratelimit.MustClientIP(),
 		Rule: core.Rule{Name: "shaped", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute},
 	}}, ratelimit.WithClock(clock), ratelimit.WithMaxWaiting(1)))
-	hold := make(chan struct{})
-	waiting := make(chan struct{}, 4)
+	s := &shapedIdem{hold: make(chan struct{}), delays: make(chan time.Duration, 8)}
 	ratelimit.SetWaitFunc(l, func(ctx context.Context, d time.Duration) error {
-		waiting <- struct{}{}
-		<-hold
+		s.delays <- d
+		<-s.hold
 		return nil
 	})
 	f, err := ratelimit.NewIdempotency(l, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	served := 0
-	h := f.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served++ }))
-	do := func(key string) int {
+	next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { s.served++ })
+	filtered, plain := f.Handler(next), l.Handler(next)
+	s.do = func(key string, viaFilter bool) int {
 		r := httptest.NewRequest("POST", "/x", nil)
 		r.RemoteAddr = "192.0.2.1:1"
 		r.Header.Set("Idempotency-Key", key)
 		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
+		if viaFilter {
+			filtered.ServeHTTP(w, r)
+		} else {
+			plain.ServeHTTP(w, r)
+		}
 		return w.Code
 	}
+	return s
+}
+
+func TestIdempotencyRefusedAfterDecisionIsNotRemembered(t *testing.T) {
+	s := newShapedIdem(t)
+	do := func(key string) int { return s.do(key, true) }
 	if c := do("a"); c != 200 { // the bucket's one unit, no delay
 		t.Fatalf("first: %d", c)
 	}
 	done := make(chan int)
 	go func() { done <- do("b") }() // delayed: takes the one waiting slot
-	<-waiting
+	<-s.delays
 	if c := do("c"); c != http.StatusTooManyRequests {
 		t.Fatalf("with the waiting room full: %d, want 429", c)
 	}
-	close(hold)
+	close(s.hold)
 	<-done
 	// "c" was refused after its decision: its retry is decided again (and
 	// delayed like any new request), not replayed as an admission.
-	before := served
+	before := s.served
 	if c := do("c"); c != 200 {
 		t.Fatalf("retry of c: %d, want 200 after its own delay", c)
 	}
-	if len(waiting) == 0 {
+	if len(s.delays) == 0 {
 		t.Fatal("the retry of c was replayed without its shaping delay")
 	}
-	if served != before+1 {
-		t.Fatalf("handler ran %d times for the retry, want 1", served-before)
+	if s.served != before+1 {
+		t.Fatalf("handler ran %d times for the retry, want 1", s.served-before)
 	}
 }
 
@@ -453,48 +475,20 @@ func TestIdempotencyScopedPerUser(t *testing.T) {
 // nothing: the next request's delay counts only the requests admitted.
 func TestIdempotencyFullWaitingRoomChargesNothing(t *testing.T) {
 	for _, viaFilter := range []bool{false, true} {
-		clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
-		l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
-			Key:  ratelimit.MustClientIP(),
-			Rule: core.Rule{Name: "shaped", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute},
-		}}, ratelimit.WithClock(clock), ratelimit.WithMaxWaiting(1)))
-		hold := make(chan struct{})
-		delays := make(chan time.Duration, 8)
-		ratelimit.SetWaitFunc(l, func(ctx context.Context, d time.Duration) error {
-			delays <- d
-			<-hold
-			return nil
-		})
-		f, err := ratelimit.NewIdempotency(l, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
-		h := l.Handler(next)
-		if viaFilter {
-			h = f.Handler(next)
-		}
-		do := func(key string) int {
-			r := httptest.NewRequest("POST", "/x", nil)
-			r.RemoteAddr = "192.0.2.1:1"
-			r.Header.Set("Idempotency-Key", key)
-			w := httptest.NewRecorder()
-			h.ServeHTTP(w, r)
-			return w.Code
-		}
-		do("a") // the bucket's one unit, no delay
+		s := newShapedIdem(t)
+		s.do("a", viaFilter) // the bucket's one unit, no delay
 		done := make(chan struct{})
-		go func() { do("b"); close(done) }() // delayed 1 s: the one waiting slot
-		<-delays
+		go func() { s.do("b", viaFilter); close(done) }() // delayed 1 s: the one waiting slot
+		<-s.delays
 		for _, k := range []string{"c1", "c2", "c3"} {
-			if c := do(k); c != http.StatusTooManyRequests {
+			if c := s.do(k, viaFilter); c != http.StatusTooManyRequests {
 				t.Fatalf("filter %v: %s with the room full: %d, want 429", viaFilter, k, c)
 			}
 		}
-		close(hold)
+		close(s.hold)
 		<-done
-		go do("d")
-		if d := <-delays; d != 2*time.Second {
+		go s.do("d", viaFilter)
+		if d := <-s.delays; d != 2*time.Second {
 			t.Fatalf("filter %v: the next delay is %v, want 2s (a and b charged, the refusals not)", viaFilter, d)
 		}
 	}

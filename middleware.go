@@ -781,18 +781,13 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		n        int
 		defCost  int64
 		haveCost bool
-		route    string
-		routeErr error
-		routed   bool
+		rc       routeOnce
 		shaped   bool
 	)
 	for i := range l.layers {
 		ly := &l.layers[i]
 		if ly.routes != nil {
-			if !routed {
-				route, routeErr = routeKey(r)
-				routed = true
-			}
+			route, routeErr := rc.get(r)
 			if routeErr != nil {
 				if errors.Is(routeErr, ErrNoKey) {
 					continue // no route matched: the router answers it
@@ -948,6 +943,22 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		l.release(res)
 	}
 	return n
+}
+
+// routeOnce reads a request's route key (see [Route]) once, for the layers
+// with Routes.
+type routeOnce struct {
+	route string
+	err   error
+	done  bool
+}
+
+func (o *routeOnce) get(r *http.Request) (string, error) {
+	if !o.done {
+		o.route, o.err = routeKey(r)
+		o.done = true
+	}
+	return o.route, o.err
 }
 
 // layerCost returns what layer ly charges r: 1 for a concurrency layer, else
