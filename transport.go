@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -218,14 +219,19 @@ func NewTransport(limiter *core.Limiter, cfg *TransportConfig) (*Transport, erro
 }
 
 // TargetHost is the default key of a [Transport]: the request's host and
-// port, lower-cased, with the scheme's default port left out, so that
-// https://API.example.com and https://api.example.com:443 share a quota. It
-// returns an error for a request without a host.
+// port, lower-cased, without the trailing dot of a fully qualified name, and
+// with the scheme's default port left out, so that https://API.example.com,
+// https://api.example.com. and https://api.example.com:443 share a quota.
+// An IPv6 address is written in its canonical form. It returns an error for
+// a request without a host.
 func TargetHost(r *http.Request) (string, error) {
 	if r.URL == nil || r.URL.Host == "" {
 		return "", errors.New("ratelimit: outgoing request without a host")
 	}
-	host, port := r.URL.Hostname(), r.URL.Port()
+	host, port := strings.TrimSuffix(r.URL.Hostname(), "."), r.URL.Port()
+	if a, err := netip.ParseAddr(host); err == nil {
+		host = a.String() // one spelling of each IPv6 address
+	}
 	if port == "" || (port == "443" && r.URL.Scheme == "https") || (port == "80" && r.URL.Scheme == "http") {
 		if strings.Contains(host, ":") {
 			return "[" + strings.ToLower(host) + "]", nil

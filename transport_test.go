@@ -442,6 +442,24 @@ func TestTransportPerHostKeys(t *testing.T) {
 	if got, err := ratelimit.TargetHost(&http.Request{URL: &url.URL{Path: "/relative"}}); err == nil {
 		t.Errorf("TargetHost of a request without a host: %q, want an error", got)
 	}
+	// One host, one key, however it is spelt: a fully qualified name's
+	// trailing dot, the case, the default port, an IPv6 address's zeros.
+	for want, urls := range map[string][]string{
+		"api.example.com":    {"https://api.example.com/", "https://api.example.com./", "https://API.EXAMPLE.COM.:443/"},
+		"[2001:db8::1]":      {"http://[2001:db8::1]/", "http://[2001:DB8:0:0:0:0:0:1]:80/", "http://[2001:0db8::0001]/"},
+		"192.0.2.1:8080":     {"http://192.0.2.1:8080/"},
+		"api.example.com:80": {"https://api.example.com.:80/"},
+	} {
+		for _, u := range urls {
+			r, err := http.NewRequest("GET", u, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, err := ratelimit.TargetHost(r); err != nil || got != want {
+				t.Errorf("TargetHost(%s) = %q, %v; want %q", u, got, err, want)
+			}
+		}
+	}
 }
 
 func TestTransportKeyFunc(t *testing.T) {
