@@ -17,6 +17,7 @@ const (
 	msgForwarded = "ratelimit: forwarded headers arrive from a loopback or private peer but no proxy is trusted: every client behind that proxy shares its bucket; pass the proxy's network to ratelimit.TrustedProxies"
 	msgNoRoute   = "ratelimit: a Route layer found no route pattern: the limiter runs before routing; use ratelimit.WithServeMux or the chilimit, echolimit or ginlimit adapter"
 	msgAbsentKey = "ratelimit: a layer's key was absent on every one of its first requests: the layer limits nothing; check its KeyFunc, or set IfNoKey to NoKeyRefuse or use FirstOf"
+	msgNoRoutes  = "ratelimit: a layer's Routes matched none of its first routed requests: if those routes are served, the layer limits nothing; write each route as the Route key gives it (\"POST /login\" for a route of one method, \"/login\" for one of every method, the router's own parameter syntax)"
 	msgFailOpen  = "ratelimit: store errors are being served fail-open: requests are not limited while the store fails"
 	msgConfig    = "ratelimit: configuration error at request time: requests are answered 500"
 )
@@ -57,10 +58,14 @@ type logState struct {
 }
 
 // keyStat counts the requests a layer found no key for, until it finds one
-// or logs that it never did.
+// or logs that it never did; and for a layer with Routes, the routed
+// requests none of its Routes matched, likewise.
 type keyStat struct {
 	absent atomic.Int64
 	done   atomic.Bool
+
+	unrouted  atomic.Int64
+	routeDone atomic.Bool
 }
 
 // logOnce logs msg with args at level Warn, once per Limiter.
@@ -84,6 +89,22 @@ func (l *Limiter) noteKey(i int, present bool) {
 	}
 	if ks.absent.Add(1) == AbsentKeyLogAfter && !ks.done.Swap(true) && l.cfg.logger != nil {
 		l.cfg.logger.Warn(msgAbsentKey, "layer", l.layers[i].desc, "requests", AbsentKeyLogAfter)
+	}
+}
+
+// noteRoute records whether one of layer i's Routes matched route, the
+// route of a routed request.
+func (l *Limiter) noteRoute(i int, matched bool, route string) {
+	ks := &l.logs.keys[i]
+	if ks.routeDone.Load() {
+		return
+	}
+	if matched {
+		ks.routeDone.Store(true)
+		return
+	}
+	if ks.unrouted.Add(1) == UnmatchedRoutesLogAfter && !ks.routeDone.Swap(true) && l.cfg.logger != nil {
+		l.cfg.logger.Warn(msgNoRoutes, "layer", l.layers[i].desc, "routes", l.layers[i].routes, "requests", UnmatchedRoutesLogAfter, "last_route", route)
 	}
 }
 

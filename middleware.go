@@ -70,6 +70,14 @@ const (
 // was absent on every one of them (see [NoKeySkip]) is logged once.
 const AbsentKeyLogAfter = 100
 
+// UnmatchedRoutesLogAfter is the number of routed requests after which a
+// layer whose Routes matched none of them is logged once (see
+// [Layer.Routes]): a Routes entry written otherwise than the route keys are
+// ("POST /login" for a route registered for every method, "{id}" for a
+// router that writes ":id") would make the layer limit nothing. A layer
+// for a route that is rarely requested may be logged too.
+const UnmatchedRoutesLogAfter = 10_000
+
 // Layer is one limit of a [Limiter]: requests are keyed by Key and decided
 // under Rule. All layers of a Limiter are decided and charged together,
 // atomically: a request refused by any layer charges no layer.
@@ -112,7 +120,9 @@ type Layer struct {
 	// limits in one atomic batch. The route is found as [Route] finds it:
 	// through [WithServeMux], a framework adapter, or r.Pattern. A request
 	// for which no routing information exists at all is a configuration
-	// error (see [ErrConfig]).
+	// error (see [ErrConfig]). Write each entry as the adapter keys the
+	// route; a layer whose Routes match none of its first
+	// [UnmatchedRoutesLogAfter] routed requests is logged once.
 	Routes []string
 
 	// InFlight, if positive, makes the layer a concurrency limit: at most
@@ -796,8 +806,10 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 				return 0
 			}
 			if !containsString(ly.routes, route) {
+				l.noteRoute(i, false, route)
 				continue
 			}
+			l.noteRoute(i, true, route)
 		}
 		key, err := ly.key(r)
 		if err != nil {

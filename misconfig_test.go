@@ -647,6 +647,49 @@ func TestAbsentKeyLogged(t *testing.T) {
 	}
 }
 
+// TestUnmatchedRoutesLogged checks the one-time warning for a layer whose
+// Routes matched none of its first UnmatchedRoutesLogAfter routed requests
+// (an entry written in another form than the route keys), and that a
+// layer whose Routes matched once is never reported.
+func TestUnmatchedRoutesLogged(t *testing.T) {
+	mux := http.NewServeMux()
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	mux.Handle("/login", ok) // every method: the route key is "/login"
+	mux.Handle("GET /hello", ok)
+	for _, tc := range []struct {
+		routes []string
+		want   int
+	}{
+		{[]string{"POST /login"}, 1}, // never matches
+		{[]string{"/login"}, 0},
+	} {
+		logs, logOpt := newLogBuf()
+		e := mwNew(t, []ratelimit.Layer{
+			{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1 << 30).Named("ip")},
+			{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1 << 30).Named("login"), Routes: tc.routes},
+		}, logOpt, ratelimit.WithServeMux(mux))
+		l := e.l
+		if tc.want == 0 {
+			l.Decide(muxReq("POST", "/login", "192.0.2.1:1"))
+		}
+		for range ratelimit.UnmatchedRoutesLogAfter - 1 {
+			l.Decide(muxReq("GET", "/hello", "192.0.2.1:1"))
+		}
+		if n := logs.count("Routes matched none"); n != 0 {
+			t.Fatalf("%v: logged early:\n%s", tc.routes, logs)
+		}
+		for range 3 {
+			l.Decide(muxReq("GET", "/hello", "192.0.2.1:1"))
+		}
+		if n := logs.count("Routes matched none"); n != tc.want {
+			t.Fatalf("%v: logged %d times, want %d:\n%s", tc.routes, n, tc.want, logs)
+		}
+		if tc.want == 1 && (!strings.Contains(logs.String(), `layer="\"login\""`) || !strings.Contains(logs.String(), `last_route="GET /hello"`)) {
+			t.Fatalf("want the layer and the last route named:\n%s", logs)
+		}
+	}
+}
+
 // TestStoreTooSmallForLayersIsConfigError: a memory store whose capacity
 // cannot hold one request's keys answers 500 as a configuration error, not
 // a 429 promising a retry that can never succeed.
