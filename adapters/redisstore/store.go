@@ -475,7 +475,7 @@ func (s *Store) takeNodes(ctx context.Context, st *takeState, nowArg any, reqs [
 // when the Timeout passes, as a decision is; see Store.eval).
 func (s *Store) mastersOf(ctx context.Context, keys []string, nodes *[core.MaxBatch]string) (int, error) {
 	cl := s.client.(*redis.ClusterClient)
-	lookup := func(ctx context.Context, nodes *[core.MaxBatch]string) (int, error) {
+	lookup := func(ctx context.Context, keys []string, nodes *[core.MaxBatch]string) (int, error) {
 		n := 0
 		for _, k := range keys {
 			c, err := cl.MasterForKey(ctx, k)
@@ -490,7 +490,7 @@ func (s *Store) mastersOf(ctx context.Context, keys []string, nodes *[core.MaxBa
 		return n, nil
 	}
 	if s.timeout <= 0 {
-		return lookup(ctx, nodes)
+		return lookup(ctx, keys, nodes)
 	}
 	tctx, cancel := ctx, context.CancelFunc(func() {})
 	if ctx.Done() == nil {
@@ -500,19 +500,23 @@ func (s *Store) mastersOf(ctx context.Context, keys []string, nodes *[core.MaxBa
 	}
 	defer cancel()
 	if s.ctxBound {
-		return lookup(tctx, nodes)
+		return lookup(tctx, keys, nodes)
 	}
+	// The lookup may be abandoned, and the batch's keys reused by then:
+	// it reads and writes copies of its own.
 	type result struct {
 		n     int
+		keys  [core.MaxBatch]string
 		nodes [core.MaxBatch]string
 		err   error
 	}
+	r := new(result)
+	nk := copy(r.keys[:], keys)
 	ch := make(chan *result, 1)
 	s.gate.hold() // within a running Take: the gate cannot have drained
 	go func() {
 		defer s.gate.leave()
-		r := new(result)
-		r.n, r.err = lookup(tctx, &r.nodes)
+		r.n, r.err = lookup(tctx, r.keys[:nk], &r.nodes)
 		ch <- r
 	}()
 	select {
