@@ -585,3 +585,28 @@ func TestMemoryKeepActiveExactRecency(t *testing.T) {
 		t.Fatalf("f refused (RetryAfter %v): the store examined b, not the least recently used key", d.RetryAfter)
 	}
 }
+
+// TestPeekKeepsRecency: a Peek does not renew a key in the LRU, so it
+// never changes which key a later Take finds oldest.
+func TestPeekKeepsRecency(t *testing.T) {
+	short := core.MustPolicy(core.Rule{Name: "short", Limit: 1, Window: time.Second})
+	long := core.MustPolicy(core.Rule{Name: "long", Limit: 1, Window: time.Hour})
+	for _, peek := range []bool{false, true} {
+		m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 2, Shards: 1, KeepActive: true})
+		var out [1]core.Decision
+		for _, r := range []core.Request{{Policy: short, Key: "a", Cost: 1}, {Policy: long, Key: "b", Cost: 1}} {
+			if err := m.Take(context.Background(), t0, []core.Request{r}, out[:]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		now := t0.Add(2 * time.Second) // a has recovered, b has not
+		if peek {
+			if err := m.Peek(context.Background(), now, []core.Request{{Policy: short, Key: "a", Cost: 1}}, out[:]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := m.Take(context.Background(), now, []core.Request{{Policy: short, Key: "c", Cost: 1}}, out[:]); err != nil {
+			t.Fatalf("peek %v: a new key in a store whose oldest key has recovered: %v", peek, err)
+		}
+	}
+}

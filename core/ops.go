@@ -225,10 +225,15 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 				// nothing), so that the RetryAfter reported holds for
 				// the next decision, whose own clamp would otherwise
 				// start again from its later time.
+				// Only the state is written: the key keeps its place in
+				// the LRU, as a Peek must not renew it.
 				s.cur = held[i]
 				s.cur.pol.alg.Decide(s.cur.pol, &s.cur.st, 0, now, true, &s.dec)
 				held[i].st = s.cur.st
-				s.put(hashes[i], ref, sl, &s.cur)
+				sl.A, sl.B = s.cur.st.A, s.cur.st.B
+				if s.cur.st.log != nil || len(s.logs) > 0 {
+					s.setLog(ref.slot, s.cur.st.log)
+				}
 				s.cur = memEntry{}
 			}
 		}
