@@ -662,8 +662,11 @@ func (l *Limiter) admit(w http.ResponseWriter, r *http.Request, res *Result) boo
 // route: it sets r.Pattern to the pattern the mux will match, as the mux
 // itself does when it serves r, or, when the mux matches nothing, returns a
 // copy of r marked as routed without a match. A pattern already on r is
-// replaced: it is an outer mux's (the Limiter's mux mounted under
-// "/api/"), not the route the wrapped mux will serve.
+// replaced by the one the mux matches: it is an outer mux's (the Limiter's
+// mux mounted under "/api/"), not the route the wrapped mux will serve. It
+// is kept when the mux matches nothing (a Limiter mounted inside its own
+// mux behind http.StripPrefix, whose stripped path the mux does not
+// route): a route layer then limits by it rather than skip the request.
 func (l *Limiter) routeRequest(r *http.Request) *http.Request {
 	mux := l.cfg.mux
 	if mux == nil {
@@ -674,6 +677,9 @@ func (l *Limiter) routeRequest(r *http.Request) *http.Request {
 	}
 	if _, pattern := mux.Handler(r); pattern != "" {
 		r.Pattern = pattern
+		return r
+	}
+	if r.Pattern != "" {
 		return r
 	}
 	return r.WithContext(WithRoute(r.Context(), ""))

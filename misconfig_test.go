@@ -149,6 +149,24 @@ func TestServeMuxUnderOuterMux(t *testing.T) {
 	}
 }
 
+// TestServeMuxLimiterBehindStripPrefix checks that a Limiter mounted inside
+// its own mux behind http.StripPrefix, whose stripped path the mux does not
+// route, limits by the pattern the mux served it under rather than skip.
+func TestServeMuxLimiterBehindStripPrefix(t *testing.T) {
+	mux := http.NewServeMux()
+	l := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.Route(), Rule: core.PerMinute(1).Named("route")}}, ratelimit.WithServeMux(mux))
+	mux.Handle("/v1/", http.StripPrefix("/v1", l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))))
+	var codes []int
+	for range 2 {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, muxReq("GET", "/v1/users", "192.0.2.1:1"))
+		codes = append(codes, rec.Code)
+	}
+	if want := []int{200, 429}; !equalInts(codes, want) {
+		t.Fatalf("codes %v, want %v", codes, want)
+	}
+}
+
 // TestRouteKeysBounded checks that 1,000 distinct method tokens on two
 // routes produce two route keys.
 func TestRouteKeysBounded(t *testing.T) {

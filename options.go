@@ -57,7 +57,9 @@ func defaultConfig() config {
 // mux.Handler(r) for the pattern the mux will match and sets r.Pattern to
 // it, as the mux itself does when it serves r (replacing the pattern of an
 // outer mux the Limiter is mounted under, as in
-// outer.Handle("/api/", l.Handler(mux))). A request the
+// outer.Handle("/api/", l.Handler(mux)); a pattern the mux matches nothing
+// for is kept, as for a Limiter inside its own mux behind
+// http.StripPrefix). A request the
 // mux matches no pattern for (a 404, a 405, a redirect) is not keyed by
 // route: route layers do not apply to it (the mux answers it). Without this
 // option, or a framework adapter, a Route layer mounted before routing is a
