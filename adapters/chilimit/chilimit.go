@@ -60,6 +60,7 @@ package chilimit
 
 import (
 	"net/http"
+	stdpath "path"
 	"strings"
 
 	"github.com/go-chi/chi/v5"
@@ -162,10 +163,11 @@ func WithResult() Option { return func(o *options) { o.result = true } }
 // RoutePath when a middleware rewrote it (middleware.CleanPath,
 // StripSlashes, URLFormat), the URL's otherwise. Inside a mounted
 // sub-router, where the routing context holds only the rest of the path,
-// RouteOf reads the URL; if a middleware of the sub-router rewrote the rest
-// and the URL then matches no route, RouteOf cannot tell the route, and
-// says so (ok false: a route layer fails loudly rather than skip the
-// request).
+// RouteOf reads the URL, cleaned (path.Clean) when it matches no route as
+// it is (as a top-level CleanPath or StripSlashes left it); if a middleware
+// rewrote the rest of the path otherwise and the URL then matches no route,
+// RouteOf cannot tell the route, and says so (ok false: a route layer fails
+// loudly rather than skip the request).
 func RouteOf(r *http.Request) (route string, ok bool) {
 	route, ok, _ = routeOf(r)
 	return route, ok
@@ -200,6 +202,16 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 	}
 	fc := chi.NewRouteContext()
 	pattern := rctx.Routes.Find(fc, method, path)
+	if pattern == "" && len(rctx.RoutePatterns) > 0 {
+		// Inside a mount, the URL as a top-level CleanPath or StripSlashes
+		// left it for chi: cleaned.
+		if clean := stdpath.Clean(path); clean != path {
+			fc.Reset()
+			if pattern = rctx.Routes.Find(fc, method, clean); pattern != "" {
+				path = clean
+			}
+		}
+	}
 	if pattern == "" {
 		return "", !rewritten, true
 	}

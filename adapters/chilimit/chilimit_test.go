@@ -272,23 +272,53 @@ func TestRouteAfterPathRewrite(t *testing.T) {
 			}
 		})
 	}
+	// A top-level rewrite, a Limiter in a mounted sub-router: the route
+	// is found from the URL cleaned as the rewrite left it.
+	for _, path := range []string{"//api/login", "/x/../api/login", "/api//login", "/api/login/"} {
+		l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
+			Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+			Rule:   core.Rule{Name: "login", Limit: 2, Window: time.Minute},
+			Routes: []string{"POST /api/login"},
+		}})
+		r := chi.NewRouter()
+		r.Use(middleware.CleanPath, middleware.StripSlashes)
+		r.Route("/api", func(r chi.Router) {
+			r.Use(chilimit.Middleware(l))
+			r.Post("/login", ok)
+		})
+		var codes []int
+		for range 4 {
+			codes = append(codes, do(r, "POST", path, peer).Code)
+		}
+		if want := []int{200, 200, 429, 429}; !slices.Equal(codes, want) {
+			t.Fatalf("POST %s through a mounted sub-router: %v, want %v", path, codes, want)
+		}
+	}
 	// In a mounted sub-router, a rewrite of the rest of the path that
-	// leaves the URL matching nothing is a route RouteOf cannot tell: a
-	// route layer answers 500 rather than skip the request; a true 404
-	// there stays a 404.
+	// cleaning the URL does not undo (URLFormat's extension) is a route
+	// RouteOf cannot tell: a route layer answers 500 rather than skip the
+	// request. A sub-router's StripSlashes is undone by cleaning; a true
+	// 404 stays a 404.
 	l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
-		Key: ratelimit.Route(), Rule: core.Rule{Name: "route", Limit: 2, Window: time.Minute},
+		Key: ratelimit.Route(), Rule: core.Rule{Name: "route", Limit: 1, Window: time.Minute},
 	}}, ratelimit.WithLogger(nil))
 	r := chi.NewRouter()
 	r.Route("/api", func(r chi.Router) {
-		r.Use(middleware.StripSlashes, chilimit.Middleware(l))
+		r.Use(middleware.URLFormat, middleware.StripSlashes, chilimit.Middleware(l))
 		r.Post("/login", ok)
 	})
-	if w := do(r, "POST", "/api/login/", peer); w.Code != http.StatusInternalServerError {
-		t.Errorf("POST /api/login/ through a sub-router's StripSlashes: %d, want 500", w.Code)
-	}
-	if w := do(r, "POST", "/api/nope", peer); w.Code != http.StatusNotFound {
-		t.Errorf("POST /api/nope: %d, want 404", w.Code)
+	for _, tc := range []struct {
+		path string
+		code int
+	}{
+		{"/api/login.json", http.StatusInternalServerError},
+		{"/api/login/", http.StatusOK},
+		{"/api/login", http.StatusTooManyRequests},
+		{"/api/nope", http.StatusNotFound},
+	} {
+		if w := do(r, "POST", tc.path, peer); w.Code != tc.code {
+			t.Errorf("POST %s through a sub-router's URLFormat and StripSlashes: %d, want %d", tc.path, w.Code, tc.code)
+		}
 	}
 }
 
