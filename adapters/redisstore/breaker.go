@@ -143,8 +143,11 @@ func (s *Store) nodeBreaker(node string) *gobreaker.CircuitBreaker[struct{}] {
 }
 
 // NodeStates returns the state of each Cluster master's circuit breaker,
-// by the master's address, for the masters the store has talked to; nil
-// for a store that has one breaker for all (not a Cluster, or disabled).
+// by the master's address, for the masters the store has talked to, and
+// under "" the state of the breaker of the Cluster's slot map (the lookup
+// of the master holding a key, which a client makes over the network until
+// it has loaded the map); nil for a store that has one breaker for all (not
+// a Cluster, or disabled).
 func (s *Store) NodeStates() map[string]BreakerState {
 	if !s.perNode {
 		return nil

@@ -224,8 +224,9 @@ func withBurst(r core.Rule) core.Rule {
 
 // silentServer accepts connections and never answers. stop closes them
 // (and the listener), so that reads waiting on them end; it is also
-// called when the test ends, and may be called more than once.
-func silentServer(t *testing.T) (addr string, stop func()) {
+// called when the test ends, and may be called more than once. accepted
+// returns the number of connections accepted so far.
+func silentServer(t *testing.T) (addr string, stop func(), accepted func() int) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -259,18 +260,23 @@ func silentServer(t *testing.T) (addr string, stop func()) {
 		})
 	}
 	t.Cleanup(stop)
-	return ln.Addr().String(), stop
+	accepted = func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(conns)
+	}
+	return ln.Addr().String(), stop, accepted
 }
 
 // TestClusterSlotMapWithinTimeout: a Cluster client that has not loaded
 // its slot map, facing nodes that never answer, costs a decision the
-// store's Timeout, not the client's read timeout (for loading the map
-// before any breaker is asked), and the Fallback answers; with and without
+// store's Timeout, not the client's read timeout, and nothing once the slot
+// map's breaker is open; the Fallback answers; with and without
 // ContextTimeoutEnabled.
 func TestClusterSlotMapWithinTimeout(t *testing.T) {
 	for _, cte := range []bool{true, false} {
 		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
-			addr, stop := silentServer(t)
+			addr, stop, accepted := silentServer(t)
 			client := redis.NewClusterClient(&redis.ClusterOptions{
 				Addrs:                 []string{addr},
 				ContextTimeoutEnabled: cte,
@@ -296,8 +302,19 @@ func TestClusterSlotMapWithinTimeout(t *testing.T) {
 					t.Fatalf("decision %d: %+v after %v, want the Fallback's admission within the 50ms Timeout (the read timeout is 20s)", i, d, el)
 				}
 			}
-			if st := s.State(); st != BreakerOpen {
-				t.Fatalf("breaker %v, want open", st)
+			if st := s.State(); st != BreakerOpen || s.NodeStates()[""] != BreakerOpen {
+				t.Fatalf("breaker %v (nodes %v), want the slot map's open", st, s.NodeStates())
+			}
+			// While it is open, no lookup is made: no connection, no wait.
+			conns := accepted()
+			for range 5 {
+				var out [1]core.Decision
+				if err := s.Take(context.Background(), time.Now(), []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:]); err != nil || !out[0].Allowed {
+					t.Fatalf("with the breaker open: %+v %v, want the Fallback's admission", out[0], err)
+				}
+			}
+			if n := accepted() - conns; n != 0 {
+				t.Fatalf("with the breaker open, %d more connections to the silent Cluster", n)
 			}
 			rec.mu.Lock()
 			defer rec.mu.Unlock()

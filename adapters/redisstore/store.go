@@ -449,20 +449,27 @@ func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs [
 // several masters goes through each of their breakers, and its failure
 // counts against each.
 //
-// The masters are looked up within the store's Timeout too (a client that
-// has not loaded the Cluster's slot map loads it then): a lookup that fails
-// fails the batch through the breaker of no master (""), without a second
-// wait for the decision, so an unreachable Cluster costs a decision at most
-// one Timeout, and the Fallback answers it.
+// The masters are looked up through a breaker of their own, the slot
+// map's (""), within the store's Timeout (a client that has not loaded the
+// Cluster's slot map loads it then): a lookup that fails fails the batch
+// without a second wait for the decision, and while that breaker is open
+// no lookup is made, so an unreachable Cluster costs a decision at most
+// one Timeout, then nothing, and the Fallback answers it.
 func (s *Store) takeNodes(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
 	var nodes [core.MaxBatch]string
-	n, err := s.mastersOf(ctx, st.keys[:len(reqs)], &nodes)
-	if err != nil {
-		if ctx.Err() != nil {
-			return callerGone(ctx, err)
+	n := 0
+	err := s.throughBreakers([]string{""}, func() error {
+		var err error
+		if n, err = s.mastersOf(ctx, st.keys[:len(reqs)], &nodes); err != nil {
+			if ctx.Err() != nil {
+				return callerGone(ctx, err)
+			}
+			return fmt.Errorf("redisstore: finding the masters of the batch's keys: %w", err)
 		}
-		err = fmt.Errorf("redisstore: finding the masters of the batch's keys: %w", err)
-		return s.throughBreakers([]string{""}, func() error { return err })
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	return s.throughBreakers(nodes[:n], func() error {
 		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
