@@ -222,15 +222,16 @@ func NewTransport(limiter *core.Limiter, cfg *TransportConfig) (*Transport, erro
 // port, lower-cased, without the trailing dot of a fully qualified name, and
 // with the scheme's default port left out, so that https://API.example.com,
 // https://api.example.com. and https://api.example.com:443 share a quota.
-// An IPv6 address is written in its canonical form. It returns an error for
-// a request without a host.
+// An IP address is written in one form (IPv6 canonical; an IPv4-mapped
+// IPv6 address as the IPv4 address it reaches). It returns an error for a
+// request without a host.
 func TargetHost(r *http.Request) (string, error) {
 	if r.URL == nil || r.URL.Host == "" {
 		return "", errors.New("ratelimit: outgoing request without a host")
 	}
 	host, port := strings.TrimSuffix(r.URL.Hostname(), "."), r.URL.Port()
 	if a, err := netip.ParseAddr(host); err == nil {
-		host = a.String() // one spelling of each IPv6 address
+		host = a.Unmap().String() // one spelling of each address
 	}
 	if port == "" || (port == "443" && r.URL.Scheme == "https") || (port == "80" && r.URL.Scheme == "http") {
 		if strings.Contains(host, ":") {

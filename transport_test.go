@@ -447,7 +447,8 @@ func TestTransportPerHostKeys(t *testing.T) {
 	for want, urls := range map[string][]string{
 		"api.example.com":    {"https://api.example.com/", "https://api.example.com./", "https://API.EXAMPLE.COM.:443/"},
 		"[2001:db8::1]":      {"http://[2001:db8::1]/", "http://[2001:DB8:0:0:0:0:0:1]:80/", "http://[2001:0db8::0001]/"},
-		"192.0.2.1:8080":     {"http://192.0.2.1:8080/"},
+		"192.0.2.1:8080":     {"http://192.0.2.1:8080/", "http://[::ffff:192.0.2.1]:8080/"},
+		"192.0.2.1":          {"http://192.0.2.1/", "http://[::ffff:c000:201]/"},
 		"api.example.com:80": {"https://api.example.com.:80/"},
 	} {
 		for _, u := range urls {
