@@ -130,6 +130,9 @@ type IdempotencyConfig struct {
 //
 // A shaped request (a LeakyBucket layer with MaxDelay) waits its delay the
 // first time only. Requests without a key go through the Limiter unchanged.
+// The Limiter's WithRefund does not apply through the filter: a refunded
+// charge would leave a replayable record behind, so a request keeps its
+// charge whatever its status (it errs towards limiting).
 //
 // Mount it only where a handler run per key is what a retry should cost:
 // payments and other writes that carry an idempotency key. Never mount it on
