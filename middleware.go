@@ -799,6 +799,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		haveCost bool
 		rc       routeOnce
 		shaped   bool
+		maxDelay time.Duration // the longest MaxDelay of this request's policies
 	)
 	for i := range l.layers {
 		ly := &l.layers[i]
@@ -858,8 +859,8 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			l.failed(res, outcomeBadRequest, fmt.Errorf("ratelimit: layer %s: cost %d: %w", ly.desc, cost, errInvalidCost))
 			return 0
 		}
-		if p.MaxDelay() > 0 {
-			shaped = true
+		if d := p.MaxDelay(); d > 0 {
+			shaped, maxDelay = true, max(maxDelay, d)
 		}
 		reqs[n] = core.Request{Policy: p, Key: key, Cost: cost}
 		buf[n] = LayerResult{Key: key, Cost: cost, index: i}
@@ -878,10 +879,16 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		// refused for a full room is charged nothing.
 		if l.waiting.Add(1) > int64(l.cfg.maxWaiting) {
 			l.waiting.Add(-1)
-			res.Err, res.kind, res.Delay = ErrTooManyWaiting, outcomeQueueFull, rs.maxDelay
+			// Retry when every request waiting now has been served: the
+			// longest delay of the shaping policies known, this request's
+			// own included (a Resolver that lists none may pick one).
+			res.Err, res.kind, res.Delay = ErrTooManyWaiting, outcomeQueueFull, max(rs.maxDelay, maxDelay)
 			return 0
 		}
 		res.reserved = true
+		// A store, slot store or Observer that panics from here on must
+		// not keep the slot for good.
+		defer l.releaseOnPanic(res)
 	}
 	m := n
 	if peek && l.slots != nil {
@@ -1000,6 +1007,15 @@ func (l *Limiter) layerCost(ly *layer, r *http.Request, def *int64, have *bool) 
 // errInvalidCost is core.ErrInvalidCost without its own prefix, for
 // messages that already carry one.
 var errInvalidCost = &prefixedError{msg: strings.TrimPrefix(core.ErrInvalidCost.Error(), "ratelimit: "), err: core.ErrInvalidCost}
+
+// releaseOnPanic, deferred, gives back the waiting-room slot res holds when
+// a panic unwinds the decision, and lets the panic go on.
+func (l *Limiter) releaseOnPanic(res *Result) {
+	if p := recover(); p != nil {
+		l.release(res)
+		panic(p)
+	}
+}
 
 // release gives back the waiting-room slot res holds, if any.
 func (l *Limiter) release(res *Result) {

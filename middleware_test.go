@@ -782,6 +782,71 @@ func TestShapingCancel(t *testing.T) {
 }
 
 // TestShapingMaxWaiting checks that WithMaxWaiting bounds the waiters.
+// panickyObserver panics on its panicAt-th decision event.
+type panickyObserver struct {
+	core.NopObserver
+	n, panicAt int
+}
+
+func (o *panickyObserver) ObserveDecision(core.DecisionEvent) {
+	if o.n++; o.n == o.panicAt {
+		panic("observer bug")
+	}
+}
+
+// TestShapingSlotGivenBackOnPanic: a request that took a waiting-room slot
+// and whose decision panics (here in an Observer) gives the slot back, so
+// that panics, which net/http recovers, cannot fill the room for good.
+func TestShapingSlotGivenBackOnPanic(t *testing.T) {
+	keyHeader := func(r *http.Request) (string, error) { return r.Header.Get("K"), nil }
+	e := mwNew(t, []ratelimit.Layer{{Key: keyHeader, Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: 10 * time.Second}}},
+		ratelimit.WithObserver(&panickyObserver{panicAt: 2}), ratelimit.WithMaxWaiting(1))
+	ratelimit.SetWaitFunc(e.l, func(context.Context, time.Duration) error { return nil })
+	e.do(t, mwReq("192.0.2.1:1", "K", "x")) // served at once
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the observer's panic did not reach the handler")
+			}
+		}()
+		e.do(t, mwReq("192.0.2.1:1", "K", "x"))
+	}()
+	if w := ratelimit.Waiting(e.l); w != 0 {
+		t.Fatalf("waiting %d after the panic, want 0", w)
+	}
+	if rec := e.do(t, mwReq("192.0.2.1:1", "K", "y")); rec.Code != 200 {
+		t.Fatalf("another key after the panic: %d, want 200", rec.Code)
+	}
+}
+
+// TestShapingMaxWaitingResolverDelay: a full waiting room's Retry-After
+// covers the MaxDelay of a shaping policy a Resolver picked for the
+// refused request, though the Resolver lists no policies.
+func TestShapingMaxWaitingResolverDelay(t *testing.T) {
+	shaping := core.MustPolicy(core.Rule{Name: "shaped", Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: 30 * time.Second})
+	e := mwNew(t, []ratelimit.Layer{{
+		Key:      ratelimit.MustClientIP(),
+		Rule:     core.Rule{Name: "base", Limit: 100, Window: time.Minute},
+		Resolver: core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return shaping, nil }),
+	}}, ratelimit.WithMaxWaiting(1))
+	entered, release := make(chan struct{}), make(chan struct{})
+	ratelimit.SetWaitFunc(e.l, func(context.Context, time.Duration) error {
+		close(entered)
+		<-release
+		return nil
+	})
+	e.do(t, mwReq("192.0.2.1:1")) // fills the bucket
+	done := make(chan struct{})
+	go func() { e.do(t, mwReq("192.0.2.1:1")); close(done) }() // delayed: the one waiting slot
+	<-entered
+	rec := e.do(t, mwReq("192.0.2.2:1"))
+	close(release)
+	<-done
+	if rec.Code != 429 || rec.Header().Get(ratelimit.HeaderRetryAfter) != "30" {
+		t.Fatalf("full room: %d Retry-After %q, want 429 after 30 (the picked policy's MaxDelay)", rec.Code, rec.Header().Get(ratelimit.HeaderRetryAfter))
+	}
+}
+
 func TestShapingMaxWaiting(t *testing.T) {
 	layers := []ratelimit.Layer{{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute}}}
 	var denied *ratelimit.Result

@@ -338,8 +338,10 @@ func WithPartitionKey() Option { return func(c *config) { c.partitionKey = true 
 // being decided for a shaping layer) is refused with 429 (Result.Err is
 // [ErrTooManyWaiting]). Admit and Handler take the waiting slot before
 // charging the request, so such a refusal charges nothing, and its
-// Retry-After is the longest MaxDelay of the shaping layers, by when every
-// request waiting now has been served. After [Limiter.Decide],
+// Retry-After is the longest MaxDelay of the shaping layers and of the
+// refused request's own policies, by when every request waiting now has
+// been served (a Resolver that picks shaping policies should list them, see
+// core.PolicyLister, so that their delays count for every request). After [Limiter.Decide],
 // [Limiter.Wait] can only count the waiters after the charge: its refusal
 // keeps the charge (the store cannot take one back) and its Retry-After is
 // the request's delay. n must be at least 1; the default value is
