@@ -38,15 +38,19 @@ import (
 // and another request took the place.
 //
 // Time is the Redis server's clock (TIME) unless InFlightConfig.Clock is
-// set, for tests. On Redis Cluster the keys of one request are acquired in
-// one script when they share a hash slot; otherwise one key after another,
-// giving back those taken if a later one refuses (a concurrent request may
-// then be refused by a slot held for that moment; none is ever admitted
-// beyond a limit).
+// set, for tests. On one node the keys of one request are acquired in one
+// script; on a Redis Cluster when they share a hash slot, on a Ring (or a
+// client of unknown topology) when they share a hash tag; otherwise one key
+// after another, giving back those taken if a later one refuses (a
+// concurrent request may then be refused by a slot held for that moment;
+// none is ever admitted beyond a limit).
 //
-// A failing call is a backend error (the Limiter's fail policy applies). An
-// acquisition whose outcome is unknown (a timeout after the script was sent)
-// is removed by a best-effort release of its id, and otherwise expires.
+// A failing call is a backend error (the Limiter's fail policy applies).
+// Acquire is bounded by Timeout also for a client without
+// ContextTimeoutEnabled (the call is then abandoned at the Timeout). An
+// acquisition whose outcome is unknown (a timeout after the script was
+// sent) is removed by a best-effort release of its id (after the abandoned
+// call has ended), and otherwise expires.
 type InFlight struct {
 	client   redis.UniversalClient
 	prefix   string
@@ -54,7 +58,8 @@ type InFlight struct {
 	renew    time.Duration
 	timeout  time.Duration
 	clock    core.Clock
-	cluster  bool
+	place    placement // which keys one script may take together
+	ctxBound bool      // the client bounds its I/O by the context's deadline
 	idBase   string
 	seq      atomic.Uint64
 	lost     atomic.Uint64
@@ -64,7 +69,8 @@ type InFlight struct {
 	held   map[uint64]*heldSlot // requires mu held
 	closed bool                 // requires mu held
 
-	forgets chan struct{} // a slot per background release after an error
+	forgets chan struct{}  // a slot per background release after an error
+	calls   sync.WaitGroup // acquisitions abandoned at the Timeout, until they end
 
 	stop chan struct{}
 	done chan struct{}
@@ -154,20 +160,21 @@ func NewInFlight(client redis.UniversalClient, cfg *InFlightConfig) (*InFlight, 
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, fmt.Errorf("redisstore: NewInFlight: %w", err)
 	}
-	_, cluster := client.(*redis.ClusterClient)
+	place, ctxBound, _ := clientPlacement(client)
 	f := &InFlight{
-		client:  client,
-		prefix:  c.Prefix,
-		expiry:  c.Expiry,
-		renew:   c.RenewEvery,
-		timeout: c.Timeout,
-		clock:   c.Clock,
-		cluster: cluster,
-		idBase:  hex.EncodeToString(b[:]) + ":",
-		held:    make(map[uint64]*heldSlot),
-		forgets: make(chan struct{}, maxForgets),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		client:   client,
+		prefix:   c.Prefix,
+		expiry:   c.Expiry,
+		renew:    c.RenewEvery,
+		timeout:  c.Timeout,
+		clock:    c.Clock,
+		place:    place,
+		ctxBound: ctxBound,
+		idBase:   hex.EncodeToString(b[:]) + ":",
+		held:     make(map[uint64]*heldSlot),
+		forgets:  make(chan struct{}, maxForgets),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	go f.renewer()
 	return f, nil
@@ -204,14 +211,17 @@ func (f *InFlight) Acquire(ctx context.Context, reqs []core.SlotRequest, out []c
 	if err != nil {
 		// The script may have run: remove the slot id it may have added,
 		// without holding the request up, at most maxForgets at a time
-		// (beyond that, or if this fails too, the slot expires).
-		select {
-		case f.forgets <- struct{}{}:
-			go func() {
-				defer func() { <-f.forgets }()
-				f.releaseKeys(keys, id)
-			}()
-		default:
+		// (beyond that, or if this fails too, the slot expires). A call
+		// abandoned at the Timeout removes it itself once it has ended.
+		if !errors.Is(err, errAbandoned) {
+			select {
+			case f.forgets <- struct{}{}:
+				go func() {
+					defer func() { <-f.forgets }()
+					f.releaseKeys(keys, id)
+				}()
+			default:
+			}
 		}
 		return nil, fmt.Errorf("redisstore: in-flight acquire: %w", err)
 	}
@@ -236,7 +246,7 @@ func (f *InFlight) Acquire(ctx context.Context, reqs []core.SlotRequest, out []c
 
 // acquireKeys takes one slot of each key, all or nothing, and fills out.
 func (f *InFlight) acquireKeys(ctx context.Context, keys []string, id string, reqs []core.SlotRequest, out []core.SlotDecision) (bool, error) {
-	if !f.cluster || sameSlot(keys) {
+	if f.together(keys) {
 		return f.acquireGroup(ctx, keys, id, reqs, out)
 	}
 	for i := range keys {
@@ -257,6 +267,24 @@ func (f *InFlight) acquireKeys(ctx context.Context, keys []string, id string, re
 	return true, nil
 }
 
+// together reports whether one script can take keys: any keys on one node
+// (or a failover client), keys of one hash slot on a Cluster, keys of one
+// hash tag on a Ring or an unknown client (which may shard by it).
+func (f *InFlight) together(keys []string) bool {
+	switch f.place {
+	case placeOne:
+		return true
+	case placeSlot:
+		return sameSlot(keys)
+	}
+	for i := 1; i < len(keys); i++ {
+		if t := hashTagOf(keys[0]); t == "" || hashTagOf(keys[i]) != t {
+			return false
+		}
+	}
+	return true
+}
+
 // sameSlot reports whether keys share one Redis Cluster hash slot.
 func sameSlot(keys []string) bool {
 	for i := 1; i < len(keys); i++ {
@@ -274,7 +302,9 @@ func (f *InFlight) acquireGroup(ctx context.Context, keys []string, id string, r
 	for i := range reqs {
 		args = append(args, reqs[i].Limit)
 	}
-	v, err := runScript(ctx, f.client, slotAcquireLua, keys, args)
+	// Abandoned at the Timeout by a client that does not bound its I/O by
+	// it, the call gives back the slot it may take once it has ended.
+	v, err := runScriptWithin(ctx, f.client, f.ctxBound, &f.calls, slotAcquireLua, keys, args, func() { f.releaseKeys(keys, id) })
 	if err != nil {
 		return false, err
 	}
@@ -320,7 +350,7 @@ func (f *InFlight) releaseKeys(keys []string, id string) {
 // groups splits keys into runs that share a hash slot (one run off
 // Cluster).
 func (f *InFlight) groups(keys []string) [][]string {
-	if !f.cluster || sameSlot(keys) {
+	if f.together(keys) {
 		return [][]string{keys}
 	}
 	gs := make([][]string, len(keys))
@@ -407,7 +437,9 @@ func (f *InFlight) Held() int {
 }
 
 // Close stops the renewer, waits for the releases started after failed
-// acquisitions, and makes Acquire return ErrInFlightClosed. It gives back
+// acquisitions and for the acquisitions abandoned at the Timeout (which end
+// by the client's own read timeout), and makes Acquire return
+// ErrInFlightClosed. It gives back
 // no slot: release functions still work, and slots not released
 // free at their expiry, as a dead process's do. Close the InFlight after
 // the server has stopped serving (http.Server.Shutdown waits for the
@@ -425,6 +457,7 @@ func (f *InFlight) Close() error {
 	for range maxForgets { // wait for the background releases
 		f.forgets <- struct{}{}
 	}
+	f.calls.Wait() // and for the abandoned acquisitions (their own releases)
 	return nil
 }
 
@@ -518,6 +551,54 @@ func runScript(ctx context.Context, c redis.UniversalClient, s *luaScript, keys 
 		v, err = call("eval", s.src)
 	}
 	return v, err
+}
+
+// errAbandoned is the error of a call abandoned when its context ended, by
+// runScriptWithin.
+var errAbandoned = errors.New("call abandoned at its deadline")
+
+// runScriptWithin is runScript bounded by ctx also for a client that does
+// not bound its I/O by the context's deadline (ctxBound false: go-redis
+// without ContextTimeoutEnabled): the call then runs in a goroutine of its
+// own and is abandoned when ctx ends, with an error wrapping errAbandoned
+// and ctx's; once an abandoned call has ended, then (if not nil) runs.
+// The goroutine is counted in calls, if not nil, until it ends.
+func runScriptWithin(ctx context.Context, c redis.UniversalClient, ctxBound bool, calls *sync.WaitGroup, s *luaScript, keys []string, args []any, then func()) (any, error) {
+	if ctxBound || ctx.Done() == nil {
+		return runScript(ctx, c, s, keys, args)
+	}
+	type result struct {
+		v   any
+		err error
+	}
+	ch := make(chan result, 1)
+	var state atomic.Int32 // 0 running, 1 answered, 2 abandoned
+	if calls != nil {
+		calls.Add(1)
+	}
+	go func() {
+		if calls != nil {
+			defer calls.Done()
+		}
+		v, err := runScript(context.WithoutCancel(ctx), c, s, keys, args)
+		if state.CompareAndSwap(0, 1) {
+			ch <- result{v, err}
+			return
+		}
+		if then != nil {
+			then()
+		}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		if state.CompareAndSwap(0, 2) {
+			return nil, fmt.Errorf("%w: %w", errAbandoned, ctx.Err())
+		}
+		r := <-ch // it ended meanwhile
+		return r.v, r.err
+	}
 }
 
 // luaScript is a script's source and SHA1.

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -387,5 +388,60 @@ func TestInFlightRedisDown(t *testing.T) {
 	f.Close()
 	if f.Failures() == 0 {
 		t.Fatal("the background releases after the failures were not counted")
+	}
+}
+
+// TestInFlightRing: on a Ring, whose shards each hold some keys, a
+// request's keys are taken one after another (they share no hash tag), so
+// a per-user slot set lives on one shard and its limit holds.
+func TestInFlightRing(t *testing.T) {
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{
+		"a": redistest.Server(t), "b": redistest.Server(t),
+	}})
+	t.Cleanup(func() { ring.Close() })
+	f := newInFlight(t, ring, InFlightConfig{})
+	admitted := 0
+	for i := 0; i < 20; i++ {
+		var out [2]core.SlotDecision
+		rel, err := f.Acquire(context.Background(), []core.SlotRequest{
+			{Name: "ip", Key: fmt.Sprintf("10.0.0.%d", i), Limit: 100},
+			{Name: "user", Key: "u", Limit: 1},
+		}, out[:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rel != nil {
+			admitted++ // never released: every admitted request stays in flight
+		}
+	}
+	if admitted != 1 {
+		t.Fatalf("user u (limit 1) holds %d slots at once on a Ring, want 1", admitted)
+	}
+}
+
+// TestInFlightTimeoutWithoutContextTimeout: Acquire is bounded by Timeout
+// for a client that does not bound its I/O by the context (go-redis's
+// default), and the slot an abandoned acquisition took is given back once
+// it has ended.
+func TestInFlightTimeoutWithoutContextTimeout(t *testing.T) {
+	addr := redistest.Server(t)
+	px := newProxy(t, addr)
+	c := newClient(t, px.Addr()) // ContextTimeoutEnabled unset
+	f := newInFlight(t, c, InFlightConfig{Timeout: 100 * time.Millisecond})
+	req := []core.SlotRequest{{Name: "conc", Key: "k", Limit: 5}}
+	if _, err := f.Acquire(context.Background(), req, make([]core.SlotDecision, 1)); err != nil {
+		t.Fatal(err) // loads the script; this slot stays held
+	}
+	px.delay.Store(int64(2 * time.Second))
+	start := time.Now()
+	_, err := f.Acquire(context.Background(), req, make([]core.SlotDecision, 1))
+	if el := time.Since(start); err == nil || el > time.Second {
+		t.Fatalf("Acquire with Timeout 100ms and replies 2s late: %v after %v, want an error at the Timeout", err, el)
+	}
+	px.delay.Store(0)
+	f.Close() // waits for the abandoned acquisition and its release
+	direct := newClient(t, addr)
+	if n := direct.ZCard(context.Background(), f.prefix+"conc:k").Val(); n != 1 {
+		t.Fatalf("%d slots held after the abandoned acquisition ended, want 1 (the first)", n)
 	}
 }

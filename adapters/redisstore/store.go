@@ -242,6 +242,23 @@ const (
 	placeTag                   // unknown topology: keys with equal hash tags
 )
 
+// clientPlacement returns where client puts the keys of one script call
+// (placeOne for a single node or a failover client, placeSlot for a
+// Cluster, placeTag for a Ring and any other client), whether it bounds its
+// I/O by the context's deadline (ContextTimeoutEnabled), and whether it is
+// one of go-redis's own clients.
+func clientPlacement(client redis.UniversalClient) (p placement, ctxBound, known bool) {
+	switch cl := client.(type) {
+	case *redis.Client:
+		return placeOne, cl.Options().ContextTimeoutEnabled, true
+	case *redis.ClusterClient:
+		return placeSlot, cl.Options().ContextTimeoutEnabled, true
+	case *redis.Ring:
+		return placeTag, cl.Options().ContextTimeoutEnabled, true
+	}
+	return placeTag, false, false
+}
+
 // New returns a Store over client configured by cfg (nil for the
 // defaults). It does not contact Redis. The client is used as it is
 // configured; see the package documentation for the go-redis options that
@@ -280,18 +297,9 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
-	switch cl := client.(type) {
-	case *redis.Client:
-		s.place, s.ctxBound, s.poolArgs = placeOne, cl.Options().ContextTimeoutEnabled, true
-		if n := cl.Options().PoolSize; n > 0 {
-			s.slots = make(chan struct{}, n)
-		}
-	case *redis.ClusterClient:
-		s.place, s.ctxBound, s.poolArgs = placeSlot, cl.Options().ContextTimeoutEnabled, true
-	case *redis.Ring:
-		s.place, s.ctxBound, s.poolArgs = placeTag, cl.Options().ContextTimeoutEnabled, true
-	default:
-		s.place = placeTag
+	s.place, s.ctxBound, s.poolArgs = clientPlacement(client)
+	if cl, ok := client.(*redis.Client); ok && cl.Options().PoolSize > 0 {
+		s.slots = make(chan struct{}, cl.Options().PoolSize)
 	}
 	if c.Pipeline < 0 {
 		return nil, fmt.Errorf("redisstore: Config.Pipeline is %d; it must be 0 (off) or positive", c.Pipeline)
