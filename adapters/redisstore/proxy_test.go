@@ -13,11 +13,12 @@ import (
 // tests: it can delay every reply, and it can cut a connection right after
 // the server has answered a script (the script ran; the client sees EOF).
 type proxy struct {
-	ln     net.Listener
-	target string
-	delay  atomic.Int64 // nanoseconds added before each reply chunk
-	cut    atomic.Bool  // cut connections after a script's reply
-	cuts   atomic.Int64 // connections cut so far
+	ln      net.Listener
+	target  string
+	delay   atomic.Int64 // nanoseconds added before each reply chunk
+	cut     atomic.Bool  // cut connections after a script's reply
+	cutOnce atomic.Bool  // cut the next connection after a script's reply
+	cuts    atomic.Int64 // connections cut so far
 
 	mu    sync.Mutex
 	conns []net.Conn
@@ -101,7 +102,7 @@ func (p *proxy) accept() {
 					if d := time.Duration(p.delay.Load()); d > 0 {
 						time.Sleep(d)
 					}
-					if p.cut.Load() && scripted.Load() {
+					if scripted.Load() && (p.cut.Load() || p.cutOnce.CompareAndSwap(true, false)) {
 						// The server ran the script and answered; the client
 						// never hears it.
 						p.cuts.Add(1)

@@ -24,9 +24,10 @@ import (
 // Redis makes the idempotency filter limit the request as usual (see
 // ratelimit.IdempotencyConfig.OnError) rather than stall it.
 type ReplayStore struct {
-	client  redis.UniversalClient
-	prefix  string
-	timeout time.Duration
+	client   redis.UniversalClient
+	ctxBound bool // the client bounds its I/O by the context's deadline
+	prefix   string
+	timeout  time.Duration
 }
 
 var _ ratelimit.ReplayStore = (*ReplayStore)(nil)
@@ -34,7 +35,9 @@ var _ ratelimit.ReplayStore = (*ReplayStore)(nil)
 // ReplayConfig configures a ReplayStore. A nil *ReplayConfig means the
 // defaults.
 type ReplayConfig struct {
-	// Prefix starts every key, followed by "idem:". The default value is
+	// Prefix starts every key, followed by "%idem:", which no key of a
+	// Store's rule begins with (a rule's name is escaped, and "%" only
+	// starts an escape): the two may share a prefix. The default value is
 	// DefaultPrefix.
 	Prefix string
 	// Timeout bounds each call. The default value is DefaultTimeout.
@@ -61,13 +64,18 @@ func NewReplayStore(client redis.UniversalClient, cfg *ReplayConfig) (*ReplaySto
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout
 	}
-	return &ReplayStore{client: client, prefix: c.Prefix + "idem:", timeout: c.Timeout}, nil
+	_, ctxBound, _ := clientPlacement(client)
+	return &ReplayStore{client: client, ctxBound: ctxBound, prefix: c.Prefix + "%idem:", timeout: c.Timeout}, nil
 }
 
+// The scripts run without go-redis's retries (see runScript): a claim
+// retried after its reply was lost would find itself. The claim script
+// also takes its own token as its own claim.
 var (
-	claimScript = redis.NewScript(`
+	claimScript = newLua(`
 local v = redis.call('GET', KEYS[1])
 if v then
+  if v == 'p:' .. ARGV[1] then return {0} end
   if string.sub(v, 1, 2) == 'p:' then return {2} end
   local sep = string.find(v, ':', 3, true)
   local n = tonumber(string.sub(v, 3, sep - 1))
@@ -79,12 +87,12 @@ if v then
 end
 redis.call('SET', KEYS[1], 'p:' .. ARGV[1], 'PX', ARGV[2])
 return {0}`)
-	commitScript = redis.NewScript(`
+	commitScript = newLua(`
 if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
   redis.call('SET', KEYS[1], 'd:0:' .. ARGV[2], 'PX', ARGV[3])
 end
 return 0`)
-	releaseScript = redis.NewScript(`
+	releaseScript = newLua(`
 if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
   redis.call('DEL', KEYS[1])
 end
@@ -101,10 +109,11 @@ func (s *ReplayStore) Claim(ctx context.Context, key string, hold time.Duration,
 	tok := hex.EncodeToString(b[:])
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	v, err := claimScript.Run(ctx, s.client, []string{s.prefix + key}, tok, millis(hold), maxReplays).Slice()
+	reply, err := s.run(ctx, claimScript, key, tok, millis(hold), maxReplays)
 	if err != nil {
 		return nil, "", fmt.Errorf("ratelimit: redisstore: idempotency claim: %w", err)
 	}
+	v, _ := reply.([]any)
 	if len(v) == 0 {
 		return nil, "", errors.New("ratelimit: redisstore: idempotency claim: empty reply")
 	}
@@ -127,7 +136,7 @@ func (s *ReplayStore) Claim(ctx context.Context, key string, hold time.Duration,
 func (s *ReplayStore) Commit(ctx context.Context, key, token string, rec []byte, ttl time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	if err := commitScript.Run(ctx, s.client, []string{s.prefix + key}, token, rec, millis(ttl)).Err(); err != nil {
+	if _, err := s.run(ctx, commitScript, key, token, rec, millis(ttl)); err != nil {
 		return fmt.Errorf("ratelimit: redisstore: idempotency commit: %w", err)
 	}
 	return nil
@@ -137,8 +146,15 @@ func (s *ReplayStore) Commit(ctx context.Context, key, token string, rec []byte,
 func (s *ReplayStore) Release(ctx context.Context, key, token string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	if err := releaseScript.Run(ctx, s.client, []string{s.prefix + key}, token).Err(); err != nil {
+	if _, err := s.run(ctx, releaseScript, key, token); err != nil {
 		return fmt.Errorf("ratelimit: redisstore: idempotency release: %w", err)
 	}
 	return nil
+}
+
+// run runs sc on key's Redis key with args, within ctx (also for a client
+// without ContextTimeoutEnabled: the call is then abandoned at the
+// deadline; see runScriptWithin).
+func (s *ReplayStore) run(ctx context.Context, sc *luaScript, key string, args ...any) (any, error) {
+	return runScriptWithin(ctx, s.client, s.ctxBound, nil, sc, []string{s.prefix + key}, args, nil)
 }

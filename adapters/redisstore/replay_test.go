@@ -12,6 +12,7 @@ import (
 	"github.com/limitry/ratelimit"
 	"github.com/limitry/ratelimit/core"
 	"github.com/limitry/ratelimit/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestReplayStoreClaimCommitRelease(t *testing.T) {
@@ -26,7 +27,7 @@ func TestReplayStoreClaimCommitRelease(t *testing.T) {
 	if err != nil || tok == "" || rec != nil {
 		t.Fatalf("first claim: %q %q %v, want a token", rec, tok, err)
 	}
-	if ttl := client.PTTL(ctx, prefix+"idem:a").Val(); ttl <= 0 || ttl > 5*time.Second {
+	if ttl := client.PTTL(ctx, prefix+"%idem:a").Val(); ttl <= 0 || ttl > 5*time.Second {
 		t.Errorf("claim PTTL %v, want within (0, 5s]", ttl)
 	}
 	if _, _, err := s.Claim(ctx, "a", 5*time.Second, 3); !errors.Is(err, ratelimit.ErrReplayPending) {
@@ -45,7 +46,7 @@ func TestReplayStoreClaimCommitRelease(t *testing.T) {
 	if err := s.Commit(ctx, "a", tok, []byte("X-Ratelimit-Remaining: 1\n"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if ttl := client.PTTL(ctx, prefix+"idem:a").Val(); ttl <= 59*time.Minute || ttl > time.Hour {
+	if ttl := client.PTTL(ctx, prefix+"%idem:a").Val(); ttl <= 59*time.Minute || ttl > time.Hour {
 		t.Errorf("record PTTL %v, want about 1h", ttl)
 	}
 	rec, tok2, err := s.Claim(ctx, "a", 5*time.Second, 3)
@@ -135,7 +136,75 @@ func TestReplayStoreConfig(t *testing.T) {
 		t.Error("a negative Timeout was accepted")
 	}
 	s, err := NewReplayStore(client, nil)
-	if err != nil || s.prefix != DefaultPrefix+"idem:" || s.timeout != DefaultTimeout {
+	if err != nil || s.prefix != DefaultPrefix+"%idem:" || s.timeout != DefaultTimeout {
 		t.Fatalf("defaults: %+v %v", s, err)
+	}
+}
+
+// TestReplayStoreFaults: a claim whose reply is lost is not retried by the
+// client (a retry would find the claim it made and call it another's, or
+// count a replay twice); a slow Redis costs a call its Timeout, also for a
+// client without ContextTimeoutEnabled; and replay keys never meet a rule's
+// keys under the same prefix, even a rule named "idem".
+func TestReplayStoreFaults(t *testing.T) {
+	addr := redistest.Server(t)
+	px := newProxy(t, addr)
+	direct := newClient(t, addr)
+	// go-redis's default retries (MaxRetries 0 is 3), and no
+	// ContextTimeoutEnabled.
+	viaProxy := newClient(t, px.Addr(), func(o *redis.Options) { o.MaxRetries = 0 })
+	prefix := uniquePrefix(t)
+	s, err := NewReplayStore(viaProxy, &ReplayConfig{Prefix: prefix, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, tok, err := s.Claim(ctx, "warm", time.Second, 3); err != nil || tok == "" {
+		t.Fatal(tok, err) // loads the script
+	}
+
+	px.cutOnce.Store(true)
+	if _, _, err := s.Claim(ctx, "fresh", 10*time.Second, 3); err == nil || errors.Is(err, ratelimit.ErrReplayPending) {
+		t.Fatalf("a claim whose reply was lost: %v, want the connection's error", err)
+	}
+	_, tok, err := s.Claim(ctx, "rec", 10*time.Second, 3)
+	if err != nil || tok == "" {
+		t.Fatal(tok, err)
+	}
+	if err := s.Commit(ctx, "rec", tok, []byte("X: 1\n"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	px.cutOnce.Store(true)
+	s.Claim(ctx, "rec", 10*time.Second, 3) // a replay whose reply is lost
+	if v := direct.Get(ctx, prefix+"%idem:rec").Val(); v != "d:1:X: 1\n" {
+		t.Fatalf("one replay stored as %q, want d:1:...", v)
+	}
+
+	fast, err := NewReplayStore(viaProxy, &ReplayConfig{Prefix: prefix, Timeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.delay.Store(int64(2 * time.Second))
+	start := time.Now()
+	_, _, err = fast.Claim(ctx, "slow", time.Second, 3)
+	if el := time.Since(start); err == nil || el > time.Second {
+		t.Fatalf("a claim with Timeout 100ms and replies 2s late: %v after %v, want an error at the Timeout", err, el)
+	}
+	px.delay.Store(0)
+
+	st := newStore(t, direct, &Config{Prefix: prefix})
+	p := mustPolicy(t, core.Rule{Name: "idem", Limit: 1, Window: time.Hour})
+	const k = "0123456789abcdef0123456789abcdef" // a scoped idempotency key's shape
+	now := time.Now()
+	take(t, st, now, p, k, 1)
+	rs, err := NewReplayStore(direct, &ReplayConfig{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, tok, err := rs.Claim(ctx, k, time.Second, 3); err != nil || tok == "" {
+		t.Fatal(tok, err)
+	}
+	if d := take(t, st, now, p, k, 1); d.Allowed {
+		t.Fatal("a rule named idem was credited by a replay claim on the same key")
 	}
 }
