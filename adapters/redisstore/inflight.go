@@ -192,12 +192,16 @@ func (f *InFlight) Acquire(ctx context.Context, reqs []core.SlotRequest, out []c
 	if err := core.CheckSlots(reqs, out); err != nil {
 		return nil, err
 	}
+	// Counted from before the closed check, so that Close waits for this
+	// call and what it leaves running (see runScriptWithin).
 	f.mu.Lock()
-	closed := f.closed
-	f.mu.Unlock()
-	if closed {
+	if f.closed {
+		f.mu.Unlock()
 		return nil, ErrInFlightClosed
 	}
+	f.calls.Add(1)
+	f.mu.Unlock()
+	defer f.calls.Done()
 	keys := make([]string, len(reqs))
 	for i := range reqs {
 		keys[i] = redisKey(f.prefix, escapeName(reqs[i].Name), "", &core.Request{Key: reqs[i].Key})
@@ -209,19 +213,18 @@ func (f *InFlight) Acquire(ctx context.Context, reqs []core.SlotRequest, out []c
 
 	ok, err := f.acquireKeys(ctx, keys, id, reqs, out)
 	if err != nil {
-		// The script may have run: remove the slot id it may have added,
-		// without holding the request up, at most maxForgets at a time
-		// (beyond that, or if this fails too, the slot expires). A call
-		// abandoned at the Timeout removes it itself once it has ended.
-		if !errors.Is(err, errAbandoned) {
-			select {
-			case f.forgets <- struct{}{}:
-				go func() {
-					defer func() { <-f.forgets }()
-					f.releaseKeys(keys, id)
-				}()
-			default:
-			}
+		// A script may have run: remove the slot id it may have added (and
+		// those of the keys taken before it), without holding the request
+		// up, at most maxForgets at a time (beyond that, or if this fails
+		// too, the slot expires). A call abandoned at the Timeout also
+		// removes its own once it has ended, in case it lands after this.
+		select {
+		case f.forgets <- struct{}{}:
+			go func() {
+				defer func() { <-f.forgets }()
+				f.releaseKeys(keys, id)
+			}()
+		default:
 		}
 		return nil, fmt.Errorf("redisstore: in-flight acquire: %w", err)
 	}
@@ -251,7 +254,10 @@ func (f *InFlight) acquireKeys(ctx context.Context, keys []string, id string, re
 	}
 	for i := range keys {
 		ok, err := f.acquireGroup(ctx, keys[i:i+1], id, reqs[i:i+1], out[i:i+1])
-		if err != nil || !ok {
+		if err != nil {
+			return false, err // Acquire gives back the keys taken, in the background
+		}
+		if !ok {
 			if i > 0 {
 				f.releaseKeys(keys[:i], id)
 				for j := 0; j < i; j++ {
@@ -261,7 +267,7 @@ func (f *InFlight) acquireKeys(ctx context.Context, keys []string, id string, re
 			for j := range reqs[i+1:] {
 				out[i+1+j] = core.SlotDecision{Allowed: true, Limit: reqs[i+1+j].Limit}
 			}
-			return false, err
+			return false, nil
 		}
 	}
 	return true, nil

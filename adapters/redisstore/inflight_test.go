@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -443,5 +444,94 @@ func TestInFlightTimeoutWithoutContextTimeout(t *testing.T) {
 	direct := newClient(t, addr)
 	if n := direct.ZCard(context.Background(), f.prefix+"conc:k").Val(); n != 1 {
 		t.Fatalf("%d slots held after the abandoned acquisition ended, want 1 (the first)", n)
+	}
+}
+
+// hookClock is the system clock calling hook with the count of its reads
+// before each.
+type hookClock struct {
+	n    atomic.Int64
+	hook func(n int64)
+}
+
+func (c *hookClock) Now() time.Time { c.hook(c.n.Add(1)); return time.Now() }
+
+// TestInFlightTimeoutKeyByKey: keys taken one after another (a Ring, no
+// common hash tag) keep Acquire within its Timeout when a later key's call
+// is abandoned: the keys taken before are given back in the background.
+func TestInFlightTimeoutKeyByKey(t *testing.T) {
+	addr := redistest.Server(t)
+	px := newProxy(t, addr)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": px.Addr()}}) // ContextTimeoutEnabled unset
+	t.Cleanup(func() { ring.Close() })
+	clk := &hookClock{hook: func(n int64) {
+		if n == 4 { // the second key of the second Acquire
+			px.delay.Store(int64(2 * time.Second))
+		}
+	}}
+	f := newInFlight(t, ring, InFlightConfig{Timeout: 100 * time.Millisecond, Clock: clk})
+	reqs := []core.SlotRequest{{Name: "ip", Key: "1.2.3.4", Limit: 100}, {Name: "user", Key: "u", Limit: 100}}
+	rel, err := f.Acquire(context.Background(), reqs, make([]core.SlotDecision, 2)) // loads the script
+	if err != nil || rel == nil {
+		t.Fatal(err)
+	}
+	rel()
+	start := time.Now()
+	_, err = f.Acquire(context.Background(), reqs, make([]core.SlotDecision, 2))
+	el := time.Since(start)
+	px.delay.Store(0)
+	if err == nil || el > time.Second {
+		t.Fatalf("Acquire with Timeout 100ms, Redis slow after the first key: %v after %v, want an error at the Timeout", err, el)
+	}
+	f.Close() // waits for the background release and the abandoned call
+	direct := newClient(t, addr)
+	for _, k := range []string{"ip:1.2.3.4", "user:u"} {
+		if n := direct.ZCard(context.Background(), f.prefix+k).Val(); n != 0 {
+			t.Fatalf("%s holds %d slots after the failed Acquire, want 0", k, n)
+		}
+	}
+}
+
+// TestInFlightCloseWaitsForAcquire: an Acquire past its closed check when
+// Close runs is waited for, with the call it abandons.
+func TestInFlightCloseWaitsForAcquire(t *testing.T) {
+	addr := redistest.Server(t)
+	px := newProxy(t, addr)
+	c := newClient(t, px.Addr()) // ContextTimeoutEnabled unset
+	parked, resume := make(chan struct{}), make(chan struct{})
+	clk := &hookClock{hook: func(n int64) {
+		if n == 2 { // the second Acquire, past its closed check
+			close(parked)
+			<-resume
+		}
+	}}
+	f := newInFlight(t, c, InFlightConfig{Timeout: 100 * time.Millisecond, Clock: clk})
+	req := []core.SlotRequest{{Name: "conc", Key: "k", Limit: 5}}
+	rel, err := f.Acquire(context.Background(), req, make([]core.SlotDecision, 1))
+	if err != nil || rel == nil {
+		t.Fatal(err)
+	}
+	rel() // loads the release script too
+	px.delay.Store(int64(time.Second))
+	errc := make(chan error, 1)
+	go func() {
+		_, err := f.Acquire(context.Background(), req, make([]core.SlotDecision, 1))
+		errc <- err
+	}()
+	<-parked
+	closed := make(chan struct{})
+	go func() { f.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while an Acquire was running")
+	case <-time.After(50 * time.Millisecond): // Close is waiting, as it must
+	}
+	close(resume)
+	<-closed
+	if err := <-errc; err == nil {
+		t.Fatal("the Acquire met a Redis 1s late within a 100ms Timeout and succeeded")
+	}
+	if n := c.ZCard(context.Background(), f.prefix+"conc:k").Val(); n != 0 {
+		t.Fatalf("%d slots held after Close, want 0: the abandoned acquisition's was not given back", n)
 	}
 }
