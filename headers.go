@@ -556,6 +556,22 @@ func problemQuotaExceeded(res *Result) problem {
 	}
 }
 
+// problemStoreFull is the problem of a request refused because a full
+// store (core.MemoryConfig.KeepActive) holds no room for its key.
+func problemStoreFull(res *Result) problem {
+	secs := max(ceilSeconds(res.RetryAfter()), 1)
+	unit := "seconds"
+	if secs == 1 {
+		unit = "second"
+	}
+	return problem{
+		Type:   "about:blank",
+		Title:  "Too Many Requests",
+		Status: http.StatusTooManyRequests,
+		Detail: fmt.Sprintf("The rate limiter holds too many active clients; retry after %d %s.", secs, unit),
+	}
+}
+
 func problemTooCostly(res *Result) problem {
 	detail := "The request's cost exceeds the capacity of a rate limit; it can never be admitted."
 	for i := range res.Layers {

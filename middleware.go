@@ -1237,6 +1237,10 @@ func (l *Limiter) Refuse(w http.ResponseWriter, r *http.Request, res *Result) {
 		case outcomeMissingKey:
 			writeText(w, http.StatusUnauthorized, "Unauthorized\n")
 		case outcomeStoreFull:
+			if l.cfg.problem {
+				writeProblem(w, problemStoreFull(res))
+				return
+			}
 			writeText(w, http.StatusTooManyRequests, "Too Many Requests\n")
 		default:
 			writeText(w, http.StatusBadRequest, "Bad Request\n")

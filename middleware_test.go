@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -705,6 +706,24 @@ func TestProblemDetails(t *testing.T) {
 		}
 		p := decode(t, rec)
 		if p.Type != "about:blank" || p.Status != 413 || p.Title != "Content Too Large" || !strings.Contains(p.Detail, `cost (9) exceeds the capacity (5) of policy "per-ip"`) {
+			t.Errorf("got %+v", p)
+		}
+	})
+	t.Run("store-full", func(t *testing.T) {
+		store := core.MustMemoryStore(&core.MemoryConfig{Capacity: 16, Shards: 1, KeepActive: true})
+		e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(5).Named("per-ip")}},
+			ratelimit.WithProblemDetails(), ratelimit.WithStore(store))
+		for i := range 16 {
+			if rec := e.do(t, mwReq(fmt.Sprintf("192.0.2.%d:1", i))); rec.Code != 200 {
+				t.Fatalf("client %d: %d", i, rec.Code)
+			}
+		}
+		rec := e.do(t, mwReq("198.51.100.1:1"))
+		if rec.Code != 429 || rec.Header().Get(ratelimit.HeaderRetryAfter) == "" {
+			t.Fatalf("a new client in a full store: %d, Retry-After %q", rec.Code, rec.Header().Get(ratelimit.HeaderRetryAfter))
+		}
+		p := decode(t, rec)
+		if p.Type != "about:blank" || p.Status != 429 || p.Title != "Too Many Requests" || !strings.Contains(p.Detail, "too many active clients; retry after") {
 			t.Errorf("got %+v", p)
 		}
 	})

@@ -193,7 +193,9 @@ func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res *Resul
 //
 // where violated-policies lists the names of the refusing layers. A request
 // whose cost exceeds a layer's capacity gets type "about:blank" with status
-// 413. It has no effect when [WithDeniedHandler] is set.
+// 413, and one refused by a full store (core.MemoryConfig.KeepActive) type
+// "about:blank" with status 429. It has no effect when [WithDeniedHandler]
+// is set.
 func WithProblemDetails() Option { return func(c *config) { c.problem = true } }
 
 // WithSkip exempts requests for which skip returns true (health checks,
