@@ -91,7 +91,11 @@ func WithResult() Option { return func(o *options) { o.result = true } }
 // MiddlewareFor is [Middleware] for the routes of engine: a route
 // registered for every method gin's Any registers is keyed by its path
 // alone, so a client cannot multiply a route's quota by changing the method.
-// Register the routes before serving (as gin requires). It panics if engine
+// A path registered for some methods only (gin's Match, or GET and POST
+// apart) keeps a route, and a quota, per method; to limit it as a whole,
+// give it a layer whose Routes name each of those routes and whose key
+// leaves the route out (ratelimit.ClientIP alone, say). Register the routes
+// before serving (as gin requires). It panics if engine
 // or l is nil, an option is nil, or l refunds by response status
 // (ratelimit.WithRefund: refund with Limiter.Refund on the Result instead).
 func MiddlewareFor(engine *gin.Engine, l *ratelimit.Limiter, opts ...Option) gin.HandlerFunc {
