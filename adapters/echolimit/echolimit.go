@@ -11,7 +11,11 @@
 // route layers do not apply to it. Middleware added with e.Use, g.Use or per
 // route runs after routing; in e.Pre middleware the route is looked up in
 // echo's router, so one Limiter in e.Pre or e.Use can hold per-IP, per-user
-// and per-route layers in one atomic batch.
+// and per-route layers in one atomic batch. In e.Pre the path is looked up
+// as it is when the middleware runs: put the Limiter after the e.Pre
+// middleware that rewrites paths (RemoveTrailingSlash, AddTrailingSlash,
+// Rewrite), or in e.Use; before them, a path they rewrite into a route
+// would find none, and route layers would not apply to it.
 //
 // # Responses
 //
@@ -57,6 +61,8 @@ package echolimit
 import (
 	"net/http"
 	"reflect"
+	"sync"
+	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
@@ -198,14 +204,51 @@ func RouteOf(c echo.Context) string {
 	if r.Method == probe {
 		probe = echo.PROPFIND
 	}
+	rt := router(e, r.Host)
 	fc := e.AcquireContext()
 	defer e.ReleaseContext(fc)
 	fc.Reset(r, nil)
-	router(e, r.Host).Find(probe, echo.GetPath(r), fc)
-	if fc.Path() == path && matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) {
+	rt.Find(probe, echo.GetPath(r), fc)
+	if fc.Path() == path && matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) &&
+		!(methodRoutes(rt, r.Method, path) && !methodRoutes(rt, probe, path)) {
 		return path
 	}
 	return r.Method + " " + path
+}
+
+// routeSets caches, by router, the routes registered for a method (not
+// RouteNotFound's catch-alls, which echo's Group.Use adds at a group's own
+// path and at its "/*"), as "METHOD path".
+var routeSets sync.Map // *echo.Router -> *routeSet
+
+type routeSet struct {
+	routes map[string]bool
+	built  time.Time
+}
+
+// methodRoutes reports whether rt has a route registered for method at
+// path: the request's own route, when the probe's method finds a
+// RouteNotFound catch-all at the same path, is one of the method's
+// alone. The set is built once per router, and again (at most once a
+// second) when a route is not found in it, for routes added after the
+// first request.
+func methodRoutes(rt *echo.Router, method, path string) bool {
+	k := method + " " + path
+	v, ok := routeSets.Load(rt)
+	if ok {
+		set := v.(*routeSet)
+		if set.routes[k] || time.Since(set.built) < time.Second {
+			return set.routes[k]
+		}
+	}
+	set := &routeSet{routes: map[string]bool{}, built: time.Now()}
+	for _, x := range rt.Routes() {
+		if x.Method != echo.RouteNotFound {
+			set.routes[x.Method+" "+x.Path] = true
+		}
+	}
+	routeSets.Store(rt, set)
+	return set.routes[k]
 }
 
 // router returns the router echo routes a request for host with: the

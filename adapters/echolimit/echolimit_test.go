@@ -502,3 +502,43 @@ func TestMiddlewareNilLimiterPanics(t *testing.T) {
 	}()
 	echolimit.Middleware(nil)
 }
+
+// TestRouteKeyGroupWithMiddleware: a group with middleware of its own gets
+// echo's catch-all routes at its path and at its "/*"; a route registered
+// for one method there (the group's root, a catch-all of its own) keeps
+// its method, in e.Use, e.Pre and the group's middleware.
+func TestRouteKeyGroupWithMiddleware(t *testing.T) {
+	auth := func(next echo.HandlerFunc) echo.HandlerFunc { return func(c echo.Context) error { return next(c) } }
+	for _, mode := range []string{"use", "pre", "group"} {
+		t.Run(mode, func(t *testing.T) {
+			obs := &keys{}
+			l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+				Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+				Rule:   core.Rule{Name: "create", Limit: 1, Window: time.Minute},
+				Routes: []string{"POST /users", "GET /files/*"},
+			}})
+			e := echo.New()
+			mws := []echo.MiddlewareFunc{auth}
+			switch mode {
+			case "use":
+				e.Use(echolimit.Middleware(l))
+			case "pre":
+				e.Pre(echolimit.Middleware(l))
+			case "group":
+				mws = append(mws, echolimit.Middleware(l))
+			}
+			users := e.Group("/users", mws...)
+			users.GET("", ok)
+			users.POST("", ok)
+			files := e.Group("/files", mws...)
+			files.GET("/*", ok)
+			var codes []int
+			for range 2 {
+				codes = append(codes, do(e, "POST", "/users", peer).Code, do(e, "GET", "/files/a/b", peer).Code)
+			}
+			if want := []int{200, 200, 429, 429}; !slices.Equal(codes, want) {
+				t.Fatalf("POST /users and GET /files/a/b twice: %v, want %v; decisions %q", codes, want, obs.list())
+			}
+		})
+	}
+}
