@@ -24,6 +24,13 @@
 // knows the engine's routes and keys such a route by its path alone
 // ("/login"), so that changing the method never buys a fresh quota.
 //
+// engine.HandleContext runs the whole chain again for the request it
+// forwards, so the forwarded request is decided, and charged, again (under
+// the route it is forwarded to): forwarding never skips a limit, and costs
+// a client two units. Gin answers its own redirects (RedirectTrailingSlash,
+// RedirectFixedPath) without running any middleware: they are not charged;
+// the request a client then sends to the new path is.
+//
 // # Client IP
 //
 // Keys come from the Limiter's layers, such as [ratelimit.ClientIP], which
