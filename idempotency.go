@@ -269,8 +269,8 @@ func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
 	}
 	ok = f.l.serve(w, r, &res, res.Layers)
 	// Only a request that will be served is remembered: one refused
-	// after its decision (a full waiting room, a client gone during a
-	// shaping delay) is decided afresh next time.
+	// after its decision (a client gone during a shaping delay) is
+	// decided afresh next time.
 	// The outcome is recorded even for a client that has gone: its claim
 	// must not linger.
 	octx := context.WithoutCancel(ctx)

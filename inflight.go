@@ -62,8 +62,10 @@ import (
 // For an admitted request the layer's Remaining is N minus the slots in use,
 // this request's included, and its ResetAfter is 0. An Observer (see
 // [WithObserver]) receives every concurrency decision as a
-// core.DecisionEvent under the layer's policy (Admitted: the slots were
-// taken) and every slot store failure as a core.ErrorEvent.
+// core.DecisionEvent under the layer's policy, once the rate layers have
+// decided (Admitted: the request was admitted, by its rate layers too; a
+// slot given back because a rate layer refused is reported not admitted),
+// and every slot store failure as a core.ErrorEvent.
 //
 // Slots live in a core.SlotTable of the Limiter's own unless
 // [WithSlotStore] gives another store (redisstore.InFlight shares them in a

@@ -59,8 +59,8 @@ func defaultConfig() config {
 // outer mux the Limiter is mounted under, as in
 // outer.Handle("/api/", l.Handler(mux)); a pattern the mux matches nothing
 // for is kept, as for a Limiter inside its own mux behind
-// http.StripPrefix). A request the
-// mux matches no pattern for (a 404, a 405, a redirect) is not keyed by
+// http.StripPrefix). A request the mux matches no pattern for, and that
+// carries no pattern of its own (a 404, a 405, a redirect), is not keyed by
 // route: route layers do not apply to it (the mux answers it). Without this
 // option, or a framework adapter, a Route layer mounted before routing is a
 // configuration error (see [ErrConfig]), never a skip.
@@ -194,8 +194,10 @@ func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res *Resul
 // where violated-policies lists the names of the refusing layers. A request
 // whose cost exceeds a layer's capacity gets type "about:blank" with status
 // 413, and one refused by a full store (core.MemoryConfig.KeepActive) type
-// "about:blank" with status 429. It has no effect when [WithDeniedHandler]
-// is set.
+// "about:blank" with status 429. With [WithDeniedHandler] set, the denied
+// handler answers the quota refusals and the 413 instead; a full store's
+// 429 stays problem details (the error handler, see [WithErrorHandler], may
+// write it instead).
 func WithProblemDetails() Option { return func(c *config) { c.problem = true } }
 
 // WithSkip exempts requests for which skip returns true (health checks,

@@ -108,6 +108,31 @@ func TestLimiterStoreErrorObserved(t *testing.T) {
 	}
 }
 
+// ctxStore fails a Take with its context's error, as a store whose call
+// the caller's context ended does.
+type ctxStore struct{}
+
+func (ctxStore) Take(ctx context.Context, _ time.Time, _ []core.Request, _ []core.Decision) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestLimiterCallerGoneNotObserved: a store error met once the caller's
+// context has ended (its client went away) is no store failure: the
+// Observer does not hear of it.
+func TestLimiterCallerGoneNotObserved(t *testing.T) {
+	rec := &recorder{}
+	l := core.Must(core.New(core.PerSecond(1), core.WithStore(ctxStore{}), core.WithObserver(rec)))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.Allow(ctx, "k"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v", err)
+	}
+	if len(rec.errs) != 0 {
+		t.Fatalf("error events for a caller gone: %+v", rec.errs)
+	}
+}
+
 func TestLimiterDryRunAndBatch(t *testing.T) {
 	rec := &recorder{}
 	l := core.Must(core.NewWithPolicy(nil, core.WithDryRun(), core.WithObserver(rec), core.WithClock(core.NewFakeClock(t0))))

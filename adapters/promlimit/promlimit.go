@@ -50,10 +50,13 @@
 // A Limiter on a fake clock reports 0.
 //
 // ratelimit_errors_total counts the errors a Store returned, once under each
-// rule of the batch: store failures, and core.ErrStoreFull from a full
+// rule of the batch: store failures, core.ErrStoreFull from a full
 // MemoryStore with KeepActive (its requests are answered 429, but no rule
 // refused them, so they are not "denied": a growing count means the store
-// is too small for its busy keys, or under a flood of new ones). A cost
+// is too small for its busy keys, or under a flood of new ones), and
+// core.ErrDuplicateRequest (Resolvers that gave one key equally named
+// policies, answered 500). An error met after the caller's context ended
+// (its client went away) is not counted. A cost
 // above a rule's capacity is a refusal ("denied"), not an error. Key errors
 // and Resolver errors of the HTTP middleware never reach the store and are
 // not counted; see ratelimit.WithErrorHandler. ratelimit_evictions_total

@@ -220,7 +220,8 @@
 //
 // # Failures
 //
-// Each Take is bounded by Config.Timeout (50ms by default). go-redis
+// Each Take is bounded by Config.Timeout (50ms by default; twice that on a
+// Cluster whose client must first load its slot map). go-redis
 // bounds its socket reads by the context's deadline only when the client
 // has ContextTimeoutEnabled; otherwise the store waits for the call in a
 // goroutine and abandons it at the deadline (it then ends on the client's

@@ -114,7 +114,9 @@ type InFlightConfig struct {
 	// of Expiry.
 	RenewEvery time.Duration
 
-	// Timeout bounds each call to Redis. The default value is
+	// Timeout bounds each call to Redis when the client has
+	// ContextTimeoutEnabled; Acquire, on the request's path, is bounded by
+	// it without that too (see InFlight). The default value is
 	// DefaultInFlightTimeout, 1s.
 	Timeout time.Duration
 
@@ -186,8 +188,10 @@ var _ core.SlotStore = (*InFlight)(nil)
 var ErrInFlightClosed = errors.New("redisstore: in-flight store is closed")
 
 // Acquire implements core.SlotStore. The release function it returns runs
-// one script with its own Timeout (not ctx, which may have ended with the
-// request); if that fails, the slot frees at its expiry.
+// one script per group of keys that one script can take (see InFlight),
+// with a Timeout of its own (not ctx, which may have ended with the
+// request; bounding it needs ContextTimeoutEnabled); if that fails, the
+// slot frees at its expiry.
 func (f *InFlight) Acquire(ctx context.Context, reqs []core.SlotRequest, out []core.SlotDecision) (func(), error) {
 	if err := core.CheckSlots(reqs, out); err != nil {
 		return nil, err

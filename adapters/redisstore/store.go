@@ -102,7 +102,9 @@ type Config struct {
 	HashTag func(policyName, key string) string
 
 	// Timeout bounds each Take's calls to Redis (both phases of a batch
-	// spanning several Cluster slots count against it). A decision that
+	// spanning several Cluster slots count against it; on a Cluster whose
+	// client has not loaded its slot map, the map's lookup is bounded by
+	// Timeout too, so that Take may last up to twice Timeout). A decision that
 	// times out is an error (or goes to the Fallback) and is never re-sent:
 	// the script may have run. A negative value sets no bound of the
 	// store's own. The default value is DefaultTimeout, 50ms.
