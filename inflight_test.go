@@ -526,6 +526,23 @@ func TestInFlightObserved(t *testing.T) {
 	if obs.errs != 1 {
 		t.Fatalf("observed %d errors, want 1", obs.errs)
 	}
+	// A slot store failing because the request's context ended (its
+	// client went away) is no store failure.
+	gone := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithObserver(obs), ratelimit.WithSlotStore(ctxSlots{}))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	gone.AdmitFunc(httptest.NewRecorder(), getFrom("192.0.2.1").WithContext(ctx))
+	if obs.errs != 1 {
+		t.Fatalf("observed %d errors after a client went away, want still 1", obs.errs)
+	}
+}
+
+// ctxSlots fails an acquisition with its context's error.
+type ctxSlots struct{}
+
+func (ctxSlots) Acquire(ctx context.Context, _ []core.SlotRequest, _ []core.SlotDecision) (func(), error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
 }
 
 // TestInFlightObservedAfterRateLayers checks that a concurrency layer's
