@@ -201,7 +201,7 @@ func (l *Limiter) acquireWith(ctx context.Context, res *Result, buf []LayerResul
 		release, err = l.slots.Acquire(ctx, rq, ro)
 		copy(sout, ro)
 	}
-	if l.cfg.observer != nil && err != nil && ctx.Err() == nil { // a client gone is no failure
+	if l.cfg.observer != nil && err != nil && (ctx.Err() == nil || !errors.Is(err, ctx.Err())) { // a client gone is no failure
 		l.cfg.observer.ObserveError(core.ErrorEvent{Policies: append([]*core.Policy(nil), pols[:k]...), Err: err, Latency: l.clock.Now().Sub(start)})
 	}
 	if err != nil {

@@ -253,9 +253,9 @@ func (l *Limiter) TakeAt(ctx context.Context, now time.Time, reqs []Request, out
 		err = l.takeStore(ctx, now, reqs, out)
 	}
 	ok, err := admitted(reqs, out, err)
-	// A store error once the caller's context has ended (its client went
-	// away) is no store failure: it is not reported.
-	if l.observer != nil && (err == nil || ctx.Err() == nil) {
+	// A store error caused by the caller's context ending (its client
+	// went away) is no store failure: it is not reported.
+	if l.observer != nil && (err == nil || ctx.Err() == nil || !errors.Is(err, ctx.Err())) {
 		l.observe(reqs, out, ok, now, err)
 	}
 	return ok, err

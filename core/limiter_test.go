@@ -131,6 +131,15 @@ func TestLimiterCallerGoneNotObserved(t *testing.T) {
 	if len(rec.errs) != 0 {
 		t.Fatalf("error events for a caller gone: %+v", rec.errs)
 	}
+	// Errors the context did not cause are reported as ever, a refusal
+	// for a cost above the capacity as a decision.
+	l2 := core.Must(core.New(core.PerSecond(1), core.WithObserver(rec)))
+	if _, err := l2.AllowN(ctx, "k", 5); !errors.Is(err, core.ErrCostExceedsCapacity) {
+		t.Fatalf("err = %v", err)
+	}
+	if len(rec.decisions) != 1 || rec.decisions[0].Decision.Allowed {
+		t.Fatalf("a refusal for a cost above the capacity, the context ended: decisions %+v", rec.decisions)
+	}
 }
 
 func TestLimiterDryRunAndBatch(t *testing.T) {

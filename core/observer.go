@@ -12,8 +12,8 @@ type Observer interface {
 	// ObserveDecision is called once per request of every decided batch.
 	ObserveDecision(DecisionEvent)
 	// ObserveError is called when a store fails (with any error but
-	// ErrCostExceedsCapacity, a refusal), unless the caller's context had
-	// ended by then: a client that went away is no store failure.
+	// ErrCostExceedsCapacity, a refusal), unless the error is the caller's
+	// context ending: a client that went away is no store failure.
 	ObserveError(ErrorEvent)
 	// ObserveEviction is called when a MemoryStore evicts a key that still
 	// held state.

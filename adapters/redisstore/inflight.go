@@ -464,10 +464,10 @@ func (f *InFlight) Close() error {
 	f.mu.Unlock()
 	close(f.stop)
 	<-f.done
-	for range maxForgets { // wait for the background releases
+	f.calls.Wait()         // the Acquires past their closed check, and the calls they abandoned
+	for range maxForgets { // then the background releases they started
 		f.forgets <- struct{}{}
 	}
-	f.calls.Wait() // and for the abandoned acquisitions (their own releases)
 	return nil
 }
 

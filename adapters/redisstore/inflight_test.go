@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -488,6 +489,60 @@ func TestInFlightTimeoutKeyByKey(t *testing.T) {
 	for _, k := range []string{"ip:1.2.3.4", "user:u"} {
 		if n := direct.ZCard(context.Background(), f.prefix+k).Val(); n != 0 {
 			t.Fatalf("%s holds %d slots after the failed Acquire, want 0", k, n)
+		}
+	}
+}
+
+// TestInFlightCloseDuringKeyByKeyAcquire: an Acquire that fails while
+// Close runs, keys taken one after another, still gives back the keys it
+// took before Close returns.
+func TestInFlightCloseDuringKeyByKeyAcquire(t *testing.T) {
+	addr := redistest.Server(t)
+	px := newProxy(t, addr)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": px.Addr()}})
+	t.Cleanup(func() { ring.Close() })
+	parked, resume := make(chan struct{}), make(chan struct{})
+	clk := &hookClock{hook: func(n int64) {
+		if n == 4 { // the second key of the second Acquire: the first is taken
+			px.delay.Store(int64(time.Second))
+			close(parked)
+			<-resume
+		}
+	}}
+	f := newInFlight(t, ring, InFlightConfig{Timeout: 100 * time.Millisecond, Clock: clk})
+	reqs := []core.SlotRequest{{Name: "ip", Key: "1.2.3.4", Limit: 100}, {Name: "user", Key: "u", Limit: 100}}
+	rel, err := f.Acquire(context.Background(), reqs, make([]core.SlotDecision, 2))
+	if err != nil || rel == nil {
+		t.Fatal(err)
+	}
+	rel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := f.Acquire(context.Background(), reqs, make([]core.SlotDecision, 2))
+		errc <- err
+	}()
+	<-parked
+	closed := make(chan struct{})
+	go func() { f.Close(); close(closed) }()
+	for { // Close has begun
+		f.mu.Lock()
+		c := f.closed
+		f.mu.Unlock()
+		if c {
+			break
+		}
+		runtime.Gosched()
+	}
+	close(resume)
+	<-closed
+	px.delay.Store(0)
+	if err := <-errc; err == nil {
+		t.Fatal("the Acquire met a Redis 1s late within a 100ms Timeout and succeeded")
+	}
+	direct := newClient(t, addr)
+	for _, k := range []string{"ip:1.2.3.4", "user:u"} {
+		if n := direct.ZCard(context.Background(), f.prefix+k).Val(); n != 0 {
+			t.Fatalf("%s holds %d slots after Close returned, want 0", k, n)
 		}
 	}
 }
