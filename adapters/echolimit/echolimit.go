@@ -61,8 +61,6 @@ package echolimit
 import (
 	"net/http"
 	"reflect"
-	"sync"
-	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
@@ -209,46 +207,31 @@ func RouteOf(c echo.Context) string {
 	defer e.ReleaseContext(fc)
 	fc.Reset(r, nil)
 	rt.Find(probe, echo.GetPath(r), fc)
-	if fc.Path() == path && matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) &&
-		!(methodRoutes(rt, r.Method, path) && !methodRoutes(rt, probe, path)) {
-		return path
+	if fc.Path() == path && matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) {
+		// Unless the request's method has a route of its own there and
+		// the probe's has none (it found a group's catch-all).
+		if own, probed := methodRoutes(rt, path, r.Method, probe); !own || probed {
+			return path
+		}
 	}
 	return r.Method + " " + path
 }
 
-// routeSets caches, by router, the routes registered for a method (not
-// RouteNotFound's catch-alls, which echo's Group.Use adds at a group's own
-// path and at its "/*"), as "METHOD path".
-var routeSets sync.Map // *echo.Router -> *routeSet
-
-type routeSet struct {
-	routes map[string]bool
-	built  time.Time
-}
-
-// methodRoutes reports whether rt has a route registered for method at
-// path: the request's own route, when the probe's method finds a
-// RouteNotFound catch-all at the same path, is one of the method's
-// alone. The set is built once per router, and again (at most once a
-// second) when a route is not found in it, for routes added after the
-// first request.
-func methodRoutes(rt *echo.Router, method, path string) bool {
-	k := method + " " + path
-	v, ok := routeSets.Load(rt)
-	if ok {
-		set := v.(*routeSet)
-		if set.routes[k] || time.Since(set.built) < time.Second {
-			return set.routes[k]
-		}
-	}
-	set := &routeSet{routes: map[string]bool{}, built: time.Now()}
+// methodRoutes reports whether rt has a route registered at path for m1,
+// and for m2: routes of their own, not the RouteNotFound catch-alls that
+// echo's Group.Use adds at a group's own path and at its "/*". It reads
+// the router's routes afresh (routes added after the first request count),
+// so it costs a walk of them: RouteOf asks it only when a probe finds a
+// route answering another method at the request's path (an e.Any route,
+// or such a catch-all).
+func methodRoutes(rt *echo.Router, path, m1, m2 string) (has1, has2 bool) {
 	for _, x := range rt.Routes() {
-		if x.Method != echo.RouteNotFound {
-			set.routes[x.Method+" "+x.Path] = true
+		if x.Path == path {
+			has1 = has1 || x.Method == m1
+			has2 = has2 || x.Method == m2
 		}
 	}
-	routeSets.Store(rt, set)
-	return set.routes[k]
+	return has1, has2
 }
 
 // router returns the router echo routes a request for host with: the

@@ -542,3 +542,29 @@ func TestRouteKeyGroupWithMiddleware(t *testing.T) {
 		})
 	}
 }
+
+// TestRouteKeyGroupRouteAddedLater: a one-method route added to a group
+// after the first request is keyed with its method at once.
+func TestRouteKeyGroupRouteAddedLater(t *testing.T) {
+	auth := func(next echo.HandlerFunc) echo.HandlerFunc { return func(c echo.Context) error { return next(c) } }
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.Rule{Name: "create", Limit: 1, Window: time.Minute},
+		Routes: []string{"POST /users"},
+	}})
+	e := echo.New()
+	e.Use(echolimit.Middleware(l))
+	users := e.Group("/users", auth)
+	users.GET("", ok)
+	if c := do(e, "GET", "/users", peer).Code; c != 200 {
+		t.Fatal(c)
+	}
+	users.POST("", ok) // after the first request
+	var codes []int
+	for range 2 {
+		codes = append(codes, do(e, "POST", "/users", peer).Code)
+	}
+	if want := []int{200, 429}; !slices.Equal(codes, want) {
+		t.Fatalf("POST /users twice, limit 1: %v, want %v", codes, want)
+	}
+}
