@@ -457,77 +457,88 @@ type hookClock struct {
 
 func (c *hookClock) Now() time.Time { c.hook(c.n.Add(1)); return time.Now() }
 
-// TestInFlightTimeoutKeyByKey: keys taken one after another (a Ring, no
-// common hash tag) keep Acquire within its Timeout when a later key's call
-// is abandoned: the keys taken before are given back in the background.
-func TestInFlightTimeoutKeyByKey(t *testing.T) {
+// keyByKey is an InFlight on a one-shard Ring behind px (ContextTimeoutEnabled
+// unset), whose two-key requests reqs are taken key by key (they share no
+// hash tag), with a Timeout of 100ms and a clock calling hook on each read,
+// whose first Acquire and release (which load the scripts) are done.
+// noSlots fails the test unless reqs' keys hold no slot.
+type keyByKey struct {
+	f       *InFlight
+	px      *proxy
+	reqs    []core.SlotRequest
+	noSlots func(when string)
+}
+
+func newKeyByKey(t *testing.T, hook func(n int64)) *keyByKey {
+	t.Helper()
 	addr := redistest.Server(t)
-	px := newProxy(t, addr)
-	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": px.Addr()}}) // ContextTimeoutEnabled unset
+	k := &keyByKey{px: newProxy(t, addr), reqs: []core.SlotRequest{{Name: "ip", Key: "1.2.3.4", Limit: 100}, {Name: "user", Key: "u", Limit: 100}}}
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": k.px.Addr()}})
 	t.Cleanup(func() { ring.Close() })
-	clk := &hookClock{hook: func(n int64) {
-		if n == 4 { // the second key of the second Acquire
-			px.delay.Store(int64(2 * time.Second))
-		}
-	}}
-	f := newInFlight(t, ring, InFlightConfig{Timeout: 100 * time.Millisecond, Clock: clk})
-	reqs := []core.SlotRequest{{Name: "ip", Key: "1.2.3.4", Limit: 100}, {Name: "user", Key: "u", Limit: 100}}
-	rel, err := f.Acquire(context.Background(), reqs, make([]core.SlotDecision, 2)) // loads the script
+	k.f = newInFlight(t, ring, InFlightConfig{Timeout: 100 * time.Millisecond, Clock: &hookClock{hook: hook}})
+	rel, err := k.f.Acquire(context.Background(), k.reqs, make([]core.SlotDecision, 2))
 	if err != nil || rel == nil {
 		t.Fatal(err)
 	}
 	rel()
+	direct := newClient(t, addr)
+	k.noSlots = func(when string) {
+		t.Helper()
+		for _, key := range []string{"ip:1.2.3.4", "user:u"} {
+			if n := direct.ZCard(context.Background(), k.f.prefix+key).Val(); n != 0 {
+				t.Fatalf("%s holds %d slots %s, want 0", key, n, when)
+			}
+		}
+	}
+	return k
+}
+
+// TestInFlightTimeoutKeyByKey: keys taken one after another (a Ring, no
+// common hash tag) keep Acquire within its Timeout when a later key's call
+// is abandoned: the keys taken before are given back in the background.
+func TestInFlightTimeoutKeyByKey(t *testing.T) {
+	var k *keyByKey
+	k = newKeyByKey(t, func(n int64) {
+		if n == 4 { // the second key of the second Acquire
+			k.px.delay.Store(int64(2 * time.Second))
+		}
+	})
 	start := time.Now()
-	_, err = f.Acquire(context.Background(), reqs, make([]core.SlotDecision, 2))
+	_, err := k.f.Acquire(context.Background(), k.reqs, make([]core.SlotDecision, 2))
 	el := time.Since(start)
-	px.delay.Store(0)
+	k.px.delay.Store(0)
 	if err == nil || el > time.Second {
 		t.Fatalf("Acquire with Timeout 100ms, Redis slow after the first key: %v after %v, want an error at the Timeout", err, el)
 	}
-	f.Close() // waits for the background release and the abandoned call
-	direct := newClient(t, addr)
-	for _, k := range []string{"ip:1.2.3.4", "user:u"} {
-		if n := direct.ZCard(context.Background(), f.prefix+k).Val(); n != 0 {
-			t.Fatalf("%s holds %d slots after the failed Acquire, want 0", k, n)
-		}
-	}
+	k.f.Close() // waits for the background release and the abandoned call
+	k.noSlots("after the failed Acquire")
 }
 
 // TestInFlightCloseDuringKeyByKeyAcquire: an Acquire that fails while
 // Close runs, keys taken one after another, still gives back the keys it
 // took before Close returns.
 func TestInFlightCloseDuringKeyByKeyAcquire(t *testing.T) {
-	addr := redistest.Server(t)
-	px := newProxy(t, addr)
-	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": px.Addr()}})
-	t.Cleanup(func() { ring.Close() })
+	var k *keyByKey
 	parked, resume := make(chan struct{}), make(chan struct{})
-	clk := &hookClock{hook: func(n int64) {
+	k = newKeyByKey(t, func(n int64) {
 		if n == 4 { // the second key of the second Acquire: the first is taken
-			px.delay.Store(int64(time.Second))
+			k.px.delay.Store(int64(time.Second))
 			close(parked)
 			<-resume
 		}
-	}}
-	f := newInFlight(t, ring, InFlightConfig{Timeout: 100 * time.Millisecond, Clock: clk})
-	reqs := []core.SlotRequest{{Name: "ip", Key: "1.2.3.4", Limit: 100}, {Name: "user", Key: "u", Limit: 100}}
-	rel, err := f.Acquire(context.Background(), reqs, make([]core.SlotDecision, 2))
-	if err != nil || rel == nil {
-		t.Fatal(err)
-	}
-	rel()
+	})
 	errc := make(chan error, 1)
 	go func() {
-		_, err := f.Acquire(context.Background(), reqs, make([]core.SlotDecision, 2))
+		_, err := k.f.Acquire(context.Background(), k.reqs, make([]core.SlotDecision, 2))
 		errc <- err
 	}()
 	<-parked
 	closed := make(chan struct{})
-	go func() { f.Close(); close(closed) }()
+	go func() { k.f.Close(); close(closed) }()
 	for { // Close has begun
-		f.mu.Lock()
-		c := f.closed
-		f.mu.Unlock()
+		k.f.mu.Lock()
+		c := k.f.closed
+		k.f.mu.Unlock()
 		if c {
 			break
 		}
@@ -535,16 +546,11 @@ func TestInFlightCloseDuringKeyByKeyAcquire(t *testing.T) {
 	}
 	close(resume)
 	<-closed
-	px.delay.Store(0)
+	k.px.delay.Store(0)
 	if err := <-errc; err == nil {
 		t.Fatal("the Acquire met a Redis 1s late within a 100ms Timeout and succeeded")
 	}
-	direct := newClient(t, addr)
-	for _, k := range []string{"ip:1.2.3.4", "user:u"} {
-		if n := direct.ZCard(context.Background(), f.prefix+k).Val(); n != 0 {
-			t.Fatalf("%s holds %d slots after Close returned, want 0", k, n)
-		}
-	}
+	k.noSlots("after Close returned")
 }
 
 // TestInFlightCloseWaitsForAcquire: an Acquire past its closed check when
