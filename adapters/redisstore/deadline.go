@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,4 +76,55 @@ func (d *deadlines) doneAt(now time.Time, at int64) chan struct{} {
 	time.AfterFunc(time.Duration(b.at-now.UnixNano()), func() { close(b.done) })
 	d.cur.Store(b)
 	return b.done
+}
+
+// errAbandoned is the error of a call abandoned when its context ended, by
+// callWithin.
+var errAbandoned = errors.New("call abandoned at its deadline")
+
+// callWithin runs call bounded by ctx, also for a client that does not
+// bound its I/O by the context's deadline (ctxBound false: go-redis without
+// ContextTimeoutEnabled): call then runs in a goroutine of its own, on ctx
+// without its cancellation, and is abandoned when ctx ends, with an error
+// wrapping errAbandoned and ctx's; once an abandoned call has ended, then
+// (if not nil) runs. track, if not nil, is called before the goroutine
+// starts and returns what to call when it ends (a close waiting for such
+// calls counts them so). An abandoned call may run after callWithin has
+// returned: it must not use memory the caller reuses.
+func callWithin[T any](ctx context.Context, ctxBound bool, track func() (done func()), call func(context.Context) (T, error), then func()) (T, error) {
+	if ctxBound || ctx.Done() == nil {
+		return call(ctx)
+	}
+	type result struct {
+		v   T
+		err error
+	}
+	ch := make(chan result, 1)
+	var state atomic.Int32 // 0 running, 1 answered, 2 abandoned
+	done := func() {}
+	if track != nil {
+		done = track()
+	}
+	go func() {
+		defer done()
+		v, err := call(context.WithoutCancel(ctx))
+		if state.CompareAndSwap(0, 1) {
+			ch <- result{v, err}
+			return
+		}
+		if then != nil {
+			then()
+		}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		if state.CompareAndSwap(0, 2) {
+			var zero T
+			return zero, fmt.Errorf("%w: %w", errAbandoned, ctx.Err())
+		}
+		r := <-ch // it ended meanwhile
+		return r.v, r.err
+	}
 }

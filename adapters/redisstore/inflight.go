@@ -563,52 +563,18 @@ func runScript(ctx context.Context, c redis.UniversalClient, s *luaScript, keys 
 	return v, err
 }
 
-// errAbandoned is the error of a call abandoned when its context ended, by
-// runScriptWithin.
-var errAbandoned = errors.New("call abandoned at its deadline")
-
 // runScriptWithin is runScript bounded by ctx also for a client that does
 // not bound its I/O by the context's deadline (ctxBound false: go-redis
-// without ContextTimeoutEnabled): the call then runs in a goroutine of its
-// own and is abandoned when ctx ends, with an error wrapping errAbandoned
-// and ctx's; once an abandoned call has ended, then (if not nil) runs.
-// The goroutine is counted in calls, if not nil, until it ends.
+// without ContextTimeoutEnabled; see callWithin): an abandoned call is
+// counted in calls, if not nil, until it ends, and then runs after it.
 func runScriptWithin(ctx context.Context, c redis.UniversalClient, ctxBound bool, calls *sync.WaitGroup, s *luaScript, keys []string, args []any, then func()) (any, error) {
-	if ctxBound || ctx.Done() == nil {
-		return runScript(ctx, c, s, keys, args)
-	}
-	type result struct {
-		v   any
-		err error
-	}
-	ch := make(chan result, 1)
-	var state atomic.Int32 // 0 running, 1 answered, 2 abandoned
+	var track func() func()
 	if calls != nil {
-		calls.Add(1)
+		track = func() func() { calls.Add(1); return calls.Done }
 	}
-	go func() {
-		if calls != nil {
-			defer calls.Done()
-		}
-		v, err := runScript(context.WithoutCancel(ctx), c, s, keys, args)
-		if state.CompareAndSwap(0, 1) {
-			ch <- result{v, err}
-			return
-		}
-		if then != nil {
-			then()
-		}
-	}()
-	select {
-	case r := <-ch:
-		return r.v, r.err
-	case <-ctx.Done():
-		if state.CompareAndSwap(0, 2) {
-			return nil, fmt.Errorf("%w: %w", errAbandoned, ctx.Err())
-		}
-		r := <-ch // it ended meanwhile
-		return r.v, r.err
-	}
+	return callWithin(ctx, ctxBound, track, func(ctx context.Context) (any, error) {
+		return runScript(ctx, c, s, keys, args)
+	}, then)
 }
 
 // luaScript is a script's source and SHA1.

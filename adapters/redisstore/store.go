@@ -489,60 +489,51 @@ func (s *Store) takeNodes(ctx context.Context, st *takeState, nowArg any, reqs [
 // mastersOf writes the addresses of the masters holding keys, each once,
 // to nodes, and returns their number, looked up within the store's Timeout
 // (for a client without ContextTimeoutEnabled, the lookup is abandoned
-// when the Timeout passes, as a decision is; see Store.eval).
+// when the Timeout passes, as a decision is; see callWithin).
 func (s *Store) mastersOf(ctx context.Context, keys []string, nodes *[core.MaxBatch]string) (int, error) {
 	cl := s.client.(*redis.ClusterClient)
-	lookup := func(ctx context.Context, keys []string, nodes *[core.MaxBatch]string) (int, error) {
-		n := 0
+	type masters struct {
+		n     int
+		nodes [core.MaxBatch]string
+	}
+	if !s.ctxBound {
+		// An abandoned lookup outlives the call, and the batch's keys are
+		// reused by then: it reads a copy of its own.
+		keys = slices.Clone(keys)
+	}
+	lookup := func(ctx context.Context) (m masters, err error) {
 		for _, k := range keys {
 			c, err := cl.MasterForKey(ctx, k)
 			if err != nil {
-				return 0, err
+				return masters{}, err
 			}
-			if node := c.Options().Addr; !slices.Contains(nodes[:n], node) {
-				nodes[n] = node
-				n++
+			if node := c.Options().Addr; !slices.Contains(m.nodes[:m.n], node) {
+				m.nodes[m.n] = node
+				m.n++
 			}
 		}
-		return n, nil
+		return m, nil
 	}
+	var (
+		m   masters
+		err error
+	)
 	if s.timeout <= 0 {
-		return lookup(ctx, keys, nodes)
-	}
-	tctx, cancel := ctx, context.CancelFunc(func() {})
-	if ctx.Done() == nil {
-		tctx = s.deadlines.withTimeout(ctx, s.timeout)
+		m, err = lookup(ctx)
 	} else {
-		tctx, cancel = context.WithTimeout(ctx, s.timeout)
+		tctx, cancel := ctx, context.CancelFunc(func() {})
+		if ctx.Done() == nil {
+			tctx = s.deadlines.withTimeout(ctx, s.timeout)
+		} else {
+			tctx, cancel = context.WithTimeout(ctx, s.timeout)
+		}
+		// Within a running Take the gate cannot have drained: Close
+		// waits for an abandoned lookup as for an abandoned decision.
+		m, err = callWithin(tctx, s.ctxBound, func() func() { s.gate.hold(); return s.gate.leave }, lookup, nil)
+		cancel()
 	}
-	defer cancel()
-	if s.ctxBound {
-		return lookup(tctx, keys, nodes)
-	}
-	// The lookup may be abandoned, and the batch's keys reused by then:
-	// it reads and writes copies of its own.
-	type result struct {
-		n     int
-		keys  [core.MaxBatch]string
-		nodes [core.MaxBatch]string
-		err   error
-	}
-	r := new(result)
-	nk := copy(r.keys[:], keys)
-	ch := make(chan *result, 1)
-	s.gate.hold() // within a running Take: the gate cannot have drained
-	go func() {
-		defer s.gate.leave()
-		r.n, r.err = lookup(tctx, r.keys[:nk], &r.nodes)
-		ch <- r
-	}()
-	select {
-	case r := <-ch:
-		*nodes = r.nodes
-		return r.n, r.err
-	case <-tctx.Done():
-		return 0, fmt.Errorf("timed out after %v: %w", s.timeout, tctx.Err())
-	}
+	*nodes = m.nodes
+	return m.n, err
 }
 
 // throughBreakers runs f through the breakers of nodes, nested.
