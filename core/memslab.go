@@ -111,10 +111,7 @@ func (s *memShard) fill(ref memRef, v memSlot, e *memEntry) {
 // than s.lazy keys have gone to the front since it last did, and the shard
 // holds more than s.lazy+1 keys. Requires s.mu.
 func (s *memShard) put(h uint64, ref memRef, sl *memSlot, e *memEntry) {
-	sl.A, sl.B = e.st.A, e.st.B
-	if e.st.log != nil || len(s.logs) > 0 {
-		s.setLog(ref.slot, e.st.log)
-	}
+	s.write(ref, sl, &e.st)
 	front := false
 	if e.pol != s.pols[ref.pol] {
 		old := ref.pol
@@ -124,6 +121,15 @@ func (s *memShard) put(h uint64, ref memRef, sl *memSlot, e *memEntry) {
 	}
 	if front || s.tick-ref.stamp > s.lazy && uint64(s.lru.Len()) > s.lazy+1 {
 		s.front(h, ref)
+	}
+}
+
+// write stores st in the slot sl, which ref names (and its log in the
+// shard's logs). Requires s.mu.
+func (s *memShard) write(ref memRef, sl *memSlot, st *State) {
+	sl.A, sl.B = st.A, st.B
+	if st.log != nil || len(s.logs) > 0 {
+		s.setLog(ref.slot, st.log)
 	}
 }
 

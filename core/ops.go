@@ -224,16 +224,12 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 				// written clamped, as every decision writes it (charging
 				// nothing), so that the RetryAfter reported holds for
 				// the next decision, whose own clamp would otherwise
-				// start again from its later time.
-				// Only the state is written: the key keeps its place in
-				// the LRU, as a Peek must not renew it.
+				// start again from its later time. Only the state is
+				// written: a Peek does not renew the key in the LRU.
 				s.cur = held[i]
 				s.cur.pol.alg.Decide(s.cur.pol, &s.cur.st, 0, now, true, &s.dec)
 				held[i].st = s.cur.st
-				sl.A, sl.B = s.cur.st.A, s.cur.st.B
-				if s.cur.st.log != nil || len(s.logs) > 0 {
-					s.setLog(ref.slot, s.cur.st.log)
-				}
+				s.write(ref, sl, &s.cur.st)
 				s.cur = memEntry{}
 			}
 		}
