@@ -325,7 +325,7 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 			s.local.Add(1)
 			return nil
 		}
-		s.giveBack(ctx, now, t, e, r.Key, e.left.Swap(0))
+		s.giveBack(ctx, now, e, r.Key, e.left.Swap(0))
 	}
 	if !hot || (t < e.exactUntil && t >= e.granted-s.maxAge) {
 		<-e.sem
@@ -336,14 +336,14 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 	return err
 }
 
-// giveBack returns n units of e's lease to the backend when a refund at t
+// giveBack returns n units of e's lease to the backend when a refund at now
 // is sure to give back those units (see returnable), and counts them as
 // expired otherwise. It requires e.sem held.
-func (s *LeaseStore) giveBack(ctx context.Context, now time.Time, t int64, e *leaseEntry, key string, n int64) {
+func (s *LeaseStore) giveBack(ctx context.Context, now time.Time, e *leaseEntry, key string, n int64) {
 	if n <= 0 {
 		return
 	}
-	if rf, ok := s.backend.(core.Refunder); ok && s.returnable(e, t) {
+	if rf, ok := s.backend.(core.Refunder); ok && s.returnable(e, now.UnixNano()) {
 		s.calls.Add(1)
 		if rf.Refund(ctx, now, []core.Request{{Policy: e.policy, Key: key, Cost: n}}) == nil {
 			s.returned.Add(uint64(n))
