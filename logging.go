@@ -57,15 +57,30 @@ type logState struct {
 	forwardedSeen atomic.Int64
 }
 
-// keyStat counts the requests a layer found no key for, until it finds one
-// or logs that it never did; and for a layer with Routes, the routed
-// requests none of its Routes matched, likewise.
+// keyStat counts, for one layer, the requests it found no key for, until
+// it finds one or logs that it never did; and for a layer with Routes, the
+// routed requests none of its Routes matched, likewise.
 type keyStat struct {
-	absent atomic.Int64
-	done   atomic.Bool
+	absent, unrouted missCount
+}
 
-	unrouted  atomic.Int64
-	routeDone atomic.Bool
+// missCount counts misses until the first hit.
+type missCount struct {
+	n    atomic.Int64
+	done atomic.Bool // a hit came, or the misses were reported
+}
+
+// note records a hit or a miss, and reports whether this miss is the
+// after-th in a row from the start: the one to report, once.
+func (m *missCount) note(hit bool, after int64) bool {
+	if m.done.Load() {
+		return false
+	}
+	if hit {
+		m.done.Store(true)
+		return false
+	}
+	return m.n.Add(1) == after && !m.done.Swap(true)
 }
 
 // logOnce logs msg with args at level Warn, once per Limiter.
@@ -79,15 +94,7 @@ func (l *Limiter) logOnce(k logKind, msg string, args ...any) {
 
 // noteKey records whether layer i found a key for a request.
 func (l *Limiter) noteKey(i int, present bool) {
-	ks := &l.logs.keys[i]
-	if ks.done.Load() {
-		return
-	}
-	if present {
-		ks.done.Store(true)
-		return
-	}
-	if ks.absent.Add(1) == AbsentKeyLogAfter && !ks.done.Swap(true) && l.cfg.logger != nil {
+	if l.logs.keys[i].absent.note(present, AbsentKeyLogAfter) && l.cfg.logger != nil {
 		l.cfg.logger.Warn(msgAbsentKey, "layer", l.layers[i].desc, "requests", AbsentKeyLogAfter)
 	}
 }
@@ -95,15 +102,7 @@ func (l *Limiter) noteKey(i int, present bool) {
 // noteRoute records whether one of layer i's Routes matched route, the
 // route of a routed request.
 func (l *Limiter) noteRoute(i int, matched bool, route string) {
-	ks := &l.logs.keys[i]
-	if ks.routeDone.Load() {
-		return
-	}
-	if matched {
-		ks.routeDone.Store(true)
-		return
-	}
-	if ks.unrouted.Add(1) == UnmatchedRoutesLogAfter && !ks.routeDone.Swap(true) && l.cfg.logger != nil {
+	if l.logs.keys[i].unrouted.note(matched, UnmatchedRoutesLogAfter) && l.cfg.logger != nil {
 		l.cfg.logger.Warn(msgNoRoutes, "layer", l.layers[i].desc, "routes", l.layers[i].routes, "requests", UnmatchedRoutesLogAfter, "last_route", route)
 	}
 }
