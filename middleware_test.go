@@ -769,6 +769,18 @@ func TestShaping(t *testing.T) {
 	}
 }
 
+// holdWait makes l's one shaping delay wait until release is closed,
+// closing entered when it starts.
+func holdWait(l *ratelimit.Limiter) (entered, release chan struct{}) {
+	entered, release = make(chan struct{}), make(chan struct{})
+	ratelimit.SetWaitFunc(l, func(context.Context, time.Duration) error {
+		close(entered)
+		<-release
+		return nil
+	})
+	return entered, release
+}
+
 // TestShapingCancel checks that a request whose context ends while it waits
 // is not served.
 func TestShapingCancel(t *testing.T) {
@@ -848,12 +860,7 @@ func TestShapingMaxWaitingResolverDelay(t *testing.T) {
 		Rule:     core.Rule{Name: "base", Limit: 100, Window: time.Minute},
 		Resolver: core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return shaping, nil }),
 	}}, ratelimit.WithMaxWaiting(1))
-	entered, release := make(chan struct{}), make(chan struct{})
-	ratelimit.SetWaitFunc(e.l, func(context.Context, time.Duration) error {
-		close(entered)
-		<-release
-		return nil
-	})
+	entered, release := holdWait(e.l)
 	e.do(t, mwReq("192.0.2.1:1")) // fills the bucket
 	done := make(chan struct{})
 	go func() { e.do(t, mwReq("192.0.2.1:1")); close(done) }() // delayed: the one waiting slot
@@ -1086,12 +1093,7 @@ func equalInts(a, b []int) bool {
 func TestStepsWait(t *testing.T) {
 	layers := []ratelimit.Layer{{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute}}}
 	e := mwNew(t, layers, ratelimit.WithMaxWaiting(1))
-	entered, release := make(chan struct{}), make(chan struct{})
-	ratelimit.SetWaitFunc(e.l, func(ctx context.Context, d time.Duration) error {
-		close(entered)
-		<-release
-		return nil
-	})
+	entered, release := holdWait(e.l)
 	e.do(t, mwReq("192.0.2.1:1"))
 	done := make(chan struct{})
 	go func() { defer close(done); e.do(t, mwReq("192.0.2.1:1")) }()

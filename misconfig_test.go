@@ -602,13 +602,7 @@ func TestForwardedCheckedWhenWaitingRoomFull(t *testing.T) {
 	logs, logOpt := newLogBuf()
 	layers := []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute}}}
 	e := mwNew(t, layers, logOpt, ratelimit.WithMaxWaiting(1))
-	entered := make(chan struct{})
-	release := make(chan struct{})
-	ratelimit.SetWaitFunc(e.l, func(context.Context, time.Duration) error {
-		close(entered)
-		<-release
-		return nil
-	})
+	entered, release := holdWait(e.l)
 	e.do(t, mwReq("10.1.2.3:5")) // served at once
 	done := make(chan struct{})
 	go func() {
