@@ -103,6 +103,13 @@ type TransportConfig struct {
 // context's error. A Limiter in dry-run mode decides (and reports to its
 // Observer) but never makes a request wait, and no server pause applies.
 //
+// A shaping rule (a LeakyBucket with MaxDelay) admits a request on
+// condition that it is sent no sooner than Decision.Delay from now: the
+// Transport waits that delay, under the same bounds. A request admitted
+// with a delay it may not wait (FailFast, MaxWait, a deadline, or its
+// context ending) is not sent and fails as above; its charge is refunded
+// when the Limiter's store can refund (both of this module's stores can).
+//
 // A store failure fails the request with an error wrapping
 // [ErrStoreFailure]: the Transport never sends unlimited.
 //
@@ -254,8 +261,10 @@ type OutboundLimitError struct {
 	// slot when the Transport gave up.
 	Wait time.Duration
 
-	// Decision is the Limiter's refusing decision, or the zero Decision
-	// when the key was paused by the server.
+	// Decision is the Limiter's refusing decision; its admitting decision
+	// when a shaping rule (a LeakyBucket with MaxDelay) admitted the request
+	// on condition that it waits Decision.Delay, and it could not wait that
+	// long; or the zero Decision when the key was paused by the server.
 	Decision core.Decision
 
 	// PausedUntil is the end of the server's pause on Key (by the
@@ -373,24 +382,34 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 				}
 				return fmt.Errorf("%w: %w", ErrStoreFailure, err)
 			}
-			if d.Allowed || t.dryRun {
+			if t.dryRun || (d.Allowed && d.Delay <= 0) {
 				return nil
+			}
+			if d.Allowed {
+				// A shaping rule admitted the request on condition that
+				// it is sent no sooner than Delay from now.
+				cause := t.wait(ctx, waited, d.Delay)
+				if cause == nil {
+					return nil
+				}
+				if cause == errNoWait {
+					cause = nil
+				}
+				t.giveBack(ctx, key, d)
+				return &OutboundLimitError{Key: key, Wait: d.Delay, Decision: d, Err: cause}
 			}
 			dec, wait = d, d.RetryAfter
 			if wait <= 0 { // a store that refuses without a time: do not spin
 				wait = time.Millisecond
 			}
 		}
-		var cause error // why the request does not wait; nil: it may not
-		switch dl, hasDeadline := ctx.Deadline(); {
-		case t.failFast || (t.maxWait > 0 && waited+wait > t.maxWait):
-		case hasDeadline && time.Until(dl) < wait:
-			cause = context.DeadlineExceeded
-		default:
-			if cause = t.sleep(ctx, wait); cause == nil {
-				waited += wait
-				continue
-			}
+		cause := t.wait(ctx, waited, wait)
+		if cause == nil {
+			waited += wait
+			continue
+		}
+		if cause == errNoWait {
+			cause = nil
 		}
 		e := &OutboundLimitError{Key: key, Wait: wait, Decision: dec, Err: cause}
 		if until != 0 {
@@ -398,6 +417,32 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 		}
 		return e
 	}
+}
+
+// errNoWait is what wait returns when the Transport may not wait (FailFast,
+// or MaxWait would pass).
+var errNoWait = errors.New("ratelimit: the request may not wait")
+
+// wait sleeps d, having waited waited already, when the request may wait
+// that long. It returns nil after the sleep; errNoWait when FailFast or
+// MaxWait forbid the wait; context.DeadlineExceeded when the context's
+// deadline comes first; the context's error when it ends during the sleep.
+func (t *Transport) wait(ctx context.Context, waited, d time.Duration) error {
+	switch dl, hasDeadline := ctx.Deadline(); {
+	case t.failFast || (t.maxWait > 0 && waited+d > t.maxWait):
+		return errNoWait
+	case hasDeadline && time.Until(dl) < d:
+		return context.DeadlineExceeded
+	}
+	return t.sleep(ctx, d)
+}
+
+// giveBack refunds the charge of a request that was admitted with a
+// shaping delay but is not sent, when the Limiter's store can refund; a
+// store that cannot keeps the charge (the quota is spent early, never
+// exceeded).
+func (t *Transport) giveBack(ctx context.Context, key string, d core.Decision) {
+	_ = t.limiter.Refund(context.WithoutCancel(ctx), []core.Request{{Policy: d.Policy, Key: key, Cost: 1}})
 }
 
 // pausedUntil returns the end of key's pause, if it is later than now.

@@ -845,3 +845,43 @@ func TestTransportRealTimer(t *testing.T) {
 		t.Errorf("hourly second request: %v after %v, %d sent; want context.Canceled at once and 3 sent", err, time.Since(start), base.sent())
 	}
 }
+
+// A shaping LeakyBucket admits a request on condition that it waits
+// Decision.Delay: the Transport holds each request for it, and a request
+// that may not wait is not sent and gives its charge back.
+func TestTransportShapingDelay(t *testing.T) {
+	rule := core.Rule{Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: 10 * time.Second}
+	e := trNew(t, rule, nil)
+	for i := range 5 {
+		if _, err := e.get(context.Background(), "https://api.example.com/"); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	if got := e.clk.Now().Sub(trT0); got != 4*time.Second {
+		t.Errorf("5 requests under a 1/s shaping rule sent within %v (waits %v), want 4s", got, e.recorded())
+	}
+	if n := e.base.sent(); n != 5 {
+		t.Errorf("sent %d, want 5", n)
+	}
+
+	ff := trNew(t, rule, &ratelimit.TransportConfig{FailFast: true})
+	if _, err := ff.get(context.Background(), "https://api.example.com/"); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		_, err := ff.get(context.Background(), "https://api.example.com/")
+		var le *ratelimit.OutboundLimitError
+		if !errors.As(err, &le) || le.Wait != time.Second || !le.Decision.Allowed {
+			t.Fatalf("FailFast, a request admitted with a delay: %v, want an OutboundLimitError for 1s of delay", err)
+		}
+	}
+	if n := ff.base.sent(); n != 1 {
+		t.Errorf("FailFast sent %d, want 1", n)
+	}
+	// Nothing was charged for the three that were not sent: one second on,
+	// the next request goes at once.
+	ff.clk.Advance(time.Second)
+	if _, err := ff.get(context.Background(), "https://api.example.com/"); err != nil {
+		t.Errorf("a second after the only request sent: %v, want it sent at once", err)
+	}
+}
