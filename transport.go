@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -329,7 +330,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	now := t.clock.Now()
 	if d := serverPause(resp.StatusCode, resp.Header, now, t.maxPause); d > 0 {
-		t.pause(key, now.Add(d).UnixNano())
+		t.pause(key, addNanos(now.UnixNano(), d))
 	}
 	return resp, nil
 }
@@ -443,6 +444,15 @@ func (t *Transport) wait(ctx context.Context, waited, d time.Duration) error {
 // exceeded).
 func (t *Transport) giveBack(ctx context.Context, key string, d core.Decision) {
 	_ = t.limiter.Refund(context.WithoutCancel(ctx), []core.Request{{Policy: d.Policy, Key: key, Cost: 1}})
+}
+
+// addNanos returns the Unix nanosecond ns + d, for d >= 0, saturated at
+// the largest: a MaxPause of centuries must not wrap into the past.
+func addNanos(ns int64, d time.Duration) int64 {
+	if int64(d) > math.MaxInt64-ns {
+		return math.MaxInt64
+	}
+	return ns + int64(d)
 }
 
 // pausedUntil returns the end of key's pause, if it is later than now.

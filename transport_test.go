@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -883,5 +884,18 @@ func TestTransportShapingDelay(t *testing.T) {
 	ff.clk.Advance(time.Second)
 	if _, err := ff.get(context.Background(), "https://api.example.com/"); err != nil {
 		t.Errorf("a second after the only request sent: %v, want it sent at once", err)
+	}
+}
+
+// A MaxPause of centuries (math.MaxInt64: no cap) keeps the server's pause
+// instead of wrapping its end into the past.
+func TestTransportHugeMaxPause(t *testing.T) {
+	e := trNew(t, core.PerSecond(100), &ratelimit.TransportConfig{MaxPause: math.MaxInt64})
+	e.base.reply = func(*http.Request) *http.Response { return trResp(429, "Retry-After", "99999999999") }
+	if _, err := e.get(context.Background(), "https://api.example.com/"); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.tr.PausedFor("api.example.com"); got < 200*365*24*time.Hour {
+		t.Errorf("paused for %v after Retry-After: 99999999999 with no cap, want centuries", got)
 	}
 }
