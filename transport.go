@@ -574,12 +574,16 @@ func parseDelaySeconds(s string) (int64, bool) {
 		return 0, false
 	}
 	var n int64
+	digits := 0 // significant digits: leading zeros are allowed and count for nothing
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if c < '0' || c > '9' {
 			return 0, false
 		}
-		if i >= 15 {
+		if digits == 0 && c == '0' {
+			continue
+		}
+		if digits++; digits > 15 {
 			n = 1<<63 - 1
 			continue
 		}

@@ -899,3 +899,19 @@ func TestTransportHugeMaxPause(t *testing.T) {
 		t.Errorf("paused for %v after Retry-After: 99999999999 with no cap, want centuries", got)
 	}
 }
+
+// delay-seconds is 1*DIGIT: leading zeros count for nothing, however many.
+func TestTransportZeroPaddedSeconds(t *testing.T) {
+	h := http.Header{"Retry-After": {"0000000000000005"}}
+	if got := ratelimit.ServerPause(429, h, trT0, time.Hour); got != 5*time.Second {
+		t.Errorf("Retry-After: 0000000000000005: pause %v, want 5s", got)
+	}
+	h = http.Header{"X-Ratelimit-Remaining": {"0000000000000000"}, "X-Ratelimit-Reset": {"7"}}
+	if got := ratelimit.ServerPause(200, h, trT0, time.Hour); got != 7*time.Second {
+		t.Errorf("X-RateLimit-Remaining: 0000000000000000: pause %v, want 7s", got)
+	}
+	h = http.Header{"Retry-After": {"0001000000000000000"}}
+	if got := ratelimit.ServerPause(429, h, trT0, time.Hour); got != time.Hour {
+		t.Errorf("Retry-After: 0001000000000000000: pause %v, want the cap, 1h", got)
+	}
+}
