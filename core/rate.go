@@ -58,8 +58,9 @@ var ululeUnits = map[string]time.Duration{
 //
 //   - "<count>/<unit>", with unit one of ms, s, sec, second, m, min, minute,
 //     h, hr, hour, d, day: "10/s", "100/min", "5000/h", "1000/day".
-//   - "<count>/<duration>", with a duration as [time.ParseDuration] reads it,
-//     or a whole number of days: "5/10m", "100/1h30m", "3/500ms", "10000/7d".
+//   - "<count>/<duration>", with a duration as [time.ParseDuration] reads it
+//     (without a sign), or a whole number of days: "5/10m", "100/1h30m",
+//     "3/500ms", ".5s", "10000/7d".
 //   - "<count>-<period>", the form of github.com/ulule/limiter, with period
 //     one of S, M, H, D (second, minute, hour, day; in either case): "10-S",
 //     "100-M", "1000-H", "1000-D".
@@ -70,7 +71,7 @@ var ululeUnits = map[string]time.Duration{
 // The error wraps [ErrInvalidRate] and says what is wrong: an empty or
 // over-long text (more than [MaxRateLen] bytes), a missing separator, a count
 // that is not a positive decimal integer (zero, negative, signed, fractional),
-// an unknown unit, a zero, negative or unparseable duration. A well-formed rate that no
+// an unknown unit, a zero, signed or unparseable duration. A well-formed rate that no
 // Rule can hold (a count above MaxLimit, a window above MaxWindow) is
 // refused with an error that also wraps [ErrInvalidRule]. Every Rule
 // ParseRate returns passes [Rule.Validate].
@@ -176,7 +177,10 @@ func parseRateWindow(s string) (time.Duration, error) {
 	if w, ok := rateUnits[s]; ok {
 		return w, nil
 	}
-	if s[0] < '0' || s[0] > '9' {
+	if c := s[0]; c == '+' || c == '-' {
+		return 0, fmt.Errorf("duration %q is signed, want it without a sign", s)
+	}
+	if (s[0] < '0' || s[0] > '9') && s[0] != '.' {
 		return 0, fmt.Errorf("unknown unit %q, want ms, s, sec, second, m, min, minute, h, hr, hour, d or day, or a duration such as 10m", s)
 	}
 	if days, ok := strings.CutSuffix(s, "d"); ok && allDigits(days) {
