@@ -60,7 +60,7 @@ var ululeUnits = map[string]time.Duration{
 //     h, hr, hour, d, day: "10/s", "100/min", "5000/h", "1000/day".
 //   - "<count>/<duration>", with a duration as [time.ParseDuration] reads it
 //     (without a sign), or a whole number of days: "5/10m", "100/1h30m",
-//     "3/500ms", ".5s", "10000/7d".
+//     "3/500ms", "10/.5s", "10000/7d".
 //   - "<count>-<period>", the form of github.com/ulule/limiter, with period
 //     one of S, M, H, D (second, minute, hour, day; in either case): "10-S",
 //     "100-M", "1000-H", "1000-D".
