@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
@@ -765,8 +766,65 @@ func (p *rlFieldParser) bareValue() (num int64, isInt bool, ok bool) {
 			p.i++
 		}
 		return 0, false, true
+	case c == '@': // a Date: an Integer of seconds, which is not an Integer item
+		p.i++
+		if p.eof() || (p.s[p.i] != '-' && !sfDigit(p.s[p.i])) {
+			return 0, false, false
+		}
+		_, isInt, ok := p.number()
+		return 0, false, ok && isInt
+	case c == '%':
+		return 0, false, p.displayString()
 	}
 	return 0, false, false
+}
+
+// displayString parses a Display String (%"...", its non-ASCII bytes
+// percent-encoded in lower-case hexadecimal), which must decode to UTF-8.
+func (p *rlFieldParser) displayString() bool {
+	if p.i+1 >= len(p.s) || p.s[p.i+1] != '"' {
+		return false
+	}
+	p.i += 2
+	var buf [maxPauseFieldLen]byte
+	n := 0
+	for !p.eof() {
+		c := p.s[p.i]
+		p.i++
+		switch {
+		case c == '"':
+			return utf8.Valid(buf[:n])
+		case c == '%':
+			if p.i+1 >= len(p.s) {
+				return false
+			}
+			hi, lo := lowerHex(p.s[p.i]), lowerHex(p.s[p.i+1])
+			if hi < 0 || lo < 0 {
+				return false
+			}
+			c = byte(hi<<4 | lo)
+			p.i += 2
+		case c < 0x20 || c > 0x7e:
+			return false
+		}
+		if n == len(buf) {
+			return false
+		}
+		buf[n] = c
+		n++
+	}
+	return false
+}
+
+// lowerHex returns the value of a lower-case hexadecimal digit, or -1.
+func lowerHex(c byte) int {
+	switch {
+	case c >= '0' && c <= '9':
+		return int(c - '0')
+	case c >= 'a' && c <= 'f':
+		return int(c-'a') + 10
+	}
+	return -1
 }
 
 // number parses an Integer (at most 15 digits) or a Decimal (at most 12
