@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -232,15 +233,33 @@ func NewTransport(limiter *core.Limiter, cfg *TransportConfig) (*Transport, erro
 // with the scheme's default port left out, so that https://API.example.com,
 // https://api.example.com. and https://api.example.com:443 share a quota.
 // An IP address is written in one form (IPv6 canonical; an IPv4-mapped
-// IPv6 address as the IPv4 address it reaches). It returns an error for a
-// request without a host.
+// IPv6 address as the IPv4 address it reaches), and so is a port
+// (https://api.example.com:0443 is https://api.example.com). It returns an
+// error for a request without a host, with a port that is not a number from
+// 1 to 65535, or with a host that is not ASCII (net/http dials such a host
+// by its IDNA mapping, under which many spellings reach one server: write
+// it in its ASCII, xn--, form).
 func TargetHost(r *http.Request) (string, error) {
 	if r.URL == nil || r.URL.Host == "" {
 		return "", errors.New("ratelimit: outgoing request without a host")
 	}
 	host, port := strings.TrimSuffix(r.URL.Hostname(), "."), r.URL.Port()
+	for i := 0; i < len(host); i++ {
+		if host[i] >= utf8.RuneSelf {
+			// net/http dials its IDNA mapping, which has many spellings.
+			return "", fmt.Errorf("ratelimit: outgoing request host %q is not ASCII: write it in its ASCII (xn--) form", host)
+		}
+	}
 	if a, err := netip.ParseAddr(host); err == nil {
 		host = a.Unmap().String() // one spelling of each address
+	}
+	if port != "" {
+		// One spelling of each port: net/http reads it as a number.
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 1 || n > 65535 {
+			return "", fmt.Errorf("ratelimit: outgoing request port %q is not a port number", port)
+		}
+		port = strconv.Itoa(n)
 	}
 	if port == "" || (port == "443" && r.URL.Scheme == "https") || (port == "80" && r.URL.Scheme == "http") {
 		if strings.Contains(host, ":") {

@@ -456,12 +456,15 @@ func TestTransportPerHostKeys(t *testing.T) {
 	// One host, one key, however it is spelt: a fully qualified name's
 	// trailing dot, the case, the default port, an IPv6 address's zeros.
 	for want, urls := range map[string][]string{
-		"api.example.com":    {"https://api.example.com/", "https://api.example.com./", "https://API.EXAMPLE.COM.:443/"},
-		"[2001:db8::1]":      {"http://[2001:db8::1]/", "http://[2001:DB8:0:0:0:0:0:1]:80/", "http://[2001:0db8::0001]/"},
-		"192.0.2.1:8080":     {"http://192.0.2.1:8080/", "http://[::ffff:192.0.2.1]:8080/"},
-		"192.0.2.1":          {"http://192.0.2.1/", "http://[::ffff:c000:201]/"},
-		"api.example.com:80": {"https://api.example.com.:80/"},
+		"api.example.com":      {"https://api.example.com/", "https://api.example.com./", "https://API.EXAMPLE.COM.:443/"},
+		"[2001:db8::1]":        {"http://[2001:db8::1]/", "http://[2001:DB8:0:0:0:0:0:1]:80/", "http://[2001:0db8::0001]/"},
+		"192.0.2.1:8080":       {"http://192.0.2.1:8080/", "http://[::ffff:192.0.2.1]:8080/"},
+		"192.0.2.1":            {"http://192.0.2.1/", "http://[::ffff:c000:201]/"},
+		"api.example.com:80":   {"https://api.example.com.:80/", "https://api.example.com:0080/"},
+		"api.example.com:8443": {"https://api.example.com:8443/", "https://api.example.com:008443/"},
+		"api.example.com#443":  {"https://api.example.com:0443/", "https://api.example.com:00443/"},
 	} {
+		want, _, _ = strings.Cut(want, "#") // "#": the default port, left out
 		for _, u := range urls {
 			r, err := http.NewRequest("GET", u, nil)
 			if err != nil {
@@ -470,6 +473,18 @@ func TestTransportPerHostKeys(t *testing.T) {
 			if got, err := ratelimit.TargetHost(r); err != nil || got != want {
 				t.Errorf("TargetHost(%s) = %q, %v; want %q", u, got, err, want)
 			}
+		}
+	}
+	// Hosts net/http would dial by an IDNA mapping (fullwidth letters,
+	// Unicode names), and ports that are not port numbers, are errors:
+	// never a key of their own.
+	for _, u := range []string{"https://ａｐｉ.example.com/", "https://bücher.example/", "https://api.example.com:0/", "https://api.example.com:65536/", "https://api.example.com:99999999999999999999/"} {
+		r, err := http.NewRequest("GET", u, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := ratelimit.TargetHost(r); err == nil {
+			t.Errorf("TargetHost(%s) = %q, want an error", u, got)
 		}
 	}
 }
