@@ -158,7 +158,9 @@ func TrustedProxyCIDRs(cidrs ...string) IPOption {
 // proxies: use it only when the server cannot be reached except through
 // them. With TrustedProxies as well, the header is consulted only when the
 // peer is inside one of the prefixes (the prefixes are not used to walk the
-// header), which is the safer setup.
+// header), which is the safer setup. With [TrustUnixSocketPeer] (and no
+// TrustedProxies), only a unix socket peer is a proxy: a peer with an IP
+// address is the client.
 func TrustedHops(n int) IPOption {
 	return func(c *ipConfig) error {
 		if n < 1 || n > MaxForwardedEntries {
@@ -438,7 +440,7 @@ func (c *ipConfig) key(r *http.Request) (string, error) {
 		}
 		return c.keyUnix(r)
 	}
-	if c.hasTrusted && !c.isTrusted(peer) || !c.hasTrusted && c.hops == 0 {
+	if c.hasTrusted && !c.isTrusted(peer) || !c.hasTrusted && (c.hops == 0 || c.unixPeer) {
 		// The peer is the client; nothing it sent is believed.
 		return c.keyOfText(peer, host), nil
 	}

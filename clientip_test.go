@@ -477,6 +477,12 @@ func TestClientIPUnixSocketPeer(t *testing.T) {
 		{name: "walks trusted entries", remote: "@", headers: []hdr{xff("203.0.113.5, 10.0.0.2")}, want: "203.0.113.5"},
 		{name: "ip proxy trusted too", remote: "10.0.0.1:1", headers: []hdr{xff("203.0.113.5")}, want: "203.0.113.5"},
 	})
+	// With hops, the unix peer is the first proxy; an IP peer is still the
+	// client, whatever it forwards.
+	runKeyCases(t, mustKF(t, ratelimit.TrustUnixSocketPeer(), ratelimit.TrustedHops(1)), []keyCase{
+		{name: "hops from the socket", remote: "@", headers: []hdr{xff("198.51.100.1, 203.0.113.5")}, want: "203.0.113.5"},
+		{name: "hops: ip peer not trusted", remote: "198.51.100.7:4444", headers: []hdr{xff("6.6.6.6")}, want: "198.51.100.7"},
+	})
 	runKeyCases(t, mustKF(t, ratelimit.TrustUnixSocketPeer(), ratelimit.FromHeader("X-Real-IP")), []keyCase{
 		{name: "single-IP header", remote: "@", headers: []hdr{realIP("203.0.113.5")}, want: "203.0.113.5"},
 	})
