@@ -178,12 +178,18 @@ func TrustedHops(n int) IPOption {
 // last line is used (a proxy that appends its line after a forged one wins);
 // a value that is not one address is a key error, and a missing header means
 // the trusted peer itself is the client. FromHeader requires [TrustedProxies], [TrustedHops] or [TrustUnixSocketPeer];
-// with TrustedHops a single-IP header allows only TrustedHops(1).
+// with TrustedHops a single-IP header allows only TrustedHops(1). A name that
+// is empty or not a valid header name (RFC 9110's token) is an error.
 func FromHeader(name string) IPOption {
 	return func(c *ipConfig) error {
 		name = strings.TrimSpace(name)
 		if name == "" {
 			return fmt.Errorf("%w: FromHeader name is empty", ErrInvalidKeyConfig)
+		}
+		if !validHeaderName(name) {
+			// No request could carry it: every client would be keyed as
+			// its proxy.
+			return fmt.Errorf("%w: FromHeader: %q is not a valid header name", ErrInvalidKeyConfig, name)
 		}
 		c.header = http.CanonicalHeaderKey(name)
 		switch c.header {

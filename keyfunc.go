@@ -97,11 +97,16 @@ func HashKey() HeaderOption {
 // truncated (which would merge distinct clients) or skipped (which would let
 // a client escape the layer). With HashKey any length is accepted.
 //
-// Header panics if name is empty.
+// Header panics if name is empty or not a valid header name (with a space,
+// a colon or another character outside RFC 9110's token), which no request
+// could carry: the layer would never find a key.
 func Header(name string, opts ...HeaderOption) KeyFunc {
 	name = strings.TrimSpace(name)
 	if name == "" {
 		panic("ratelimit: Header name is empty")
+	}
+	if !validHeaderName(name) {
+		panic(fmt.Errorf("%w: Header: %q is not a valid header name", ErrInvalidKeyConfig, name))
 	}
 	name = http.CanonicalHeaderKey(name)
 	var c headerKeyConfig
