@@ -274,6 +274,15 @@ func normalizePattern(p string) string {
 // requesting random paths creates keys without bound (the store's capacity
 // caps the memory, at the price of evicting other keys). Use it only for a
 // handful of known paths, or behind a router that rejects unknown ones.
+//
+// The method is written as its class, so that a client cannot buy a quota
+// per spelling from a handler that serves any method: HEAD is GET (net/http
+// serves HEAD with the GET handler), the other methods of RFC 9110 and
+// RFC 5789 (POST, PUT, PATCH, DELETE, OPTIONS, CONNECT, TRACE) are
+// themselves, and every other method, lower-case spellings included, is
+// "OTHER". A handler that serves every method is thus limited per class, at
+// most nine quotas per path; key by the path alone (a KeyFunc of your own)
+// to limit it as a whole.
 func RawPath() KeyFunc {
 	return func(r *http.Request) (string, error) {
 		var path string
@@ -283,16 +292,20 @@ func RawPath() KeyFunc {
 		if len(path) > MaxRawPathKeyLen {
 			path = path[:MaxRawPathKeyLen]
 		}
-		return requestMethod(r) + " " + path, nil
+		return methodClass(r) + " " + path, nil
 	}
 }
 
-// requestMethod returns r.Method, with "" meaning GET as in net/http.
-func requestMethod(r *http.Request) string {
-	if r.Method == "" {
+// methodClass returns r's method as RawPath keys it.
+func methodClass(r *http.Request) string {
+	switch m := r.Method; m {
+	case "", http.MethodGet, http.MethodHead:
 		return http.MethodGet
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete,
+		http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return m
 	}
-	return r.Method
+	return "OTHER"
 }
 
 // ---------------------------------------------------------------------------

@@ -300,6 +300,14 @@ func TestRawPath(t *testing.T) {
 		{"query ignored", "POST", "/users/42?x=1", "POST /users/42"},
 		{"root", "GET", "/", "GET /"},
 		{"long truncated", "GET", long, "GET " + long[:ratelimit.MaxRawPathKeyLen]},
+		// A handler that serves any method must not give a quota per
+		// spelling: HEAD is GET, and every non-standard method is one class.
+		{"head is get", "HEAD", "/search", "GET /search"},
+		{"standard method", "DELETE", "/search", "DELETE /search"},
+		{"patch", "PATCH", "/search", "PATCH /search"},
+		{"other method", "X1", "/search", "OTHER /search"},
+		{"another other method", "X2", "/search", "OTHER /search"},
+		{"lower-case spelling", "get", "/search", "OTHER /search"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
