@@ -255,6 +255,18 @@ func (l *Limiter) settle(res *Result, buf []LayerResult) {
 			buf[j], buf[j-1] = buf[j-1], buf[j]
 		}
 	}
+	if !res.Proceed && res.held != nil {
+		// Given back before anything else runs (an Observer that panics
+		// must not keep them), and reported without this request's slot,
+		// as a layer whose cost another layer refused is.
+		res.held()
+		res.held = nil
+		for i := range buf {
+			if d := &buf[i].Decision; l.layers[buf[i].index].inFlight > 0 && d.Allowed {
+				d.Remaining = min(d.Remaining+1, d.Limit)
+			}
+		}
+	}
 	if l.cfg.observer != nil {
 		// Admitted as the rate layers' events say it (a dry-run refusal
 		// is not), and also when a failed rate store served the request
@@ -265,10 +277,6 @@ func (l *Limiter) settle(res *Result, buf []LayerResult) {
 				l.observeSlots(res, buf[i:i+1], admitted)
 			}
 		}
-	}
-	if !res.Proceed && res.held != nil {
-		res.held()
-		res.held = nil
 	}
 }
 

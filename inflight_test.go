@@ -655,3 +655,74 @@ func TestInFlightStoreFailureKeepsRateLayers(t *testing.T) {
 		t.Fatalf("served %d of 50 requests with the slot store down, want 2 (the rate layer still limits)", served)
 	}
 }
+
+// panicObserver panics on the decisions of the layer named "in-flight".
+type panicObserver struct{ core.NopObserver }
+
+func (panicObserver) ObserveDecision(e core.DecisionEvent) {
+	if e.Decision.Policy.Name() == "in-flight" {
+		panic("observer fails")
+	}
+}
+
+// A user callback that panics while a request holds its in-flight slots (an
+// error handler under fail-open, an Observer) must not keep them for good:
+// net/http recovers the panic, and the client would be refused from then on.
+func TestInFlightSlotsGivenBackOnPanic(t *testing.T) {
+	serveRecovered := func(h http.Handler, r *http.Request) {
+		defer func() { _ = recover() }() // as net/http does
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	t.Run("error handler", func(t *testing.T) {
+		slots := core.NewSlotTable(0)
+		l := mwLimiter(t, []ratelimit.Layer{
+			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 100, Window: time.Hour}},
+			inFlightLayer(1),
+		}, ratelimit.WithStore(&mwFailStore{}), ratelimit.WithSlotStore(slots),
+			ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) { panic("error handler fails") }))
+		serveRecovered(l.Handler(mwOK), getFrom("192.0.2.1"))
+		if n := slots.InFlight("in-flight", "192.0.2.1"); n != 0 {
+			t.Fatalf("after the request ended (its error handler panicked): %d slots held, want 0", n)
+		}
+	})
+	t.Run("observer", func(t *testing.T) {
+		slots := core.NewSlotTable(0)
+		l := mwLimiter(t, []ratelimit.Layer{
+			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 1, Window: time.Hour}},
+			inFlightLayer(1),
+		}, ratelimit.WithSlotStore(slots), ratelimit.WithObserver(panicObserver{}))
+		for range 2 { // admitted, then refused by "rate": both panic in the Observer
+			serveRecovered(l.Handler(mwOK), getFrom("192.0.2.1"))
+		}
+		if n := slots.InFlight("in-flight", "192.0.2.1"); n != 0 {
+			t.Fatalf("after both requests ended: %d slots held, want 0", n)
+		}
+	})
+}
+
+// A concurrency layer whose slot is given back because a rate layer refused
+// reports Remaining without it, as a rate layer whose cost another layer
+// refused does: in the Result, in the headers and to the Observer.
+func TestInFlightRemainingAfterRateRefusal(t *testing.T) {
+	l := mwLimiter(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 1, Window: time.Hour}},
+		inFlightLayer(1),
+	}, ratelimit.WithHeaders(ratelimit.IETFHeaders))
+	h := l.Handler(mwOK)
+	h.ServeHTTP(httptest.NewRecorder(), getFrom("192.0.2.1"))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, getFrom("192.0.2.1")) // refused by "rate"; no slot held
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("second request: %d, want 429", rec.Code)
+	}
+	if got, want := rec.Header().Get("RateLimit"), `"rate";r=0;t=3600, "in-flight";r=1;t=0`; got != want {
+		t.Errorf("RateLimit: %s, want %s (the in-flight layer's one slot is free)", got, want)
+	}
+	res := l.Decide(getFrom("192.0.2.1"))
+	defer res.Release()
+	for _, lr := range res.Layers {
+		if lr.Decision.Policy.Name() == "in-flight" && lr.Decision.Remaining != 1 {
+			t.Errorf("Decide: in-flight layer Remaining %d with no slot held, want 1", lr.Decision.Remaining)
+		}
+	}
+}

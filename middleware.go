@@ -707,6 +707,11 @@ const smallBatch = 4
 // Layers field is unused). Both may live on the caller's stack: user code
 // gets only their export.
 func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, layers []LayerResult) bool {
+	if res.held != nil {
+		// An error handler or denied handler that panics must not keep
+		// the request's in-flight slots for good.
+		defer l.releaseOnPanic(res)
+	}
 	switch res.kind {
 	case outcomeGone:
 		return false // the client went away: nobody to answer
@@ -782,6 +787,11 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 	res.DryRun = l.cfg.dryRun
 	rs := l.rules.Load()
 	res.rs = rs
+	if l.slots != nil {
+		// A store, slot store or Observer that panics once slots are taken
+		// must not keep them for good.
+		defer l.releaseOnPanic(res)
+	}
 	if l.skip(r) {
 		res.Skipped, res.Proceed = true, true
 		return 0
@@ -1008,11 +1018,17 @@ func (l *Limiter) layerCost(ly *layer, r *http.Request, def *int64, have *bool) 
 // messages that already carry one.
 var errInvalidCost = &prefixedError{msg: strings.TrimPrefix(core.ErrInvalidCost.Error(), "ratelimit: "), err: core.ErrInvalidCost}
 
-// releaseOnPanic, deferred, gives back the waiting-room slot res holds when
-// a panic unwinds the decision, and lets the panic go on.
+// releaseOnPanic, deferred, gives back the waiting-room slot and the
+// in-flight slots res holds when a panic unwinds (a store, slot store,
+// Observer or error handler that panics must not keep them for good), and
+// panics on.
 func (l *Limiter) releaseOnPanic(res *Result) {
 	if p := recover(); p != nil {
 		l.release(res)
+		if res.held != nil {
+			res.held()
+			res.held = nil
+		}
 		panic(p)
 	}
 }
