@@ -128,7 +128,10 @@ type Layer struct {
 	// InFlight, if positive, makes the layer a concurrency limit: at most
 	// InFlight requests per key in flight at once, instead of a rate (see
 	// inflight.go and [Limiter.AdmitFunc]). Rule then gives only the
-	// layer's Name; Cost and Resolver must be unset.
+	// layer's Name; Cost and Resolver must be unset. A slot is given back
+	// when the handler the Limiter wraps returns: put a handler that returns
+	// before its work ends, such as http.TimeoutHandler, outside the
+	// Limiter, or the work it leaves running holds no slot.
 	InFlight int64
 }
 
