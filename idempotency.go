@@ -371,13 +371,20 @@ func encodeHeaders(h http.Header) []byte {
 	return []byte(b.String())
 }
 
-// replayHeaders sets the headers encoded in rec on h.
+// replayHeaders sets the headers encoded in rec on h, replacing earlier
+// values (an outer Limiter's), as a fresh decision does.
 func replayHeaders(h http.Header, rec []byte) {
+	set := make(map[string]bool, 8)
 	for _, line := range strings.Split(string(rec), "\n") {
 		name, v, ok := strings.Cut(line, ": ")
-		if ok && name != "" {
-			h[name] = append(h[name], v)
+		if !ok || name == "" {
+			continue
 		}
+		if !set[name] {
+			set[name] = true
+			h[name] = nil
+		}
+		h[name] = append(h[name], v)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -490,6 +491,41 @@ func TestIdempotencyFullWaitingRoomChargesNothing(t *testing.T) {
 		go s.do("d", viaFilter)
 		if d := <-s.delays; d != 2*time.Second {
 			t.Fatalf("filter %v: the next delay is %v, want 2s (a and b charged, the refusals not)", viaFilter, d)
+		}
+	}
+}
+
+// A replay sets the rate-limit headers it recorded, replacing those an
+// outer Limiter set, as a fresh decision does: never two values per field.
+func TestIdempotencyReplaySetsHeaders(t *testing.T) {
+	clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	outer := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(100).Named("global")},
+	}, ratelimit.WithClock(clk), ratelimit.WithHeaders(ratelimit.AllHeaders)))
+	inner := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(5).Named("charge")},
+	}, ratelimit.WithClock(clk), ratelimit.WithHeaders(ratelimit.AllHeaders)))
+	idem, err := ratelimit.NewIdempotency(inner, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := outer.Handler(idem.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	do := func() http.Header {
+		r := httptest.NewRequest(http.MethodPost, "/pay", nil)
+		r.RemoteAddr = "192.0.2.1:1234"
+		r.Header.Set(ratelimit.IdempotencyKeyHeader, "k1")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusOK {
+			t.Fatalf("status %d", w.Code)
+		}
+		return w.Header()
+	}
+	fresh := do()
+	replay := do()
+	for _, name := range []string{ratelimit.HeaderRateLimitLimit, ratelimit.HeaderRateLimitRemaining, ratelimit.HeaderRateLimitReset, ratelimit.HeaderRateLimit, ratelimit.HeaderRateLimitPolicy} {
+		if got, want := replay.Values(name), fresh.Values(name); !slices.Equal(got, want) || len(got) != 1 {
+			t.Errorf("replayed response: %s = %q, want the fresh decision's %q", name, got, want)
 		}
 	}
 }
