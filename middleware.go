@@ -189,7 +189,7 @@ type Result struct {
 	// decision events, reported once the rate layers have decided.
 	slotLatency time.Duration
 	rs          *ruleSet // the rules the request was decided under
-	refunded    bool     // Limiter.Refund gave the charge back
+	peeked      bool     // a Peek's Result: nothing was charged
 }
 
 // LayerResult is the decision of one applied layer.
@@ -212,6 +212,10 @@ type LayerResult struct {
 	Refused bool
 
 	index int // position of the layer in Limiter.layers
+	// refunded, on a Result's first layer, is 1 once the charge was given
+	// back: kept in the layers every copy of the Result shares, so that
+	// a charge is refunded once whichever copy asks (see claimRefund).
+	refunded uint32
 }
 
 // outcome classifies a Result for the default responses.

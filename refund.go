@@ -112,13 +112,13 @@ func (l *Limiter) refundHandler(next http.Handler) http.Handler {
 		if !ok {
 			return
 		}
-		if !charged(&res, n) {
+		if !charged(&res, buf[:n]) {
 			next.ServeHTTP(w, r)
 			return
 		}
 		if l.serveRefundable(w, r, next) {
 			var rq [core.MaxBatch]core.Request
-			if k := l.refundRequests(buf[:n], res.rs, &rq); k > 0 {
+			if k := l.refundRequests(buf[:n], res.rs, &rq); k > 0 && claimRefund(buf[:n]) {
 				l.refund(context.WithoutCancel(r.Context()), rq[:k])
 			}
 		}
@@ -136,16 +136,15 @@ func (l *Limiter) refundResultHandler(next http.Handler) http.Handler {
 			return
 		}
 		res, _ := ResultFromContext(r.Context())
-		if !charged(res, len(res.Layers)) {
+		if !charged(res, res.Layers) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		// The handler may have refunded its Result itself (Limiter.Refund):
-		// a charge is given back at most once.
-		if l.serveRefundable(w, r, next) && !res.refunded {
+		// The handler may have refunded its Result, or a copy of it,
+		// itself (Limiter.Refund): a charge is given back at most once.
+		if l.serveRefundable(w, r, next) {
 			var rq [core.MaxBatch]core.Request
-			if k := l.refundRequests(res.Layers, res.rs, &rq); k > 0 {
-				res.refunded = true
+			if k := l.refundRequests(res.Layers, res.rs, &rq); k > 0 && claimRefund(res.Layers) {
 				l.refund(context.WithoutCancel(r.Context()), rq[:k])
 			}
 		}
@@ -165,10 +164,19 @@ func (l *Limiter) serveRefundable(w http.ResponseWriter, r *http.Request, next h
 	return l.cfg.refund.refund(r, status)
 }
 
-// charged reports whether the request of res, with n applied layers, was
-// charged: every applied layer admitted it and nothing failed.
-func charged(res *Result, n int) bool {
-	return n > 0 && res.Err == nil && res.kind == outcomeOK && !res.refunded
+// charged reports whether the request of res, whose applied layers are
+// layers, was charged and not refunded since: every applied layer admitted
+// it, nothing failed, and it was decided, not peeked.
+func charged(res *Result, layers []LayerResult) bool {
+	return len(layers) > 0 && res.Err == nil && res.kind == outcomeOK && !res.peeked &&
+		atomic.LoadUint32(&layers[0].refunded) == 0
+}
+
+// claimRefund claims the refund of the charge whose applied layers are
+// layers: true for the first caller, whichever copy of the Result it holds
+// (the copies share layers), false for every later one.
+func claimRefund(layers []LayerResult) bool {
+	return atomic.CompareAndSwapUint32(&layers[0].refunded, 0, 1)
 }
 
 // refundRequests fills reqs with the charges of layers, the applied layers
@@ -208,27 +216,28 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, reqs *[core.
 // handler reading [ResultFromContext]) that decide on a refund themselves;
 // [WithRefund] does it for [Limiter.Handler] and
 // [Limiter.HandlerWithResult]. A Result that charged nothing (refused,
-// skipped, failed, no layer applied) or that was already refunded is left
-// alone: Refund returns nil, so a charge is given back at most once per
-// Result (under [WithRefund], a handler that refunds its own Result is not
-// refunded again after it returns; refund it from the handler, not from a
-// goroutine that outlives it). Refund uses ctx as is: pass context.WithoutCancel(r.Context())
+// skipped, failed, no layer applied, or one of [Limiter.Peek]) or that was
+// already refunded, through it or any copy of it, is left alone: Refund
+// returns nil, so a charge is given back at most once (under [WithRefund],
+// a handler that refunds its own Result is not refunded again after it
+// returns; refund it from the handler, not from a goroutine that outlives
+// it). Refund uses ctx as is: pass context.WithoutCancel(r.Context())
 // to refund for a client that has gone. It returns an error wrapping
 // core.ErrUnsupported when the store cannot refund, and the store's error,
 // after which the charge stays.
 func (l *Limiter) Refund(ctx context.Context, res *Result) error {
-	if res == nil || !charged(res, len(res.Layers)) {
+	if res == nil || !charged(res, res.Layers) {
 		return nil
 	}
 	var reqs [core.MaxBatch]core.Request
 	n := l.refundRequests(res.Layers, res.rs, &reqs)
-	if n == 0 {
+	if n == 0 || !claimRefund(res.Layers) {
 		return nil
 	}
 	if err := l.cl.Refund(ctx, reqs[:n]); err != nil {
+		atomic.StoreUint32(&res.Layers[0].refunded, 0) // the charge stays: it may be refunded again
 		return err
 	}
-	res.refunded = true
 	return nil
 }
 
@@ -310,6 +319,7 @@ func (l *Limiter) Peek(r *http.Request) Result {
 	if n := l.decideOrPeek(l.routeRequest(r), &res, buf, reqs[:], out[:], false, true); n > 0 {
 		res.Layers = buf[:n]
 	}
+	res.peeked = true
 	return res
 }
 

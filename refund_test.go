@@ -185,6 +185,53 @@ func TestRefundNothingUncharged(t *testing.T) {
 	})
 }
 
+// TestRefundPeekAndCopies: a Peek's Result charged nothing, so Refund gives
+// nothing back for it; and a charge is refunded once, whichever copy of its
+// Result asks (Decide returns Results by value).
+func TestRefundPeekAndCopies(t *testing.T) {
+	layers := []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(3).Named("per-ip").Using(core.FixedWindow)}}
+	t.Run("peek", func(t *testing.T) {
+		l, _, _ := refundEnv(t, layers, loginHandler)
+		r := mwReq("192.0.2.1:1")
+		admitted := 0
+		for range 5 {
+			if res := l.Peek(r); res.Proceed { // as a page showing the quota would
+				if err := l.Refund(context.Background(), &res); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if l.Decide(r).Proceed {
+				admitted++
+			}
+		}
+		if admitted != 3 {
+			t.Fatalf("with a Peek's Result refunded before each request, %d of 5 admitted, want 3", admitted)
+		}
+	})
+	t.Run("copies", func(t *testing.T) {
+		l, _, _ := refundEnv(t, layers, loginHandler)
+		r := mwReq("192.0.2.1:1")
+		l.Decide(r)
+		l.Decide(r)
+		res := l.Decide(r)
+		kept := res
+		for _, p := range []*ratelimit.Result{&res, &kept, &res} {
+			if err := l.Refund(context.Background(), p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		admitted := 0
+		for range 3 {
+			if l.Decide(r).Proceed {
+				admitted++
+			}
+		}
+		if admitted != 1 {
+			t.Fatalf("3 charged, one refunded through two copies: %d more admitted, want 1", admitted)
+		}
+	})
+}
+
 // TestRefundNeedsARefunder: a store without core.Refunder is refused at
 // construction.
 func TestRefundNeedsARefunder(t *testing.T) {
