@@ -426,18 +426,24 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 	if need+own > s.cap {
 		return 0, fmt.Errorf("%w: a batch needs %d keys in a shard of %d", ErrStoreFull, need+own, s.cap)
 	}
-	for s.lru.Len()+need > s.cap {
-		if m.keepActive {
-			_, ref, _ := s.lru.GetOldest()
-			s.load(ref, &s.exam)
-			if exp := s.exam.expiry(); exp > now {
-				s.exam = memEntry{}
-				return exp - now, ErrStoreFull
-			}
-			s.exam = memEntry{}
-			s.lru.RemoveOldest()
-			continue
+	if excess := s.lru.Len() + need - s.cap; m.keepActive && excess > 0 {
+		// Room comes only when every one of the excess least recently
+		// used keys has recovered: until the latest of them does.
+		if wait := s.recoveryWait(excess, batch, now); wait > 0 {
+			return wait, ErrStoreFull
 		}
+		for excess > 0 {
+			k, ref, _ := s.lru.GetOldest()
+			if held(k, batch) {
+				s.front(k, ref)
+				continue
+			}
+			s.lru.RemoveOldest()
+			excess--
+		}
+		return 0, nil
+	}
+	for s.lru.Len()+need > s.cap {
 		var (
 			firstKey  uint64
 			firstName string
@@ -479,6 +485,41 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 		s.remove(firstKey)
 	}
 	return 0, nil
+}
+
+// recoveryWait returns how long until the excess least recently used keys
+// of s outside the batch (whose hashes are batch) have all recovered, 0
+// when they have. A state left ahead of a clock that stepped back is
+// first written clamped, as a decision at now would write it (without
+// renewing the key in the LRU), so that the wait is bounded by its rule's
+// own recovery time and holds for the next decision. Requires s.mu.
+func (s *memShard) recoveryWait(excess int, batch []uint64, now int64) int64 {
+	var wait int64
+	visit := func(k uint64, ref memRef) {
+		if held(k, batch) {
+			return // the batch's own keys are not made room from
+		}
+		excess--
+		sl := s.load(ref, &s.exam)
+		if s.exam.expiry() > now {
+			s.exam.pol.alg.Decide(s.exam.pol, &s.exam.st, 0, now, true, &s.dec)
+			s.write(ref, sl, &s.exam.st)
+			wait = max(wait, s.exam.expiry()-now)
+		}
+		s.exam = memEntry{}
+	}
+	if k, ref, ok := s.lru.GetOldest(); ok && excess == 1 && !held(k, batch) {
+		visit(k, ref) // the usual case: one new key, the oldest makes room
+		return wait
+	}
+	for _, k := range s.lru.Keys() { // oldest first
+		if excess == 0 {
+			break
+		}
+		ref, _ := s.lru.Peek(k)
+		visit(k, ref)
+	}
+	return wait
 }
 
 // insert stores st as the state of r, whose hash is h; makeRoom has made

@@ -317,6 +317,59 @@ func TestMemoryKeepActiveRetryAfter(t *testing.T) {
 	}
 }
 
+// TestMemoryKeepActiveRetryAfterSeveralKeys: a batch needing two new keys
+// in a full KeepActive shard has room only when both least recently used
+// keys have recovered: its RetryAfter is the later of the two, never the
+// earlier (in Take and in Peek).
+func TestMemoryKeepActiveRetryAfterSeveralKeys(t *testing.T) {
+	ctx := context.Background()
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 2, Shards: 1, KeepActive: true})
+	lim, err := core.New(core.Rule{Limit: 1, Window: time.Second}, core.WithStore(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := core.MustPolicy(core.Rule{Name: "short", Limit: 1, Window: time.Second})
+	long := core.MustPolicy(core.Rule{Name: "long", Limit: 1, Window: time.Hour})
+	take(t, m, t0, short, "a") // whole again at t0+1s
+	take(t, m, t0, long, "b")  // whole again at t0+1h
+	ip := core.MustPolicy(core.Rule{Name: "ip", Limit: 10, Window: time.Minute})
+	user := core.MustPolicy(core.Rule{Name: "user", Limit: 10, Window: time.Minute})
+	batch := []core.Request{{Policy: ip, Key: "1.2.3.4", Cost: 1}, {Policy: user, Key: "alice", Cost: 1}}
+	var out [2]core.Decision
+	if _, err := lim.PeekAt(ctx, t0, batch, out[:]); !errors.Is(err, core.ErrStoreFull) || out[0].RetryAfter != time.Hour {
+		t.Fatalf("Peek of the batch in a full store: %+v, %v; want ErrStoreFull, RetryAfter 1h", out, err)
+	}
+	err = m.Take(ctx, t0, batch, out[:])
+	if !errors.Is(err, core.ErrStoreFull) || out[0].RetryAfter != time.Hour || out[1].RetryAfter != time.Hour {
+		t.Fatalf("batch in a full store: %+v, %v; want ErrStoreFull, RetryAfter 1h", out, err)
+	}
+	if err := m.Take(ctx, t0.Add(time.Hour-1), batch, out[:]); !errors.Is(err, core.ErrStoreFull) {
+		t.Fatalf("1ns before RetryAfter: %+v, %v; want ErrStoreFull", out, err)
+	}
+	if err := m.Take(ctx, t0.Add(time.Hour), batch, out[:]); err != nil || !out[0].Allowed || !out[1].Allowed {
+		t.Fatalf("at RetryAfter: %+v, %v; want admitted", out, err)
+	}
+}
+
+// TestMemoryKeepActiveClockBack: after the clock steps back, a full
+// KeepActive store refuses a new key for at most the held key's own
+// recovery time from the first decision after the step, not for the step.
+func TestMemoryKeepActiveClockBack(t *testing.T) {
+	ctx := context.Background()
+	m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 1, Shards: 1, KeepActive: true})
+	p := core.MustPolicy(core.Rule{Name: "api", Limit: 1, Window: time.Second})
+	take(t, m, t0.Add(time.Hour), p, "a")
+	var out [1]core.Decision
+	// The clock steps back an hour; a new client arrives.
+	err := m.Take(ctx, t0, []core.Request{{Policy: p, Key: "b", Cost: 1}}, out[:])
+	if !errors.Is(err, core.ErrStoreFull) || out[0].RetryAfter != time.Second {
+		t.Fatalf("after a 1h step back: %+v, %v; want ErrStoreFull with RetryAfter 1s (the rule's recovery)", out[0], err)
+	}
+	if err := m.Take(ctx, t0.Add(time.Second), []core.Request{{Policy: p, Key: "b", Cost: 1}}, out[:]); err != nil || !out[0].Allowed {
+		t.Fatalf("at RetryAfter: %+v, %v; want admitted", out[0], err)
+	}
+}
+
 // TestMemoryBatchLargerThanShard checks that a batch with more keys in one
 // shard than the shard holds is refused whole, with no RetryAfter promise,
 // and stores nothing.

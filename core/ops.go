@@ -328,8 +328,9 @@ func (m *MemoryStore) peekState(s *memShard, e memEntry, found bool, p *Policy, 
 	}
 }
 
-// roomFor is makeRoom without changes: the error and RetryAfter Take would
-// meet making room for need new keys in s. Requires s.mu.
+// roomFor is makeRoom without removing anything: the error and RetryAfter
+// Take would meet making room for need new keys in s (it writes only the
+// clamps a decision writes, as Peek does). Requires s.mu.
 func (m *MemoryStore) roomFor(s *memShard, need, own int, batch []uint64, now int64) (int64, error) {
 	if need+own > s.cap {
 		return 0, fmt.Errorf("%w: a batch needs %d keys in a shard of %d", ErrStoreFull, need+own, s.cap)
@@ -338,20 +339,8 @@ func (m *MemoryStore) roomFor(s *memShard, need, own int, batch []uint64, now in
 	if excess <= 0 || !m.keepActive {
 		return 0, nil
 	}
-	for _, k := range s.lru.Keys() { // oldest first
-		if held(k, batch) {
-			continue // Take moves the batch's keys to the front
-		}
-		ref, _ := s.lru.Peek(k)
-		s.load(ref, &s.exam)
-		exp := s.exam.expiry()
-		s.exam = memEntry{}
-		if exp > now {
-			return exp - now, ErrStoreFull
-		}
-		if excess--; excess == 0 {
-			break
-		}
+	if wait := s.recoveryWait(excess, batch, now); wait > 0 {
+		return wait, ErrStoreFull
 	}
 	return 0, nil
 }
