@@ -268,10 +268,10 @@ func (l *Limiter) settle(res *Result, buf []LayerResult) {
 		}
 	}
 	if l.cfg.observer != nil {
-		// Admitted as the rate layers' events say it (a dry-run refusal
-		// is not), and also when a failed rate store served the request
-		// fail-open: its slots stay held.
-		admitted := res.Proceed && res.kind != outcomeRefused && res.kind != outcomeTooCostly
+		// Admitted when the slots stay held: the request proceeds (also a
+		// dry-run refusal, which is served, and a request a failed rate
+		// store served fail-open).
+		admitted := res.Proceed
 		for i := range buf {
 			if l.layers[buf[i].index].inFlight > 0 {
 				l.observeSlots(res, buf[i:i+1], admitted)

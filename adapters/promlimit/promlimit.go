@@ -20,6 +20,8 @@
 //	ratelimit_evictions_total{rule}                  counter
 //	ratelimit_memory_store_keys                      gauge (with SetMemoryStore)
 //	ratelimit_memory_store_capacity                  gauge (with SetMemoryStore)
+//	ratelimit_rule_limit{rule, algorithm}            gauge (see ObserveRules)
+//	ratelimit_rule_window_seconds{rule, algorithm}   gauge (see ObserveRules)
 //
 // ratelimit_decisions_total counts one decision per rule per request: a
 // request decided by two layers counts once under each rule. Its outcome is
@@ -40,7 +42,10 @@
 //
 // So, per rule, allowed is exactly the number of charges, and denied plus
 // dry_run_denied the number of requests this rule refused itself; summing
-// "denied" over rules counts a request refused by two layers twice.
+// "denied" over rules counts a request refused by two layers twice. For a
+// concurrency layer (ratelimit.Layer.InFlight), a charge is a slot that
+// stays taken: a request another layer refuses gives its slot back
+// ("not_charged"), but one served in dry-run mode keeps it ("allowed").
 //
 // ratelimit_decision_duration_seconds is the time the store took to decide
 // the batch that held the rule's decision (the same batch time is observed

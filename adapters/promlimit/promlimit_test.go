@@ -323,6 +323,35 @@ func TestInFlightLayerNotCharged(t *testing.T) {
 	compare(t, reg, decisionsHelp+decisions("conc", 1, 0, 0, 2)+decisions("rate", 1, 2, 0, 0), "ratelimit_decisions_total")
 }
 
+// TestInFlightLayerDryRun: in dry-run mode a request a rate layer refuses
+// is served and keeps its slot, so the slot counts as allowed.
+func TestInFlightLayerDryRun(t *testing.T) {
+	m, reg := newMetrics(t)
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 1, Window: time.Minute}},
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "conc"}, InFlight: 1},
+	}, ratelimit.WithClock(core.NewFakeClock(t0)), ratelimit.WithObserver(m), ratelimit.WithDryRun()))
+	req := func() *http.Request {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		return r
+	}
+	var h http.Handler
+	nested := false
+	h = l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		if !nested { // while this request runs, its slot is held
+			nested = true
+			h.ServeHTTP(httptest.NewRecorder(), req())
+			nested = false
+		}
+	}))
+	h.ServeHTTP(httptest.NewRecorder(), req()) // rate allowed; slot taken
+	h.ServeHTTP(httptest.NewRecorder(), req()) // rate refused in dry run, served; slot taken
+	// Each nested request found the slot full (dry_run_denied) and was not
+	// decided by "rate".
+	compare(t, reg, decisionsHelp+decisions("conc", 2, 0, 2, 0)+decisions("rate", 1, 0, 1, 0), "ratelimit_decisions_total")
+}
+
 func TestRegistration(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	if _, err := promlimit.New(reg); err != nil {
