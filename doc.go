@@ -28,7 +28,7 @@
 //		{Key: ratelimit.User(), Rule: core.PerMinute(20).Named("per-user")},
 //	}, ratelimit.WithHeaders(ratelimit.AllHeaders))
 //	if err != nil {
-//		log.Fatal(err) // every misconfiguration is reported here, never at request time
+//		log.Fatal(err) // every misconfiguration knowable now is reported here
 //	}
 //	http.ListenAndServe(":8080", limiter.Handler(mux))
 //
