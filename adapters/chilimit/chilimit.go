@@ -13,7 +13,12 @@
 // "/login" for every method, so that changing the method never buys a fresh
 // quota. A request chi matches no route for (a 404, or a 405 for a method
 // the route does not serve) is not keyed by route: route layers do not apply
-// to it, and chi answers it. So one Limiter mounted with a top-level r.Use
+// to it, and chi answers it. The exceptions count more, never less: a
+// request that chi's rewriting middleware (CleanPath, StripSlashes,
+// URLFormat, GetHead) would route, wherever that middleware runs, is keyed
+// by the route it would reach, so a HEAD counts with GET and /login/ or
+// /login.json with /login even where no such middleware serves them. So one
+// Limiter mounted with a top-level r.Use
 // holds per-IP, per-user and per-route layers, decided and charged in one
 // atomic batch:
 //
@@ -163,11 +168,14 @@ func WithResult() Option { return func(o *options) { o.result = true } }
 // RoutePath when a middleware rewrote it (middleware.CleanPath,
 // StripSlashes, URLFormat), the URL's otherwise. Inside a mounted
 // sub-router, where the routing context holds only the rest of the path,
-// RouteOf reads the URL, cleaned (path.Clean) when it matches no route as
-// it is (as a top-level CleanPath or StripSlashes left it); if a middleware
-// rewrote the rest of the path otherwise and the URL then matches no route,
-// RouteOf cannot tell the route, and says so (ok false: a route layer fails
-// loudly rather than skip the request).
+// RouteOf reads the URL. A path that matches no route as it is is tried
+// as chi's rewriting middleware would leave it (cleaned, without its
+// trailing slash, without its extension) and a HEAD as a GET, so that a
+// rewrite that runs later (in a sub-router's own r.Use, or after the
+// limiter) does not hide the route chi serves. Rewrites of other kinds must
+// run before the limiter. Inside a mount, if no form of the URL ends with
+// the rest of the path chi routes, RouteOf cannot tell the route, and says
+// so (ok false: a route layer fails loudly rather than skip the request).
 func RouteOf(r *http.Request) (route string, ok bool) {
 	route, ok, _ = routeOf(r)
 	return route, ok
@@ -186,46 +194,100 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 	if path == "" {
 		path = "/"
 	}
-	rewritten := false
+	// In a mount, chi routes the rest of the path (RoutePath): a path is
+	// the one chi routes only if it ends with that rest.
+	rest := ""
 	if rp := rctx.RoutePath; rp != "" {
 		if len(rctx.RoutePatterns) == 0 {
 			path = rp // not routed yet: chi's root routes this path
 		} else {
-			// A mount's rest of the path is the URL's tail, unless a
-			// middleware rewrote it.
-			rewritten = !strings.HasSuffix(path, rp)
+			rest = rp
 		}
 	}
 	method := rctx.RouteMethod // set by middleware such as GetHead
 	if method == "" {
 		method = r.Method
 	}
+	methods := []string{method}
+	if method == http.MethodHead {
+		methods = append(methods, http.MethodGet) // as GetHead serves it
+	}
 	fc := chi.NewRouteContext()
-	pattern := rctx.Routes.Find(fc, method, path)
-	if pattern == "" && len(rctx.RoutePatterns) > 0 {
-		// Inside a mount, the URL as a top-level CleanPath or StripSlashes
-		// left it for chi: cleaned.
-		if clean := stdpath.Clean(path); clean != path {
+	agrees := rest == ""
+	for _, m := range methods {
+		for _, p := range pathVariants(path) {
+			if rest != "" && !strings.HasSuffix(p, rest) {
+				continue
+			}
+			agrees = true
 			fc.Reset()
-			if pattern = rctx.Routes.Find(fc, method, clean); pattern != "" {
-				path = clean
+			if pattern := rctx.Routes.Find(fc, m, p); pattern != "" {
+				return routeKey(rctx, fc, m, p, pattern), true, true
 			}
 		}
 	}
-	if pattern == "" {
-		return "", !rewritten, true
+	return "", agrees, true
+}
+
+// pathVariants returns path, then the paths chi's rewriting middleware
+// would route instead (CleanPath, StripSlashes, URLFormat, alone and
+// together), so that a rewrite that runs after the limiter (later in the
+// same r.Use, or in a mounted sub-router's own) does not hide the route
+// chi then serves.
+func pathVariants(path string) []string {
+	out := make([]string, 0, 8)
+	add := func(p string) {
+		for _, q := range out {
+			if q == p {
+				return
+			}
+		}
+		out = append(out, p)
 	}
-	// A route registered for every method matches any other method too:
-	// then the method is not part of the route.
+	for _, base := range [...]string{path, stdpath.Clean(path)} {
+		add(base)
+		slash := stripSlash(base)
+		add(slash)
+		add(stripExt(base))
+		add(stripExt(slash))
+	}
+	return out
+}
+
+// stripSlash removes a trailing slash, as middleware.StripSlashes does.
+func stripSlash(p string) string {
+	if len(p) > 1 && p[len(p)-1] == '/' {
+		return p[:len(p)-1]
+	}
+	return p
+}
+
+// stripExt removes the last segment's extension, as middleware.URLFormat
+// does.
+func stripExt(p string) string {
+	base := strings.LastIndexByte(p, '/')
+	if base < 0 {
+		return p
+	}
+	if i := strings.LastIndexByte(p[base:], '.'); i > 0 {
+		return p[:base+i]
+	}
+	return p
+}
+
+// routeKey returns the route key of pattern, which matched method and
+// path: a route registered for every method matches any other method too,
+// and then the method is not part of the route.
+func routeKey(rctx *chi.Context, fc *chi.Context, method, path, pattern string) string {
 	probe := http.MethodTrace
 	if method == probe {
 		probe = http.MethodConnect
 	}
 	fc.Reset()
 	if rctx.Routes.Find(fc, probe, path) == pattern {
-		return pattern, true, true
+		return pattern
 	}
-	return method + " " + pattern, true, true
+	return method + " " + pattern
 }
 
 // New builds a Limiter from layers and opts with [ratelimit.New] and returns

@@ -222,10 +222,12 @@ func TestRouteMethodCannotDodge(t *testing.T) {
 		t.Errorf("/login by method: %v, want %v", codes, want)
 	}
 	codes = codes[:0]
+	// HEAD counts with GET (chi's GetHead serves it with the GET handler),
+	// even where chi answers it 405: a limit may count more, never less.
 	for _, m := range []string{"GET", "X1", "post", "HEAD", "GET", "GET"} {
 		codes = append(codes, do(r, m, "/x", peer).Code)
 	}
-	if want := []int{200, 405, 405, 405, 200, 429}; !slices.Equal(codes, want) {
+	if want := []int{200, 405, 405, 405, 429, 429}; !slices.Equal(codes, want) {
 		t.Errorf("/x: %v, want %v", codes, want)
 	}
 	if w := do(r, "GET", "/nope", peer); w.Code != 404 {
@@ -294,11 +296,9 @@ func TestRouteAfterPathRewrite(t *testing.T) {
 			t.Fatalf("POST %s through a mounted sub-router: %v, want %v", path, codes, want)
 		}
 	}
-	// In a mounted sub-router, a rewrite of the rest of the path that
-	// cleaning the URL does not undo (URLFormat's extension) is a route
-	// RouteOf cannot tell: a route layer answers 500 rather than skip the
-	// request. A sub-router's StripSlashes is undone by cleaning; a true
-	// 404 stays a 404.
+	// In a mounted sub-router, rewrites of the rest of the path (URLFormat's
+	// extension, StripSlashes) are undone as they rewrite; a true 404 stays
+	// a 404.
 	l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
 		Key: ratelimit.Route(), Rule: core.Rule{Name: "route", Limit: 1, Window: time.Minute},
 	}}, ratelimit.WithLogger(nil))
@@ -311,14 +311,77 @@ func TestRouteAfterPathRewrite(t *testing.T) {
 		path string
 		code int
 	}{
-		{"/api/login.json", http.StatusInternalServerError},
-		{"/api/login/", http.StatusOK},
+		{"/api/login.json", http.StatusOK},
+		{"/api/login/", http.StatusTooManyRequests},
 		{"/api/login", http.StatusTooManyRequests},
 		{"/api/nope", http.StatusNotFound},
 	} {
 		if w := do(r, "POST", tc.path, peer); w.Code != tc.code {
 			t.Errorf("POST %s through a sub-router's URLFormat and StripSlashes: %d, want %d", tc.path, w.Code, tc.code)
 		}
+	}
+}
+
+// TestRouteAfterLaterRewrite checks that a rewrite chi runs after the
+// limiter (a mounted sub-router's own r.Use, or later in the same r.Use)
+// does not hide the route chi then serves: /api/login/, /api/login.json
+// and HEAD /api/login count with GET /api/login.
+func TestRouteAfterLaterRewrite(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, path string
+		mw                 func(http.Handler) http.Handler
+		inMount            bool
+	}{
+		{"sub-router StripSlashes", "GET", "/api/login/", middleware.StripSlashes, true},
+		{"sub-router URLFormat", "GET", "/api/login.json", middleware.URLFormat, true},
+		{"sub-router GetHead", "HEAD", "/api/login", middleware.GetHead, true},
+		{"StripSlashes after the limiter", "GET", "/api/login/", middleware.StripSlashes, false},
+		{"URLFormat after the limiter", "GET", "/api/login.json", middleware.URLFormat, false},
+		{"GetHead after the limiter", "HEAD", "/api/login", middleware.GetHead, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
+				Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+				Rule:   core.Rule{Name: "login", Limit: 1, Window: time.Minute},
+				Routes: []string{"GET /api/login"},
+			}}, ratelimit.WithLogger(nil))
+			r := chi.NewRouter()
+			r.Use(chilimit.Middleware(l))
+			if !tc.inMount {
+				r.Use(tc.mw)
+			}
+			r.Route("/api", func(r chi.Router) {
+				if tc.inMount {
+					r.Use(tc.mw)
+				}
+				r.Get("/login", ok)
+			})
+			if c := do(r, "GET", "/api/login", peer).Code; c != 200 {
+				t.Fatalf("first GET /api/login: %d", c)
+			}
+			if c := do(r, tc.method, tc.path, peer).Code; c != http.StatusTooManyRequests {
+				t.Errorf("%s %s once GET /api/login's quota is spent: %d, want 429", tc.method, tc.path, c)
+			}
+		})
+	}
+	// A top-level URLFormat, the limiter in a mount: the route is found.
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.Rule{Name: "login", Limit: 1, Window: time.Minute},
+		Routes: []string{"GET /api/login"},
+	}}, ratelimit.WithLogger(nil))
+	r := chi.NewRouter()
+	r.Use(middleware.URLFormat)
+	r.Route("/api", func(r chi.Router) {
+		r.Use(chilimit.Middleware(l))
+		r.Get("/login", ok)
+	})
+	var codes []int
+	for range 2 {
+		codes = append(codes, do(r, "GET", "/api/login.json", peer).Code)
+	}
+	if want := []int{200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET /api/login.json twice through a top-level URLFormat, limit 1: %v, want %v", codes, want)
 	}
 }
 
