@@ -213,6 +213,12 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 		methods = append(methods, http.MethodGet) // as GetHead serves it
 	}
 	fc := chi.NewRouteContext()
+	if rest == "" || strings.HasSuffix(path, rest) {
+		// The usual case, before any variant is built.
+		if pattern := rctx.Routes.Find(fc, method, path); pattern != "" {
+			return routeKey(rctx, fc, method, path, pattern), true, true
+		}
+	}
 	agrees := rest == ""
 	for _, m := range methods {
 		for _, p := range pathVariants(path) {
