@@ -37,10 +37,13 @@ type refundConfig struct {
 // charging it: refused, skipped, dry-run-refused and failed decisions
 // charged nothing and are given nothing back, and a handler that panics is
 // refunded nothing. The refund happens at the Limiter's clock when the
-// handler returns, so what has recovered meanwhile is not given back twice
-// (a bucket never fills above its capacity), and it uses the request's
-// context without its cancellation, so a client that hung up does not keep
-// its charge. A failed refund leaves the charge in place (the limiter errs
+// handler returns and names the time of the charge (core.Request's
+// ChargedAt), so it gives back only what that charge still holds: nothing
+// that has recovered meanwhile (a bucket never fills above its capacity),
+// nothing once the charge's window is over, and none of the units of
+// requests charged while the handler ran. It uses the request's context
+// without its cancellation, so a client that hung up does not keep its
+// charge. A failed refund leaves the charge in place (the limiter errs
 // on the side of limiting), is reported to the Observer's ObserveError and
 // logged once.
 //
@@ -118,7 +121,7 @@ func (l *Limiter) refundHandler(next http.Handler) http.Handler {
 		}
 		if l.serveRefundable(w, r, next) {
 			var rq [core.MaxBatch]core.Request
-			if k := l.refundRequests(buf[:n], res.rs, &rq); k > 0 && claimRefund(buf[:n]) {
+			if k := l.refundRequests(buf[:n], res.rs, res.at, &rq); k > 0 && claimRefund(buf[:n]) {
 				l.refund(context.WithoutCancel(r.Context()), rq[:k])
 			}
 		}
@@ -144,7 +147,7 @@ func (l *Limiter) refundResultHandler(next http.Handler) http.Handler {
 		// itself (Limiter.Refund): a charge is given back at most once.
 		if l.serveRefundable(w, r, next) {
 			var rq [core.MaxBatch]core.Request
-			if k := l.refundRequests(res.Layers, res.rs, &rq); k > 0 && claimRefund(res.Layers) {
+			if k := l.refundRequests(res.Layers, res.rs, res.at, &rq); k > 0 && claimRefund(res.Layers) {
 				l.refund(context.WithoutCancel(r.Context()), rq[:k])
 			}
 		}
@@ -180,8 +183,10 @@ func claimRefund(layers []LayerResult) bool {
 }
 
 // refundRequests fills reqs with the charges of layers, the applied layers
-// of a charged request of this Limiter decided under the rule set rs, and
-// returns their number: every rate layer (a concurrency layer holds a slot,
+// of a charged request of this Limiter decided under the rule set rs at the
+// Unix nanosecond at (their ChargedAt, so that a refund made after later
+// charges or a window boundary gives back only what this charge still
+// holds), and returns their number: every rate layer (a concurrency layer holds a slot,
 // not a charge). It returns 0 for layers that were not all charged.
 //
 // A layer decided under its own rule that SetRules has replaced since is
@@ -189,8 +194,12 @@ func claimRefund(layers []LayerResult) bool {
 // that rule by the next decision, if not already, and refunding under the
 // old one would carry it back, clamped to the old capacity, crediting what
 // was charged since (see core.Refunder).
-func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, reqs *[core.MaxBatch]core.Request) int {
+func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, reqs *[core.MaxBatch]core.Request) int {
 	cur := l.rules.Load()
+	var chargedAt time.Time // the charge's time, so that the refund gives back only what it still holds
+	if at != 0 {
+		chargedAt = time.Unix(0, at)
+	}
 	n := 0
 	for i := range layers {
 		ly := &layers[i]
@@ -204,7 +213,7 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, reqs *[core.
 		if rs != nil && rs != cur && own(rs, ly) && ly.index < len(cur.rules) {
 			p = cur.rules[ly.index].policy
 		}
-		reqs[n] = core.Request{Policy: p, Key: ly.Key, Cost: ly.Cost}
+		reqs[n] = core.Request{Policy: p, Key: ly.Key, Cost: ly.Cost, ChargedAt: chargedAt}
 		n++
 	}
 	return n
@@ -230,7 +239,7 @@ func (l *Limiter) Refund(ctx context.Context, res *Result) error {
 		return nil
 	}
 	var reqs [core.MaxBatch]core.Request
-	n := l.refundRequests(res.Layers, res.rs, &reqs)
+	n := l.refundRequests(res.Layers, res.rs, res.at, &reqs)
 	if n == 0 || !claimRefund(res.Layers) {
 		return nil
 	}

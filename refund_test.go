@@ -573,3 +573,76 @@ func TestRefundOnceWhenHandlerRefunds(t *testing.T) {
 		t.Fatalf("%d more admitted after two kept charges of 3, want 1 (a double refund gives back another's unit)", admitted)
 	}
 }
+
+// TestRefundGivesBackOnlyItsCharge: a request whose handler outlives its
+// charge (a window boundary, or other requests charged meanwhile) is
+// refunded only what its own charge still holds: a failing request near
+// the end of a window buys no quota in the next, and a sliding log or a
+// bucket gives back none of the units of the requests charged since.
+func TestRefundGivesBackOnlyItsCharge(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rule  core.Rule
+		start time.Duration // of the slow request, from a minute boundary
+		steps []time.Duration
+		want  int // admitted among the steps' requests
+	}{
+		// 3 a minute: the slow request is charged at 0:59, the fast ones
+		// from 1:01; its refund, at the end, must not lift the window of
+		// 1:00, of which 3 are admitted.
+		{"fixed window", core.Rule{Name: "w", Limit: 3, Window: time.Minute, Algorithm: core.FixedWindow}, 59 * time.Second,
+			[]time.Duration{2 * time.Second, 0, 0, 0, 0}, 3},
+		// 2 in 10 s: X at 0, Y at 8, X refunded at 10 (its entry has left
+		// the window): Y still holds its place until 18, so at 10 one
+		// more is admitted, not two.
+		{"sliding log", core.Rule{Name: "l", Limit: 2, Window: 10 * time.Second, Algorithm: core.SlidingWindowLog}, 0,
+			[]time.Duration{8 * time.Second, 2 * time.Second, 0, 0}, 2},
+		// The same with a bucket of 2 refilled one per 5 s: X at 0 has
+		// given back all it held by 5, so its refund at 10 gives nothing.
+		{"token bucket", core.Rule{Name: "b", Limit: 2, Window: 10 * time.Second}, 0,
+			[]time.Duration{8 * time.Second, 2 * time.Second, 0, 0}, 2},
+		// Refunded while its entry is in the window (X at 0, Y at 8, X
+		// refunded at 9): X's place is given back, not Y's, so 9 is
+		// admitted and 10 is not.
+		{"sliding log, in the window", core.Rule{Name: "l", Limit: 2, Window: 10 * time.Second, Algorithm: core.SlidingWindowLog}, 0,
+			[]time.Duration{8 * time.Second, time.Second, time.Second, 0}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			entered, release := make(chan struct{}), make(chan struct{})
+			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("X-Slow") != "" {
+					close(entered)
+					<-release
+					w.WriteHeader(http.StatusBadGateway) // failed: refunded
+				}
+			})
+			_, h, clk := refundEnv(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: tc.rule}}, next,
+				ratelimit.WithRefund(ratelimit.RefundFailed))
+			base := mwT0.Truncate(time.Minute).Add(time.Hour)
+			clk.Set(base.Add(tc.start))
+			slow := make(chan int)
+			go func() {
+				r := mwReq("192.0.2.1:1")
+				r.Header.Set("X-Slow", "1")
+				slow <- serve(h, r).Code
+			}()
+			<-entered
+			admitted := 0
+			for i, step := range tc.steps {
+				clk.Advance(step)
+				if i == 1 { // the slow request ends, after the first fast one
+					close(release)
+					if code := <-slow; code != http.StatusBadGateway {
+						t.Fatalf("slow request: %d", code)
+					}
+				}
+				if serve(h, mwReq("192.0.2.1:1")).Code == http.StatusOK {
+					admitted++
+				}
+			}
+			if admitted != tc.want {
+				t.Fatalf("admitted %d of the %d requests after the slow one, want %d", admitted, len(tc.steps), tc.want)
+			}
+		})
+	}
+}

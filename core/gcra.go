@@ -141,15 +141,25 @@ func gcraRemaining(p *Policy, dq int64, dr uint64) int64 {
 	return p.capacity - used
 }
 
-func (tokenBucket) Refund(p *Policy, s *State, cost, now int64) { gcraRefund(p, s, cost, now) }
+func (tokenBucket) Refund(p *Policy, s *State, cost, now int64) { gcraRefund(p, s, cost, now, now) }
 
-func (leakyBucket) Refund(p *Policy, s *State, cost, now int64) { gcraRefund(p, s, cost, now) }
+func (leakyBucket) Refund(p *Policy, s *State, cost, now int64) { gcraRefund(p, s, cost, now, now) }
 
-// gcraRefund moves the theoretical arrival time back by cost x Window/Limit,
-// never before now: the bucket regains cost units, never more than it has
-// in use. A TAT left ahead of a clock that stepped back is first clamped as
-// Decide clamps it.
-func gcraRefund(p *Policy, s *State, cost, now int64) {
+func (tokenBucket) RefundCharge(p *Policy, s *State, cost, at, now int64) {
+	gcraRefund(p, s, cost, at, now)
+}
+
+func (leakyBucket) RefundCharge(p *Policy, s *State, cost, at, now int64) {
+	gcraRefund(p, s, cost, at, now)
+}
+
+// gcraRefund moves the theoretical arrival time back by cost x Window/Limit
+// less now-at, the time elapsed since the charge at at (a charge gives back
+// one unit per emission interval as time passes, whatever came after it),
+// never before now: the bucket regains at most cost units, never more than
+// it has in use. A TAT left ahead of a clock that stepped back is first
+// clamped as Decide clamps it.
+func gcraRefund(p *Policy, s *State, cost, at, now int64) {
 	if s.B == 0 || s.A < now || (s.A == now && s.B == 1) {
 		return // whole at now: nothing is in use
 	}
@@ -158,6 +168,12 @@ func gcraRefund(p *Policy, s *State, cost, now int64) {
 		aq, ar = lq, p.tauR
 	}
 	q, r := mulAddDiv(uint64(cost), uint64(p.window), 0, p.limit)
+	if elapsed := uint64(now - at); elapsed > 0 {
+		if q < elapsed || (q == elapsed && r == 0) {
+			return // the charge has given back all it held
+		}
+		q -= elapsed
+	}
 	nq := aq - int64(q)
 	if ar < r {
 		nq, ar = nq-1, ar+p.limit

@@ -39,19 +39,31 @@ type Resetter interface {
 // Refund gives back Cost units to every request of reqs at now, atomically:
 // either every request is refunded or, on an error, none is. What a refund
 // gives back depends on the algorithm, and is never more than the key has
-// in use, so a key never holds more than its capacity:
+// in use, so a key never holds more than its capacity. A request with
+// ChargedAt, the time of the charge it gives back, gets back only what that
+// charge still holds:
 //
 //   - TokenBucket and LeakyBucket: the theoretical arrival time moves back
-//     by Cost x Window / Limit, never before now (Cost tokens come back).
+//     by Cost x Window / Limit, never before now (Cost tokens come back);
+//     with ChargedAt, less the time elapsed since the charge, which has
+//     given back that much already.
 //   - FixedWindow: Cost is subtracted from the current window's count; a
-//     charge made in an earlier window has expired and gives back nothing.
+//     charge made in an earlier window (with ChargedAt: in another window
+//     than now's) has expired and gives back nothing.
 //   - SlidingWindowCounter: Cost is subtracted from the current window's
-//     count, then what is left of it from the previous window's.
+//     count, then what is left of it from the previous window's; with
+//     ChargedAt, only from the count of the window the charge went to.
 //   - SlidingWindowLog: the most recent entries of the trailing window
-//     lose up to Cost units.
-//   - A custom Algorithm implementing AlgorithmRefunder: its Refund.
+//     lose up to Cost units; with ChargedAt, only the entry of the
+//     charge's time (none once it has left the window).
+//   - A custom Algorithm implementing AlgorithmRefunder: its Refund, or,
+//     with ChargedAt, its RefundCharge if it implements
+//     AlgorithmChargeRefunder.
 //
-// A refund of a key the store does not hold does nothing. A record written
+// Without ChargedAt a refund cannot tell which charges it stands for: made
+// after a later charge (or, for the windows, after a window boundary), it
+// gives back that charge's units. A refund of a key the store does not hold
+// does nothing. A record written
 // under another policy of the same Name is first carried over (see Store)
 // and then refunded under the request's policy. A store cannot tell which
 // charges a refund stands for: give back only what was charged.
@@ -71,6 +83,16 @@ type Refunder interface {
 // with the state locked, like Decide.
 type AlgorithmRefunder interface {
 	Refund(p *Policy, s *State, cost, now int64)
+}
+
+// AlgorithmChargeRefunder is implemented by an AlgorithmRefunder that can
+// give back the units of one charge, made at chargedAt (Unix nanoseconds,
+// at most now): every built-in algorithm does. RefundCharge updates s to
+// give back up to cost units of what that charge still holds at now, never
+// what has recovered since nor the units of later charges. It is called
+// with the state locked, like Decide.
+type AlgorithmChargeRefunder interface {
+	RefundCharge(p *Policy, s *State, cost, chargedAt, now int64)
 }
 
 var (
@@ -177,7 +199,7 @@ func (m *MemoryStore) refund(reqs []Request, now int64) error {
 		if s.cur.pol != r.Policy {
 			s.adopt(&s.cur, r.Policy, now)
 		}
-		r.Policy.alg.(AlgorithmRefunder).Refund(r.Policy, &s.cur.st, r.Cost, now)
+		refundOne(r, &s.cur.st, now)
 		s.put(hashes[i], ref, sl, &s.cur)
 	}
 	for k := nord - 1; k >= 0; k-- {
@@ -186,6 +208,19 @@ func (m *MemoryStore) refund(reqs []Request, now int64) error {
 		s.mu.Unlock()
 	}
 	return nil
+}
+
+// refundOne gives back r's cost in st at now, by the charge r.ChargedAt
+// names when the algorithm can (see Refunder).
+func refundOne(r *Request, st *State, now int64) {
+	p := r.Policy
+	if !r.ChargedAt.IsZero() {
+		if cr, ok := p.alg.(AlgorithmChargeRefunder); ok {
+			cr.RefundCharge(p, st, r.Cost, min(ClampTime(r.ChargedAt), now), now)
+			return
+		}
+	}
+	p.alg.(AlgorithmRefunder).Refund(p, st, r.Cost, now)
 }
 
 // Peek implements Peeker. It locks the batch's shards in index order, as

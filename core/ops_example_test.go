@@ -116,6 +116,27 @@ func ExampleMemoryStore_Refund() {
 	// sliding_window_counter: 2 left after one more
 }
 
+// A refund that names the time of its charge (ChargedAt) gives back only
+// what that charge still holds: here a charge made in the last second of a
+// fixed window, refunded in the next one, gives back nothing, and the new
+// window keeps the charge made in it meanwhile.
+func ExampleRequest_chargedAt() {
+	store := core.MustMemoryStore(nil)
+	ctx := context.Background()
+	p := core.MustPolicy(core.Rule{Name: "api", Algorithm: core.FixedWindow, Limit: 2, Window: time.Minute})
+	start := time.Unix(1_800_000_000, 0).Truncate(time.Minute)
+	charged := start.Add(59 * time.Second) // a slow request, charged at 0:59
+	out := make([]core.Decision, 1)
+	store.Take(ctx, charged, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out)
+	store.Take(ctx, start.Add(61*time.Second), []core.Request{{Policy: p, Key: "k", Cost: 1}}, out) // 1:01
+	// The slow request fails at 1:02 and is refunded.
+	store.Refund(ctx, start.Add(62*time.Second), []core.Request{{Policy: p, Key: "k", Cost: 1, ChargedAt: charged}})
+	store.Peek(ctx, start.Add(62*time.Second), []core.Request{{Policy: p, Key: "k", Cost: 1}}, out)
+	fmt.Println("left in the window of 1:00 after one more:", out[0].Remaining)
+	// Output:
+	// left in the window of 1:00 after one more: 0
+}
+
 // Peek on a store decides a layered batch without charging it.
 func ExampleMemoryStore_Peek() {
 	store := core.MustMemoryStore(nil)

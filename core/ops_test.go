@@ -163,3 +163,71 @@ func TestPeekAllocations(t *testing.T) {
 		t.Fatalf("Refund allocates %v times", n)
 	}
 }
+
+// TestRefundCharge: a refund naming its charge's time gives back only what
+// that charge still holds at the refund's time, for every algorithm: all of
+// it right away, nothing once it has recovered or its window is over, and
+// none of the units of the charges made after it.
+func TestRefundCharge(t *testing.T) {
+	ctx := context.Background()
+	base := time.Unix(1_800_000_000, 0).Truncate(time.Minute)
+	sec := func(s float64) time.Time { return base.Add(time.Duration(s * float64(time.Second))) }
+	type step struct {
+		at     float64 // seconds from a minute boundary
+		refund float64 // >= 0: a refund at at of the charge made at refund; < 0: a take at at
+	}
+	take1 := func(at float64) step { return step{at, -1} }
+	for _, tc := range []struct {
+		name  string
+		rule  core.Rule
+		steps []step
+		check float64 // then, at check, this many more are admitted
+		want  int
+	}{
+		// Right after the charge, everything comes back, for every algorithm.
+		{"bucket, at once", core.Rule{Limit: 2, Window: 10 * time.Second}, []step{take1(0), take1(0), {0, 0}}, 0, 1},
+		{"fixed window, at once", core.Rule{Limit: 2, Window: time.Minute, Algorithm: core.FixedWindow}, []step{take1(0), take1(0), {0, 0}}, 0, 1},
+		{"counter, at once", core.Rule{Limit: 2, Window: time.Minute, Algorithm: core.SlidingWindowCounter}, []step{take1(0), take1(0), {0, 0}}, 0, 1},
+		{"log, at once", core.Rule{Limit: 2, Window: time.Minute, Algorithm: core.SlidingWindowLog}, []step{take1(0), take1(0), {0, 0}}, 0, 1},
+		// A bucket of 2, one per 5 s: X at 0, Y at 2; X refunded at 3 has
+		// given back 3 s of its 5: 2 s come back, so at 3 the bucket
+		// holds 0.6 + 0.4 = 1 unit (without the charge's time: 1.6).
+		{"bucket, partly recovered", core.Rule{Limit: 2, Window: 10 * time.Second}, []step{take1(0), take1(2), {3, 0}}, 3, 1},
+		{"leaky bucket, recovered", core.Rule{Limit: 2, Window: 10 * time.Second, Algorithm: core.LeakyBucket, Burst: 2}, []step{take1(0), take1(8), {9, 0}}, 9, 1},
+		// 2 a minute: charged at 59, refunded at 61, after a charge at 60:
+		// the window of 60 keeps its charge.
+		{"fixed window, next window", core.Rule{Limit: 2, Window: time.Minute, Algorithm: core.FixedWindow}, []step{take1(59), take1(60), {61, 59}}, 61, 1},
+		// The counter's charge at 59 sits in the previous window at 119: it
+		// comes off that window's count (weighted 1/60 by then), not the
+		// current one's (weighted whole).
+		{"counter, previous window", core.Rule{Limit: 4, Window: time.Minute, Algorithm: core.SlidingWindowCounter}, []step{take1(59), take1(59), take1(60), take1(60), {119, 59}}, 119, 1},
+		{"counter, older window", core.Rule{Limit: 2, Window: time.Minute, Algorithm: core.SlidingWindowCounter}, []step{take1(0), take1(130), {131, 0}}, 131, 1},
+		// The log gives back the entry of the charge's time, not the newest.
+		{"log, in the window", core.Rule{Limit: 2, Window: 10 * time.Second, Algorithm: core.SlidingWindowLog}, []step{take1(0), take1(8), {9, 0}}, 10, 1},
+		{"log, left the window", core.Rule{Limit: 2, Window: 10 * time.Second, Algorithm: core.SlidingWindowLog}, []step{take1(0), take1(8), {10, 0}}, 10, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := core.MustMemoryStore(nil)
+			tc.rule.Name = "r"
+			p := core.MustPolicy(tc.rule)
+			for _, st := range tc.steps {
+				if st.refund < 0 {
+					if d := take(t, m, sec(st.at), p, "k"); !d.Allowed {
+						t.Fatalf("take at %vs refused: %+v", st.at, d)
+					}
+					continue
+				}
+				if err := m.Refund(ctx, sec(st.at), []core.Request{{Policy: p, Key: "k", Cost: 1, ChargedAt: sec(st.refund)}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n := 0
+			for take(t, m, sec(tc.check), p, "k").Allowed {
+				n++
+			}
+			if n != tc.want {
+				t.Fatalf("then at %vs: %d admitted, want %d", tc.check, n, tc.want)
+			}
+		})
+	}
+}

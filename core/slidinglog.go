@@ -164,6 +164,42 @@ func (slidingWindowLog) Expiry(p *Policy, s *State) int64 {
 	return s.log.newest() + p.window
 }
 
+// RefundCharge removes up to cost units from the entry of the charge made
+// at at, if it is still in the trailing window; entries recorded after now
+// (the clock stepped back) count as made at now, as in Decide.
+func (slidingWindowLog) RefundCharge(p *Policy, s *State, cost, at, now int64) {
+	l := s.log
+	if l == nil || l.len == 0 {
+		return
+	}
+	l.drop(l.expired(now - p.window))
+	if l.len > 0 && l.newest() > now {
+		l.clampFuture(now, p.capacity)
+	}
+	for i := l.len - 1; i >= 0; i-- {
+		e := l.at(i)
+		if e.t < at {
+			return // no entry of that time: nothing of the charge is left
+		}
+		if e.t > at {
+			continue
+		}
+		k := min(e.n, cost)
+		e.n -= k
+		l.total -= k
+		if e.n == 0 {
+			for j := i; j < l.len-1; j++ {
+				*l.at(j) = *l.at(j + 1)
+			}
+			l.len--
+			if l.len == 0 {
+				l.head = 0
+			}
+		}
+		return
+	}
+}
+
 // Refund removes up to cost units from the most recent entries of the
 // trailing window. Entries recorded after now (the clock stepped back)
 // count as made at now, as in Decide; expired entries are dropped.

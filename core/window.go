@@ -194,6 +194,15 @@ func (slidingWindowCounter) Expiry(p *Policy, s *State) int64 {
 	return math.MinInt64
 }
 
+// RefundCharge gives back up to cost units of the current window's count
+// for a charge made at at in the same window; a charge made in an earlier
+// window has already expired.
+func (w fixedWindow) RefundCharge(p *Policy, s *State, cost, at, now int64) {
+	if windowIndex(at, p.window) == windowIndex(now, p.window) {
+		w.Refund(p, s, cost, now)
+	}
+}
+
 // Refund gives back up to cost units of the current window's count; a
 // charge made in an earlier window has already expired.
 func (fixedWindow) Refund(p *Policy, s *State, cost, now int64) {
@@ -203,6 +212,25 @@ func (fixedWindow) Refund(p *Policy, s *State, cost, now int64) {
 	}
 	// A window that lies in the future counts as this one (see Decide).
 	s.A, s.B = idx, s.B-min(s.B, cost)
+}
+
+// RefundCharge gives back up to cost units of the count of the window the
+// charge made at at went to: the current window's or the previous one's;
+// from an older window nothing is left.
+func (slidingWindowCounter) RefundCharge(p *Policy, s *State, cost, at, now int64) {
+	idx, prev, curr, _ := swcCounts(p, s, now)
+	switch windowIndex(at, p.window) {
+	case idx:
+		curr -= min(curr, cost)
+	case idx - 1:
+		prev -= min(prev, cost)
+	default:
+		return
+	}
+	if prev == 0 && curr == 0 && s.B == 0 {
+		return
+	}
+	s.A, s.B = idx, int64(uint64(prev)<<32|uint64(curr))
 }
 
 // Refund gives back up to cost units, from the current window's count
