@@ -39,10 +39,10 @@ type LeaseConfig struct {
 	Size int64
 
 	// MaxAge is how long a lease may be spent after it was granted. Units
-	// left when it ends are returned to a backend that can refund
-	// (core.Refunder, as the Redis and memory stores do) when the refund
-	// is sure to give back those units, and otherwise lost (see the
-	// LeaseStore documentation). The default value is
+	// left when it ends are returned to the store that charged them if it
+	// can refund (core.Refunder, as the Redis and memory stores do) when
+	// the refund is sure to give back those units, and otherwise lost (see
+	// the LeaseStore documentation). The default value is
 	// DefaultLeaseMaxAge, one second.
 	MaxAge time.Duration
 
@@ -82,7 +82,8 @@ type LeaseStats struct {
 	// the request that ended a lease.
 	ExpiredUnits uint64
 	// ReturnedUnits is the number of leased units left when their lease
-	// ended that were refunded to the backend (core.Refunder).
+	// ended that were refunded to the store that charged them
+	// (core.Refunder).
 	ReturnedUnits uint64
 	// Keys is the number of keys the store tracks now (at most MaxKeys).
 	Keys int
@@ -135,10 +136,15 @@ type LeaseStats struct {
 // measured over its own windows may see up to the leased units of the
 // preceding MaxAge spent in the next window.
 //
-// When a lease ends (MaxAge) with units left and the backend implements
-// core.Refunder (the Redis and memory stores do), the next decision of the
-// key returns them with one Refund before it goes on, when that refund is
-// sure to give back the lease's own units. A refund cannot say which
+// When a lease ends (MaxAge) with units left and the store that charged it
+// implements core.Refunder (the Redis and memory stores do), the next
+// decision of the key returns them with one Refund before it goes on, when
+// that refund is sure to give back the lease's own units. That store is
+// the backend, except for a lease a Redis Store's Fallback granted while
+// Redis was unavailable: Redis never charged it, so its leftovers go back
+// to the Fallback (or are lost if it cannot refund), never to Redis. (The
+// LeaseStore tells the two apart only when its backend is the *Store
+// itself, not a wrapper of it.) A refund cannot say which
 // charge it stands for: it gives back the most recent units in use, or
 // those of the current window (see core.Refunder). So units are returned
 // only under a TokenBucket, LeakyBucket or FixedWindow policy, and only
@@ -214,6 +220,7 @@ type leaseEntry struct {
 	exactUntil       int64 // the backend refused a lease until then (Unix ns)
 	resetAt          int64 // when the backend's quota is whole, as of the grant
 	limit            int64
+	src              core.Refunder // the store that charged the lease, if it can refund
 }
 
 // NewLeaseStore returns a LeaseStore deciding with backend, configured by
@@ -336,16 +343,16 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 	return err
 }
 
-// giveBack returns n units of e's lease to the backend when a refund at now
-// is sure to give back those units (see returnable), and counts them as
-// expired otherwise. It requires e.sem held.
+// giveBack returns n units of e's lease to the store that charged it when
+// a refund at now is sure to give back those units (see returnable), and
+// counts them as expired otherwise. It requires e.sem held.
 func (s *LeaseStore) giveBack(ctx context.Context, now time.Time, e *leaseEntry, key string, n int64) {
 	if n <= 0 {
 		return
 	}
-	if rf, ok := s.backend.(core.Refunder); ok && s.returnable(e, now.UnixNano()) {
+	if e.src != nil && s.returnable(e, now.UnixNano()) {
 		s.calls.Add(1)
-		if rf.Refund(ctx, now, []core.Request{{Policy: e.policy, Key: key, Cost: n}}) == nil {
+		if e.src.Refund(ctx, now, []core.Request{{Policy: e.policy, Key: key, Cost: n}}) == nil {
 			s.returned.Add(uint64(n))
 			return
 		}
@@ -373,6 +380,26 @@ func (s *LeaseStore) returnable(e *leaseEntry, t int64) bool {
 func (s *LeaseStore) exact(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
 	s.calls.Add(1)
 	return s.backend.Take(ctx, now, reqs, out)
+}
+
+// grant decides the lease req with the backend, and returns the store that
+// charged it if that store can refund (see core.Refunder), nil otherwise:
+// the backend, or, for a Redis Store that failed and let its Fallback
+// decide, the Fallback, which alone charged the lease (Redis never saw it,
+// and a refund there would credit units no one charged).
+func (s *LeaseStore) grant(ctx context.Context, now time.Time, req []core.Request, out []core.Decision) (core.Refunder, error) {
+	s.calls.Add(1)
+	if st, ok := s.backend.(*Store); ok {
+		fellBack, err := st.take(ctx, now, req, out)
+		if fellBack {
+			rf, _ := st.fallback.(core.Refunder)
+			return rf, err
+		}
+		return st, err
+	}
+	err := s.backend.Take(ctx, now, req, out)
+	rf, _ := s.backend.(core.Refunder)
+	return rf, err
 }
 
 // entry returns k's entry, created if needed.
@@ -413,8 +440,8 @@ func (s *LeaseStore) lease(ctx context.Context, now time.Time, t int64, e *lease
 	req := [1]core.Request{{Policy: r.Policy, Key: r.Key}}
 	for {
 		req[0].Cost = want
-		s.calls.Add(1)
-		if err := s.backend.Take(ctx, now, req[:], out[:1]); err != nil {
+		src, err := s.grant(ctx, now, req[:], out[:1])
+		if err != nil {
 			return err
 		}
 		d := &out[0]
@@ -442,6 +469,7 @@ func (s *LeaseStore) lease(ctx context.Context, now time.Time, t int64, e *lease
 		e.granted, e.expires = t, t+s.maxAge
 		e.resetAt = t + int64(d.ResetAfter)
 		e.limit = d.Limit
+		e.src = src
 		e.left.Store(left)
 		if e.dead.Load() { // forgotten while leasing: nobody can spend it
 			s.expired.Add(uint64(e.left.Swap(0)))

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/limitry/ratelimit/core"
+	"github.com/limitry/ratelimit/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestLeaseReturnsLeftovers: units left in a lease when it ends go back to
@@ -153,5 +155,64 @@ func TestLeaseLeftoversNeverCreditLaterCharges(t *testing.T) {
 				t.Fatalf("admitted %d (at most %d), leaser's stats %+v (want 4 units lost, none returned)", admitted, tc.want, st)
 			}
 		})
+	}
+}
+
+// TestLeaseFromFallbackNeverReturnedToRedis: a lease the Fallback granted
+// while Redis was down was charged only in the Fallback; its leftovers
+// must not be refunded to Redis once it is back, which would credit Redis
+// with units it never charged and admit more than its quota.
+func TestLeaseFromFallbackNeverReturnedToRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	t0 := time.Unix(1_800_000_000, 0)
+	p := mustPolicy(t, core.Rule{Name: "q", Limit: 10, Window: time.Minute})
+	prefix := uniquePrefix(t)
+	dialOnce := func(o *redis.Options) { o.DialerRetries = 1 }
+	st := newStore(t, newClient(t, srv.Addr(), dialOnce), &Config{
+		Prefix:     prefix,
+		ClientTime: true,
+		Fallback:   core.MustMemoryStore(nil),
+		Breaker:    &BreakerConfig{Disabled: true},
+	})
+	ls := mustLease(t, st, LeaseConfig{Size: 10, MaxAge: time.Second, HotThreshold: 1})
+	fallback := st.fallback.(*core.MemoryStore)
+
+	srv.Stop()
+	if d := take(t, ls, t0, p, "k", 1); !d.Allowed { // the Fallback leases 10
+		t.Fatalf("decision with Redis down and a Fallback: %+v", d)
+	}
+	srv.Restart(t)
+
+	other := newStore(t, newClient(t, srv.Addr()), &Config{Prefix: prefix, ClientTime: true})
+	admitted := 0
+	for range 10 {
+		if take(t, other, t0.Add(time.Millisecond), p, "k", 1).Allowed {
+			admitted++
+		}
+	}
+	// The Fallback's lease has ended with 9 units left; Redis's quota is
+	// spent and refills one unit per 6 s.
+	for range 10 {
+		if take(t, ls, t0.Add(time.Second+2*time.Millisecond), p, "k", 1).Allowed {
+			admitted++
+		}
+	}
+	for range 10 {
+		if take(t, other, t0.Add(time.Second+3*time.Millisecond), p, "k", 1).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("Redis admitted %d within a second, want its quota of 10 (lease stats %+v)", admitted, ls.Stats())
+	}
+	// The leftovers went back to the Fallback, which charged them: 10 - 10
+	// + 9, and a sixth of a unit refilled, rounded down; a peek reports
+	// Remaining after its own unit.
+	var out [1]core.Decision
+	if err := fallback.Peek(context.Background(), t0.Add(time.Second+3*time.Millisecond), []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:]); err != nil {
+		t.Fatal(err)
+	}
+	if st := ls.Stats(); st.ReturnedUnits != 9 || !out[0].Allowed || out[0].Remaining != 8 {
+		t.Fatalf("lease stats %+v, Fallback peek %+v: want the 9 leftovers returned to the Fallback", st, out[0])
 	}
 }

@@ -360,16 +360,24 @@ func IsCallerGone(err error) bool { return errors.Is(err, errCallerGone) }
 // Redis. Backend failures are wrapped with a "redisstore: " prefix, or
 // decided by the Fallback if one is set.
 func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	_, err := s.take(ctx, now, reqs, out)
+	return err
+}
+
+// take is Take, also reporting whether the Fallback decided the batch
+// (Redis failed): its charges are then the Fallback's, not Redis's, and a
+// refund of them must not go to Redis.
+func (s *Store) take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) (fellBack bool, err error) {
 	if !s.gate.enter() {
-		return ErrClosed
+		return false, ErrClosed
 	}
 	defer s.gate.leave()
 	over, err := core.CheckBatch(reqs, out)
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
-		return err
+		return false, err
 	}
 	if len(reqs) == 0 {
-		return nil
+		return false, nil
 	}
 	st := takeStates.Get().(*takeState)
 	defer st.release()
@@ -377,19 +385,19 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, ou
 	for i := range reqs {
 		infos[i] = infoOf(reqs[i].Policy)
 		if infos[i].err != nil {
-			return infos[i].err
+			return false, infos[i].err
 		}
 	}
 	var nowArg any = ""
 	if s.clientTime {
 		us := now.UnixMicro()
 		if us < -maxNowMicros || us > maxNowMicros {
-			return fmt.Errorf("%w: %v", ErrTimeOutOfRange, now)
+			return false, fmt.Errorf("%w: %v", ErrTimeOutOfRange, now)
 		}
 		nowArg = strconv.FormatInt(us, 10)
 	}
 	if ctx.Err() != nil {
-		return callerGone(ctx, nil)
+		return false, callerGone(ctx, nil)
 	}
 	var start time.Time
 	if s.fallback != nil && s.observer != nil {
@@ -400,18 +408,18 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []core.Request, ou
 			out[i] = core.Decision{Limit: reqs[i].Policy.Capacity(), Policy: reqs[i].Policy}
 		}
 		if s.fallback == nil || IsCallerGone(err) {
-			return err
+			return false, err
 		}
 		if s.observer != nil {
 			s.observe(reqs, err, time.Since(start))
 		}
-		return s.fallback.Take(ctx, now, reqs, out)
+		return true, s.fallback.Take(ctx, now, reqs, out)
 	}
 	if over >= 0 {
 		r := &reqs[over]
-		return fmt.Errorf("%w: %q capacity %d, cost %d", core.ErrCostExceedsCapacity, r.Policy.Name(), r.Policy.Capacity(), r.Cost)
+		return false, fmt.Errorf("%w: %q capacity %d, cost %d", core.ErrCostExceedsCapacity, r.Policy.Name(), r.Policy.Capacity(), r.Cost)
 	}
-	return nil
+	return false, nil
 }
 
 func (s *Store) observe(reqs []core.Request, err error, lat time.Duration) {
