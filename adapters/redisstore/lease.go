@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,11 +151,15 @@ type LeaseStats struct {
 // those of the current window (see core.Refunder). So units are returned
 // only under a TokenBucket, LeakyBucket or FixedWindow policy, and only
 // while the backend's quota still holds them, with a margin of MaxAge for
-// the refund's own way to the backend: until MaxAge before the backend's
-// ResetAfter of the grant (when the bucket would be whole again, or the
-// fixed window ends), measured from the grant. A later refund could give
-// back units the quota had already recovered, taking them from charges
-// made since, by this process or another, and admit more than the quota.
+// the refund's own way to the backend: for a fixed window, until MaxAge
+// before it ends; for a bucket, until MaxAge plus the leftovers' own
+// refill time (units x Window / Limit) before it would be whole again;
+// both by the backend's ResetAfter of the grant, measured from the grant.
+// (A bucket refills the units in use as one debt: once less of it is left
+// than the leftovers, some of them have refilled.) A later refund could
+// give back units the quota had already recovered, taking them from
+// charges made since, by this process or another, and admit more than the
+// quota.
 // Stats reports returned units as ReturnedUnits. Units that are not
 // returned (those, the units of other algorithms, a backend without
 // Refund, a failed refund, a key the LRU forgets, a lease replaced under
@@ -350,7 +356,7 @@ func (s *LeaseStore) giveBack(ctx context.Context, now time.Time, e *leaseEntry,
 	if n <= 0 {
 		return
 	}
-	if e.src != nil && s.returnable(e, now.UnixNano()) {
+	if e.src != nil && s.returnable(e, now.UnixNano(), n) {
 		s.calls.Add(1)
 		if e.src.Refund(ctx, now, []core.Request{{Policy: e.policy, Key: key, Cost: n}}) == nil {
 			s.returned.Add(uint64(n))
@@ -360,20 +366,56 @@ func (s *LeaseStore) giveBack(ctx context.Context, now time.Time, e *leaseEntry,
 	s.expired.Add(uint64(n))
 }
 
-// returnable reports whether a refund of e's leftover units at t gives
-// back the lease's own units: under a policy whose refund gives back the
-// units of the charge still in use (a bucket's latest, a fixed window's
-// current window), while the backend still holds the lease's charge, by
-// its ResetAfter at the grant, for MaxAge more. A time before the grant (a
-// caller that read its clock before waiting for the key) counts as the
-// grant's; one more than MaxAge before it (a clock stepped back) tells
-// nothing, and returns nothing. It requires e.sem held.
-func (s *LeaseStore) returnable(e *leaseEntry, t int64) bool {
+// returnable reports whether a refund at t of left units, e's leftovers,
+// gives back the lease's own units: under a policy whose refund gives back
+// units still in use (a bucket's, a fixed window's current window's),
+// while the backend still holds them, by its ResetAfter at the grant, for
+// MaxAge more (the refund's own way to the backend). A time before the
+// grant (a caller that read its clock before waiting for the key) counts
+// as the grant's; one more than MaxAge before it (a clock stepped back)
+// tells nothing, and returns nothing. It requires e.sem held.
+//
+// A fixed window holds the lease's charge until it ends (resetAt). A
+// bucket owes, at any time u after the grant, at least resetAt - u of
+// refill (its arrival time only grows with later charges). The refund
+// moves that debt back by left x Window / Limit; it leaves the bucket as
+// though the lease had charged only what it spent as long as, at every
+// charge since the grant and at the refund (at most MaxAge after t), the
+// debt held all the leftovers: resetAt - u >= left x Window / Limit. Had
+// the bucket's debt shrunk below them, the units refilled in between
+// served later charges, and a refund would give them back a second time:
+// the leftovers are then lost.
+func (s *LeaseStore) returnable(e *leaseEntry, t int64, left int64) bool {
+	if t < e.granted-s.maxAge {
+		return false
+	}
+	owed := e.resetAt - max(t, e.granted) - s.maxAge // the debt left at the latest refund
 	switch e.policy.Algorithm() {
-	case core.TokenBucket, core.LeakyBucket, core.FixedWindow:
-		return t >= e.granted-s.maxAge && max(t, e.granted) <= e.resetAt-s.maxAge
+	case core.FixedWindow:
+		return owed >= 0
+	case core.TokenBucket, core.LeakyBucket:
+		need, ok := refillTime(left, e.policy.Window(), e.policy.Limit())
+		return ok && owed >= need
 	}
 	return false
+}
+
+// refillTime returns n x window / limit in nanoseconds, rounded up (the
+// time a bucket of limit per window takes to refill n units), and false if
+// it does not fit an int64. n, window and limit must be positive.
+func refillTime(n int64, window time.Duration, limit int64) (int64, bool) {
+	hi, lo := bits.Mul64(uint64(n), uint64(window))
+	if hi >= uint64(limit) {
+		return 0, false
+	}
+	q, r := bits.Div64(hi, lo, uint64(limit))
+	if q >= math.MaxInt64 {
+		return 0, false
+	}
+	if r != 0 {
+		q++
+	}
+	return int64(q), true
 }
 
 // exact decides the batch with the backend.

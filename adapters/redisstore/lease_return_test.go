@@ -216,3 +216,42 @@ func TestLeaseFromFallbackNeverReturnedToRedis(t *testing.T) {
 		t.Fatalf("lease stats %+v, Fallback peek %+v: want the 9 leftovers returned to the Fallback", st, out[0])
 	}
 }
+
+// TestLeaseLeftoversNotReturnedOnceRefilled: a bucket refills its oldest
+// units in use first, the lease's among them; leftovers go back only
+// while every one of them is still owed to the bucket beyond what has
+// refilled since the grant. Here the lease of 20 (4 s of refill) ends
+// with 19 left when 1.5 s have refilled 7.5 units: returning 19 would
+// credit units the bucket had already refilled.
+func TestLeaseLeftoversNotReturnedOnceRefilled(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	for _, alg := range []core.Algorithm{core.TokenBucket, core.LeakyBucket} {
+		t.Run(alg.Name(), func(t *testing.T) {
+			// One unit per 200 ms, capacity 300.
+			p := mustPolicy(t, core.Rule{Name: "q", Algorithm: alg, Limit: 300, Window: time.Minute, Burst: 300})
+			procs := processes(t, 2)
+			x := mustLease(t, procs[0].Store, LeaseConfig{Size: 20, MaxAge: time.Second, HotThreshold: 1})
+			z := procs[1]
+			if d := take(t, x, t0, p, "k", 1); !d.Allowed {
+				t.Fatalf("leaser's first decision refused: %+v", d)
+			}
+			at := t0.Add(1500 * time.Millisecond)
+			admitted := 0
+			drain := func(s core.Store) {
+				for range 400 {
+					if take(t, s, at, p, "k", 1).Allowed {
+						admitted++
+					}
+				}
+			}
+			drain(z)
+			drain(x)
+			drain(z)
+			// The unit spent at t0 refilled by t0+200ms: the bucket can
+			// hold at most its capacity at t0+1.5s.
+			if st := x.Stats(); admitted > 300 || st.ReturnedUnits != 0 {
+				t.Fatalf("admitted %d at one instant with a capacity of 300, leaser's stats %+v", admitted, st)
+			}
+		})
+	}
+}
