@@ -159,13 +159,16 @@ type LeaseStats struct {
 // than the leftovers, some of them have refilled.) A later refund could
 // give back units the quota had already recovered, taking them from
 // charges made since, by this process or another, and admit more than the
-// quota.
-// Stats reports returned units as ReturnedUnits. Units that are not
-// returned (those, the units of other algorithms, a backend without
-// Refund, a failed refund, a key the LRU forgets, a lease replaced under
-// another policy) are lost to the quota, as though they were admitted
-// (most of them would have recovered by then anyway): with N processes, about
-// N x Size units per key per MaxAge can then be refused early. Precisely:
+// quota. A refund to a Redis Store is bounded by its Timeout and goes
+// through its circuit breaker, as a decision does: while the breaker is
+// open it is not made, so a decision never waits on a Redis known to be
+// failing. Stats reports returned units as ReturnedUnits. Units that are
+// not returned (those, the units of other algorithms, a backend without
+// Refund, a failed refund or one the breaker stopped, a key the LRU
+// forgets, a lease replaced under another policy) are lost to the quota,
+// as though they were admitted (most of them would have recovered by then
+// anyway): with N processes, about N x Size units per key per MaxAge can
+// then be refused early. Precisely:
 // a process holds at most one lease per key and takes a new one only when
 // the last is spent or has ended, and a lease that ends with units left
 // lived MaxAge, so over any period T at most N x Size x (T/MaxAge + 1)
@@ -358,7 +361,16 @@ func (s *LeaseStore) giveBack(ctx context.Context, now time.Time, e *leaseEntry,
 	}
 	if e.src != nil && s.returnable(e, now.UnixNano(), n) {
 		s.calls.Add(1)
-		if e.src.Refund(ctx, now, []core.Request{{Policy: e.policy, Key: key, Cost: n}}) == nil {
+		reqs := []core.Request{{Policy: e.policy, Key: key, Cost: n}}
+		var err error
+		if st, ok := e.src.(*Store); ok {
+			// Bounded by the store's Timeout, and not made while its
+			// breaker is open: the decision waits for no more than its own.
+			err = st.refundOnPath(ctx, now, reqs)
+		} else {
+			err = e.src.Refund(ctx, now, reqs)
+		}
+		if err == nil {
 			s.returned.Add(uint64(n))
 			return
 		}

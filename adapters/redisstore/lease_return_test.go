@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -254,4 +255,60 @@ func TestLeaseLeftoversNotReturnedOnceRefilled(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLeaseReturnBoundedByTimeout: the refund of a lease's leftovers runs
+// on a decision's path, so it is bounded by the store's Timeout like the
+// decision itself, also for a client without ContextTimeoutEnabled (whose
+// reads would otherwise wait for its ReadTimeout), and it is not made
+// while the breaker is open: the leftovers are then lost, never waited
+// for.
+func TestLeaseReturnBoundedByTimeout(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0) // a fixed window of an hour starts
+	p := mustPolicy(t, core.Rule{Name: "q", Algorithm: core.FixedWindow, Limit: 100, Window: time.Hour})
+	t.Run("RedisStalled", func(t *testing.T) {
+		srv := redistest.Start(t)
+		c := newClient(t, srv.Addr()) // ContextTimeoutEnabled unset
+		st := newStore(t, c, &Config{ClientTime: true, Timeout: 100 * time.Millisecond})
+		ls := mustLease(t, st, LeaseConfig{Size: 10, MaxAge: time.Second, HotThreshold: 1})
+		if d := take(t, ls, t0, p, "k", 1); !d.Allowed {
+			t.Fatalf("first decision refused: %+v", d)
+		}
+		redistest.Do(t, srv.Addr(), "CLIENT", "PAUSE", "2500", "ALL")
+		start := time.Now()
+		var out [1]core.Decision
+		err := ls.Take(context.Background(), t0.Add(1001*time.Millisecond), []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:])
+		if el := time.Since(start); err == nil || el > time.Second {
+			t.Fatalf("decision with the lease ended and Redis stalled, Timeout 100ms: %v after %v, want an error within the Timeouts of the refund and the lease", err, el)
+		}
+		if s := ls.Stats(); s.ReturnedUnits != 0 || s.ExpiredUnits != 9 {
+			t.Fatalf("lease stats %+v, want the 9 leftovers lost", s)
+		}
+		eventually(t, 5*time.Second, "the abandoned calls to end with the pause", func() bool { return st.gate.running() == 0 })
+	})
+	t.Run("BreakerOpen", func(t *testing.T) {
+		srv := redistest.Start(t)
+		c := newClient(t, srv.Addr(), func(o *redis.Options) { o.DialerRetries = 1 })
+		st := newStore(t, c, &Config{ClientTime: true, Timeout: 100 * time.Millisecond, Breaker: &BreakerConfig{Failures: 1, OpenFor: time.Hour}})
+		ls := mustLease(t, st, LeaseConfig{Size: 10, MaxAge: time.Second, HotThreshold: 1})
+		if d := take(t, ls, t0, p, "k", 1); !d.Allowed {
+			t.Fatalf("first decision refused: %+v", d)
+		}
+		srv.Stop()
+		var out [1]core.Decision
+		if err := st.Take(context.Background(), t0, []core.Request{{Policy: p, Key: "other", Cost: 1}}, out[:]); err == nil {
+			t.Fatal("decision with Redis stopped succeeded")
+		}
+		if s := st.State(); s != BreakerOpen {
+			t.Fatalf("breaker %v after a failure with Failures 1, want open", s)
+		}
+		srv.Restart(t) // healthy, but the breaker stays open
+		err := ls.Take(context.Background(), t0.Add(1001*time.Millisecond), []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:])
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("decision with the breaker open: %v, want ErrUnavailable", err)
+		}
+		if s := ls.Stats(); s.ReturnedUnits != 0 || s.ExpiredUnits != 9 {
+			t.Fatalf("lease stats %+v, want the 9 leftovers lost, not refunded through an open breaker", s)
+		}
+	})
 }

@@ -16,10 +16,13 @@ import (
 // (per Cluster slot of a batch): Peek and Refund run a second script, made
 // of the take script's arithmetic and algorithm modules and lua/ops.lua,
 // so a peek decides with the very code a take runs; Reset is one DEL.
-// Each is bounded by Config.Timeout (through the context, so the client
-// needs ContextTimeoutEnabled for the bound to cut a call short), counts as
-// a running call for Close, and does not go through the circuit breaker:
-// these are occasional calls whose failure the caller sees.
+// Each is bounded by Config.Timeout as a decision is (for a client without
+// ContextTimeoutEnabled the call is abandoned at the Timeout, see
+// callWithin), counts as a running call for Close, as do the calls it
+// abandons, and does not go through the circuit breaker: these are
+// occasional calls whose failure the caller sees. A LeaseStore's refund of
+// its leftovers, made on a decision's path, is the exception: it goes
+// through the breaker (see refundOnPath).
 var (
 	_ core.Peeker   = (*Store)(nil)
 	_ core.Resetter = (*Store)(nil)
@@ -78,15 +81,15 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 	var keys [core.MaxBatch]string
 	s.keysOf(reqs, infos, keys[:len(reqs)])
 	var zero [core.MaxBatch]core.Decision
-	err = s.opsBounded(ctx, func(ctx context.Context) error {
-		return s.forGroups(keys[:len(reqs)], func(idx []int) error {
-			reply, err := s.opsCall(ctx, modePeek, nowArg, reqs, infos, keys[:], idx)
-			if err != nil {
-				return err
-			}
-			return parsePeek(reply, reqs, idx, out, zero[:])
-		})
+	runs := s.opsRuns(modePeek, nowArg, reqs, infos, keys[:len(reqs)])
+	replies, err := s.opsBounded(ctx, func(ctx context.Context, ended func() bool) ([]string, error) {
+		return s.runOps(ctx, ended, runs)
 	})
+	for g := 0; err == nil && g < len(runs); g++ {
+		if perr := parsePeek(replies[g], reqs, runs[g].idx, out, zero[:]); perr != nil {
+			err = fmt.Errorf("redisstore: %w", perr)
+		}
+	}
 	if err != nil {
 		for i := range reqs {
 			out[i] = core.Decision{Limit: reqs[i].Policy.Capacity(), Policy: reqs[i].Policy}
@@ -131,6 +134,21 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 // never less). A failure is not sent to the Fallback, which did not make
 // the charges.
 func (s *Store) Refund(ctx context.Context, now time.Time, reqs []core.Request) error {
+	return s.refund(ctx, now, reqs, false)
+}
+
+// refundOnPath is Refund for a refund made on a decision's path (a
+// LeaseStore's leftovers): it goes through the circuit breaker of the
+// keys' node as a decision does, so that while the breaker is open it
+// fails at once with ErrUnavailable instead of waiting on Redis (the
+// caller then loses the units), and its failures count against the
+// breaker.
+func (s *Store) refundOnPath(ctx context.Context, now time.Time, reqs []core.Request) error {
+	return s.refund(ctx, now, reqs, true)
+}
+
+// refund is Refund, through the breaker if viaBreaker.
+func (s *Store) refund(ctx context.Context, now time.Time, reqs []core.Request, viaBreaker bool) error {
 	if !s.gate.enter() {
 		return ErrClosed
 	}
@@ -147,12 +165,17 @@ func (s *Store) Refund(ctx context.Context, now time.Time, reqs []core.Request) 
 	}
 	var keys [core.MaxBatch]string
 	s.keysOf(reqs, infos, keys[:len(reqs)])
-	return s.opsBounded(ctx, func(ctx context.Context) error {
-		return s.forGroups(keys[:len(reqs)], func(idx []int) error {
-			_, err := s.opsCall(ctx, modeGiveBack, nowArg, reqs, infos, keys[:], idx)
-			return err
+	runs := s.opsRuns(modeGiveBack, nowArg, reqs, infos, keys[:len(reqs)])
+	run := func() error {
+		_, err := s.opsBounded(ctx, func(ctx context.Context, ended func() bool) ([]string, error) {
+			return s.runOps(ctx, ended, runs)
 		})
-	})
+		return err
+	}
+	if !viaBreaker {
+		return run()
+	}
+	return s.throughBreaker(ctx, keys[:len(reqs)], run)
 }
 
 // Reset implements core.Resetter: it deletes the key's record under the
@@ -172,9 +195,10 @@ func (s *Store) Reset(ctx context.Context, p *core.Policy, key string) error {
 		tag = s.hashTag(p.Name(), key)
 	}
 	k := redisKey(s.prefix, escapeName(p.Name()), tag, &r)
-	return s.opsBounded(ctx, func(ctx context.Context) error {
-		return s.client.Del(ctx, k).Err()
+	_, err := s.opsBounded(ctx, func(ctx context.Context, _ func() bool) ([]string, error) {
+		return nil, s.client.Del(ctx, k).Err()
 	})
+	return err
 }
 
 // opsPrepare returns the batch's policy infos and the script's time
@@ -198,75 +222,106 @@ func (s *Store) opsPrepare(now time.Time, reqs []core.Request) ([]*policyInfo, a
 	return infos, nowArg, nil
 }
 
-// opsBounded runs f within the store's Timeout and wraps its error as Take
-// does: a caller whose own context ended gets an IsCallerGone error.
-func (s *Store) opsBounded(ctx context.Context, f func(ctx context.Context) error) error {
+// opsBounded runs f within the store's Timeout, also for a client that
+// does not bound its I/O by the context's deadline (f is then abandoned at
+// the Timeout, see callWithin, and counts as a running call for Close
+// until it ends: it must use only memory of its own, and it should start
+// no further call once ended reports true, the caller having stopped
+// waiting), and wraps its error as Take does: a caller whose own context
+// ended gets an IsCallerGone error.
+func (s *Store) opsBounded(ctx context.Context, f func(ctx context.Context, ended func() bool) ([]string, error)) ([]string, error) {
 	if ctx.Err() != nil {
-		return callerGone(ctx, nil)
+		return nil, callerGone(ctx, nil)
 	}
 	tctx, cancel := ctx, context.CancelFunc(func() {})
 	if s.timeout > 0 {
 		tctx, cancel = context.WithTimeout(ctx, s.timeout)
 	}
 	defer cancel()
-	err := f(tctx)
+	// Within a running call the gate cannot have drained: Close waits for
+	// an abandoned call as for an abandoned decision.
+	ended := func() bool { return tctx.Err() != nil }
+	v, err := callWithin(tctx, s.ctxBound, func() func() { s.gate.hold(); return s.gate.leave }, func(ctx context.Context) ([]string, error) {
+		return f(ctx, ended)
+	}, nil)
 	switch {
 	case err == nil:
-		return nil
+		return v, nil
 	case ctx.Err() != nil:
-		return callerGone(ctx, err)
+		return nil, callerGone(ctx, err)
 	case tctx.Err() != nil:
-		return fmt.Errorf("redisstore: timed out after %v: %w: %w", s.timeout, context.DeadlineExceeded, err)
+		return nil, fmt.Errorf("redisstore: timed out after %v: %w: %w", s.timeout, context.DeadlineExceeded, err)
 	}
-	return fmt.Errorf("redisstore: %w", err)
+	return nil, fmt.Errorf("redisstore: %w", err)
 }
 
-// forGroups calls f with the indices of each group of keys one script
-// call can see (see Store.groups), in order, stopping at an error.
-func (s *Store) forGroups(keys []string, f func(idx []int) error) error {
+// opsRun is one call of the ops script: the requests idx of a batch, and
+// the call's arguments, its own (a call abandoned at its deadline may
+// still read them after the batch's memory is reused).
+type opsRun struct {
+	idx  []int
+	args []any
+}
+
+// opsRuns returns the calls of the ops script in mode for the batch, one
+// per group of keys one script call can see (see Store.groups), in order;
+// a request over its capacity is peeked at cost 0.
+func (s *Store) opsRuns(mode string, nowArg any, reqs []core.Request, infos []*policyInfo, keys []string) []opsRun {
 	gs := s.groups(keys)
 	if gs == nil {
-		var all [core.MaxBatch]int
-		for i := range keys {
+		all := make([]int, len(keys))
+		for i := range all {
 			all[i] = i
 		}
-		return f(all[:len(keys)])
+		gs = [][]int{all}
 	}
-	for _, idx := range gs {
-		if err := f(idx); err != nil {
-			return err
+	runs := make([]opsRun, len(gs))
+	for g, idx := range gs {
+		args := make([]any, 0, 3+len(idx)+3+2*len(idx))
+		args = append(args, nil, nil, len(idx))
+		for _, i := range idx {
+			args = append(args, keys[i])
 		}
+		args = append(args, mode, nowArg, s.slackArg)
+		for _, i := range idx {
+			cost := reqs[i].Cost
+			if cost > reqs[i].Policy.Capacity() {
+				cost = 0
+			}
+			args = append(args, infos[i].args, cost)
+		}
+		runs[g] = opsRun{idx: idx, args: args}
 	}
-	return nil
+	return runs
 }
 
-// opsCall runs the ops script in mode for the requests idx of the batch;
-// a request over its capacity is peeked at cost 0.
-func (s *Store) opsCall(ctx context.Context, mode string, nowArg any, reqs []core.Request, infos []*policyInfo, keys []string, idx []int) (string, error) {
-	args := make([]any, 0, 3+len(idx)+3+2*len(idx))
-	args = append(args, nil, nil, len(idx))
-	for _, i := range idx {
-		args = append(args, keys[i])
-	}
-	args = append(args, mode, nowArg, s.slackArg)
-	for _, i := range idx {
-		cost := reqs[i].Cost
-		if cost > reqs[i].Policy.Capacity() {
-			cost = 0
+// runOps makes the calls runs, in order, stopping at an error, or before
+// a call once ended reports true (so that a refund abandoned at its
+// deadline reaches no further slot: the caller was told it failed), and
+// returns their replies.
+func (s *Store) runOps(ctx context.Context, ended func() bool, runs []opsRun) ([]string, error) {
+	replies := make([]string, len(runs))
+	for g := range runs {
+		if g > 0 && ended() {
+			return nil, context.DeadlineExceeded
 		}
-		args = append(args, infos[i].args, cost)
-	}
-	args[0], args[1] = "evalsha", opsScript.Hash()
-	cmd := redis.NewStringCmd(ctx, args...)
-	_ = s.client.Process(ctx, noRetryCmd{cmd})
-	err := cmd.Err()
-	if err != nil && isNoScript(err) {
-		args[0], args[1] = "eval", opsScriptSource
-		cmd = redis.NewStringCmd(ctx, args...)
+		args := runs[g].args
+		args[0], args[1] = "evalsha", opsScript.Hash()
+		cmd := redis.NewStringCmd(ctx, args...)
 		_ = s.client.Process(ctx, noRetryCmd{cmd})
-		err = cmd.Err()
+		err := cmd.Err()
+		if err != nil && isNoScript(err) {
+			args[0], args[1] = "eval", opsScriptSource
+			cmd = redis.NewStringCmd(ctx, args...)
+			_ = s.client.Process(ctx, noRetryCmd{cmd})
+			err = cmd.Err()
+		}
+		if err != nil {
+			return nil, err
+		}
+		replies[g] = cmd.Val()
 	}
-	return cmd.Val(), err
+	return replies, nil
 }
 
 // parsePeek reads a peek's reply: now, then per request the decision at

@@ -275,3 +275,39 @@ func TestPeekFallback(t *testing.T) {
 		t.Fatal("reset without Redis: no error")
 	}
 }
+
+// TestOpsBoundedByTimeout: Peek, Refund and Reset are bounded by the
+// store's Timeout also for a client without ContextTimeoutEnabled (whose
+// reads would wait for its ReadTimeout), with an error matching
+// context.DeadlineExceeded, and Close waits for the calls they abandon.
+func TestOpsBoundedByTimeout(t *testing.T) {
+	ctx := context.Background()
+	addr := redistest.Server(t)
+	px := newProxy(t, addr)
+	s := newStore(t, newClient(t, px.Addr()), &Config{ClientTime: true, Timeout: 100 * time.Millisecond})
+	p := mustPolicy(t, core.Rule{Name: "ops", Limit: 3, Window: time.Minute})
+	req := []core.Request{{Policy: p, Key: "k", Cost: 1}}
+	take(t, s, storetest.T0, p, "k", 1)
+	out := make([]core.Decision, 1)
+	if err := s.Peek(ctx, storetest.T0, req, out); err != nil { // loads the ops script
+		t.Fatal(err)
+	}
+	px.delay.Store(int64(2 * time.Second))
+	ops := []struct {
+		name string
+		call func() error
+	}{
+		{"Peek", func() error { return s.Peek(ctx, storetest.T0, req, out) }},
+		{"Refund", func() error { return s.Refund(ctx, storetest.T0, req) }},
+		{"Reset", func() error { return s.Reset(ctx, p, "k") }},
+	}
+	for _, op := range ops {
+		start := time.Now()
+		err := op.call()
+		if el := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || el > time.Second {
+			t.Errorf("%s with Timeout 100ms and replies 2s late: %v after %v, want a timeout within a second", op.name, err, el)
+		}
+	}
+	px.delay.Store(0)
+	eventually(t, 5*time.Second, "the abandoned calls to end", func() bool { return s.gate.running() == 0 })
+}

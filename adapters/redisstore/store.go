@@ -443,16 +443,26 @@ func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs [
 		defer func() { <-s.slots }()
 	}
 	s.keysOf(reqs, infos, st.keys[:len(reqs)])
+	return s.throughBreaker(ctx, st.keys[:len(reqs)], func() error {
+		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
+	})
+}
+
+// throughBreaker runs f, a call to Redis about keys, through the store's
+// breaker, or on a Cluster through the breakers of the masters holding
+// keys (see throughNodes); while one is open f does not run, and the
+// error is ErrUnavailable.
+func (s *Store) throughBreaker(ctx context.Context, keys []string, f func() error) error {
 	if s.perNode {
-		return s.takeNodes(ctx, st, nowArg, reqs, infos, over, out)
+		return s.throughNodes(ctx, keys, f)
 	}
 	if s.breaker == nil {
-		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
+		return f()
 	}
 	ran := false
 	_, err := s.breaker.Execute(func() (struct{}, error) {
 		ran = true
-		return struct{}{}, s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
+		return struct{}{}, f()
 	})
 	if !ran {
 		return ErrUnavailable
@@ -460,12 +470,12 @@ func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs [
 	return err
 }
 
-// takeNodes decides a batch on a Cluster through the breakers of the
-// masters holding its keys: a batch on one master (the usual case) counts
-// against that master's breaker alone, so a master that fails opens its
-// own breaker and the keys of the others keep deciding; a batch spanning
-// several masters goes through each of their breakers, and its failure
-// counts against each.
+// throughNodes runs f, a call on a Cluster about keys, through the
+// breakers of the masters holding keys: a batch on one master (the usual
+// case) counts against that master's breaker alone, so a master that
+// fails opens its own breaker and the keys of the others keep deciding; a
+// batch spanning several masters goes through each of their breakers, and
+// its failure counts against each.
 //
 // The masters are looked up through a breaker of their own, the slot
 // map's (""), within the store's Timeout (a client that has not loaded the
@@ -473,12 +483,12 @@ func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs [
 // without a second wait for the decision, and while that breaker is open
 // no lookup is made, so an unreachable Cluster costs a decision at most
 // one Timeout, then nothing, and the Fallback answers it.
-func (s *Store) takeNodes(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
+func (s *Store) throughNodes(ctx context.Context, keys []string, f func() error) error {
 	var nodes [core.MaxBatch]string
 	n := 0
 	err := s.throughBreakers([]string{""}, func() error {
 		var err error
-		if n, err = s.mastersOf(ctx, st.keys[:len(reqs)], &nodes); err != nil {
+		if n, err = s.mastersOf(ctx, keys, &nodes); err != nil {
 			if ctx.Err() != nil {
 				return callerGone(ctx, err)
 			}
@@ -489,9 +499,7 @@ func (s *Store) takeNodes(ctx context.Context, st *takeState, nowArg any, reqs [
 	if err != nil {
 		return err
 	}
-	return s.throughBreakers(nodes[:n], func() error {
-		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
-	})
+	return s.throughBreakers(nodes[:n], f)
 }
 
 // mastersOf writes the addresses of the masters holding keys, each once,
