@@ -388,10 +388,14 @@ func (f *InFlight) renewer() {
 // renewAll moves the expiry of every held slot to now + Expiry. A slot that
 // already expired is not brought back (see Lost).
 func (f *InFlight) renewAll() {
+	type renewal struct {
+		seq uint64
+		h   *heldSlot
+	}
 	f.mu.Lock()
-	hs := make([]*heldSlot, 0, len(f.held))
-	for _, h := range f.held {
-		hs = append(hs, h)
+	hs := make([]renewal, 0, len(f.held))
+	for seq, h := range f.held {
+		hs = append(hs, renewal{seq, h})
 	}
 	f.mu.Unlock()
 	// Renewals run renewConcurrency at a time: one round trip each, so a
@@ -399,12 +403,12 @@ func (f *InFlight) renewAll() {
 	// expiry.
 	sem := make(chan struct{}, renewConcurrency)
 	var wg sync.WaitGroup
-	for _, h := range hs {
+	for _, r := range hs {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			f.renewOne(h)
+			f.renewOne(r.seq, r.h)
 		}()
 	}
 	wg.Wait()
@@ -413,8 +417,11 @@ func (f *InFlight) renewAll() {
 // renewConcurrency is how many renewals renewAll runs at once.
 const renewConcurrency = 16
 
-// renewOne renews the slots of one acquisition.
-func (f *InFlight) renewOne(h *heldSlot) {
+// renewOne renews the slots of acquisition seq, h. A slot the renewal
+// did not find counts as lost only if the acquisition is still held
+// afterwards: one released meanwhile (after the round's snapshot) was
+// given back, not lost.
+func (f *InFlight) renewOne(seq uint64, h *heldSlot) {
 	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 	defer cancel()
 	for _, g := range f.groups(h.keys) {
@@ -423,10 +430,19 @@ func (f *InFlight) renewOne(h *heldSlot) {
 			f.failures.Add(1)
 			continue
 		}
-		if n, ok := v.(int64); ok && n < int64(len(g)) {
+		if n, ok := v.(int64); ok && n < int64(len(g)) && f.holds(seq) {
 			f.lost.Add(uint64(int64(len(g)) - n))
 		}
 	}
+}
+
+// holds reports whether acquisition seq is held (acquired and not
+// released).
+func (f *InFlight) holds(seq uint64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.held[seq]
+	return ok
 }
 
 // Lost returns the number of held slots the renewer found already expired

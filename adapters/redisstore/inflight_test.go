@@ -180,6 +180,35 @@ func TestInFlightRenewal(t *testing.T) {
 	rb()
 }
 
+// TestInFlightReleaseDuringRenewalNotLost: a slot released while a
+// renewal round that saw it held is under way is not counted as lost: it
+// was given back, not expired.
+func TestInFlightReleaseDuringRenewalNotLost(t *testing.T) {
+	c := newClient(t, redistest.Server(t))
+	parked, resume := make(chan struct{}), make(chan struct{})
+	clk := &hookClock{hook: func(n int64) {
+		if n == 2 { // the renewal, after its round's snapshot
+			close(parked)
+			<-resume
+		}
+	}}
+	// The background renewer waits 10 s: the test runs the round itself.
+	f := newInFlight(t, c, InFlightConfig{Clock: clk})
+	rel, _ := acquireOne(t, f, "alice", 1) // the first clock read
+	if rel == nil {
+		t.Fatal("refused")
+	}
+	renewed := make(chan struct{})
+	go func() { f.renewAll(); close(renewed) }()
+	<-parked
+	rel()
+	close(resume)
+	<-renewed
+	if n := f.Lost(); n != 0 {
+		t.Fatalf("Lost %d after a slot released during its renewal, want 0", n)
+	}
+}
+
 // TestInFlightRenewerRuns uses a short real expiry: a slot held for several
 // expiries stays held while its renewer runs.
 func TestInFlightRenewerRuns(t *testing.T) {
