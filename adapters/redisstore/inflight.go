@@ -46,8 +46,9 @@ import (
 // none is ever admitted beyond a limit).
 //
 // A failing call is a backend error (the Limiter's fail policy applies).
-// Acquire is bounded by Timeout also for a client without
-// ContextTimeoutEnabled (the call is then abandoned at the Timeout). An
+// Acquire and each renewal are bounded by Timeout also for a client
+// without ContextTimeoutEnabled (the call is then abandoned at the
+// Timeout). An
 // acquisition whose outcome is unknown (a timeout after the script was
 // sent) is removed by a best-effort release of its id (after the abandoned
 // call has ended), and otherwise expires.
@@ -70,7 +71,7 @@ type InFlight struct {
 	closed bool                 // requires mu held
 
 	forgets chan struct{}  // a slot per background release after an error
-	calls   sync.WaitGroup // acquisitions abandoned at the Timeout, until they end
+	calls   sync.WaitGroup // acquisitions and renewals abandoned at the Timeout, until they end
 
 	stop chan struct{}
 	done chan struct{}
@@ -115,9 +116,9 @@ type InFlightConfig struct {
 	RenewEvery time.Duration
 
 	// Timeout bounds each call to Redis when the client has
-	// ContextTimeoutEnabled; Acquire, on the request's path, is bounded by
-	// it without that too (see InFlight). The default value is
-	// DefaultInFlightTimeout, 1s.
+	// ContextTimeoutEnabled; Acquire, on the request's path, and each
+	// renewal are bounded by it without that too (see InFlight). The
+	// default value is DefaultInFlightTimeout, 1s.
 	Timeout time.Duration
 
 	// Clock, if set, gives the time slots expire by instead of the Redis
@@ -401,10 +402,17 @@ func (f *InFlight) renewAll() {
 	// Renewals run renewConcurrency at a time: one round trip each, so a
 	// process holding many slots still renews them all well within the
 	// expiry.
+	// Once Close has begun, no further renewal starts.
 	sem := make(chan struct{}, renewConcurrency)
 	var wg sync.WaitGroup
 	for _, r := range hs {
-		sem <- struct{}{}
+		select {
+		case sem <- struct{}{}:
+		case <-f.stop:
+		}
+		if f.stopping() {
+			break
+		}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
@@ -414,18 +422,33 @@ func (f *InFlight) renewAll() {
 	wg.Wait()
 }
 
+// stopping reports whether Close has begun.
+func (f *InFlight) stopping() bool {
+	select {
+	case <-f.stop:
+		return true
+	default:
+		return false
+	}
+}
+
 // renewConcurrency is how many renewals renewAll runs at once.
 const renewConcurrency = 16
 
-// renewOne renews the slots of acquisition seq, h. A slot the renewal
-// did not find counts as lost only if the acquisition is still held
-// afterwards: one released meanwhile (after the round's snapshot) was
-// given back, not lost.
+// renewOne renews the slots of acquisition seq, h, within the Timeout
+// (also for a client without ContextTimeoutEnabled: a call is then
+// abandoned at the Timeout, and Close waits for it to end), starting no
+// call once Close has begun. A slot the renewal did not find counts as
+// lost only if the acquisition is still held afterwards: one released
+// meanwhile (after the round's snapshot) was given back, not lost.
 func (f *InFlight) renewOne(seq uint64, h *heldSlot) {
 	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 	defer cancel()
 	for _, g := range f.groups(h.keys) {
-		v, err := runScript(ctx, f.client, slotRenewLua, g, []any{f.nowArg(), f.expiry.Milliseconds(), h.id})
+		if f.stopping() {
+			return
+		}
+		v, err := runScriptWithin(ctx, f.client, f.ctxBound, &f.calls, slotRenewLua, g, []any{f.nowArg(), f.expiry.Milliseconds(), h.id}, nil)
 		if err != nil {
 			f.failures.Add(1)
 			continue
@@ -462,10 +485,11 @@ func (f *InFlight) Held() int {
 	return len(f.held)
 }
 
-// Close stops the renewer, waits for the releases started after failed
-// acquisitions and for the acquisitions abandoned at the Timeout (which end
-// by the client's own read timeout), and makes Acquire return
-// ErrInFlightClosed. It gives back
+// Close stops the renewer (a renewal round under way starts no further
+// renewal), waits for the renewals under way, for the releases started
+// after failed acquisitions and for the acquisitions and renewals
+// abandoned at the Timeout (which end by the client's own read timeout),
+// and makes Acquire return ErrInFlightClosed. It gives back
 // no slot: release functions still work, and slots not released
 // free at their expiry, as a dead process's do. Close the InFlight after
 // the server has stopped serving (http.Server.Shutdown waits for the

@@ -625,3 +625,42 @@ func TestInFlightCloseWaitsForAcquire(t *testing.T) {
 		t.Fatalf("%d slots held after Close, want 0: the abandoned acquisition's was not given back", n)
 	}
 }
+
+// TestInFlightCloseDuringSlowRenewal: Close during a renewal round on a
+// slow Redis starts no further renewal and waits only for the calls under
+// way, each bounded by the Timeout (abandoned then, for a client without
+// ContextTimeoutEnabled, and waited for until it ends), not for the whole
+// round.
+func TestInFlightCloseDuringSlowRenewal(t *testing.T) {
+	const slots = 64 // four times the renewals run at once
+	addr := redistest.Server(t)
+	px := newProxy(t, addr)
+	c := newClient(t, px.Addr()) // ContextTimeoutEnabled unset
+	var armed atomic.Bool
+	var renewals atomic.Int64 // renewals begun once armed
+	started := make(chan struct{})
+	clk := &hookClock{hook: func(int64) {
+		if armed.Load() {
+			if renewals.Add(1) == 1 {
+				px.delay.Store(int64(time.Second))
+				close(started)
+			}
+		}
+	}}
+	f := newInFlight(t, c, InFlightConfig{Timeout: 100 * time.Millisecond, Expiry: 30 * time.Second, RenewEvery: 200 * time.Millisecond, Clock: clk})
+	for i := range slots {
+		if rel, _ := acquireOne(t, f, fmt.Sprint("k", i), 1); rel == nil {
+			t.Fatal("refused")
+		}
+	}
+	f.renewAll() // loads the renewal script
+	armed.Store(true)
+	<-started // a renewal round has begun, its replies 1s late
+	start := time.Now()
+	f.Close()
+	el := time.Since(start)
+	px.delay.Store(0)
+	if n := renewals.Load(); n > renewConcurrency || el > 1500*time.Millisecond {
+		t.Fatalf("Close during a renewal round with replies 1s late and Timeout 100ms: returned after %v, %d renewals begun; want at most the %d under way, and waited for only them", el, n, renewConcurrency)
+	}
+}
