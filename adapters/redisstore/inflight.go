@@ -89,8 +89,12 @@ type heldSlot struct {
 // Defaults of an InFlightConfig.
 const (
 	// DefaultInFlightPrefix is the key prefix of an InFlightConfig without
-	// one.
-	DefaultInFlightPrefix = "ratelimit:inflight:"
+	// one: DefaultPrefix followed by "%inflight:", which no key of a
+	// Store's rule begins with (a rule's name is escaped, and "%" only
+	// starts an escape, %25, %3A, %7B or %7D), so that the in-flight keys
+	// never meet a Store's under DefaultPrefix, whatever the rule and
+	// layer names.
+	DefaultInFlightPrefix = DefaultPrefix + "%inflight:"
 	// DefaultSlotExpiry is the Expiry of an InFlightConfig without one.
 	DefaultSlotExpiry = 30 * time.Second
 	// DefaultInFlightTimeout bounds each call of an InFlightConfig without
@@ -101,8 +105,14 @@ const (
 // InFlightConfig configures an InFlight. A nil *InFlightConfig means every
 // default.
 type InFlightConfig struct {
-	// Prefix starts every Redis key. The default value is
-	// DefaultInFlightPrefix, "ratelimit:inflight:".
+	// Prefix starts every Redis key. Do not give a Store's Prefix (a rate
+	// policy and an in-flight layer of the same name and key would then
+	// share a Redis key). The default value is DefaultInFlightPrefix,
+	// "ratelimit:%inflight:", apart from every Store key under the Store's
+	// default prefix. (Earlier versions defaulted to
+	// "ratelimit:inflight:", which a rule named "inflight" reached; while
+	// a fleet runs both, each version counts only its own slots, so a key
+	// may hold up to twice its limit until the older processes are gone.)
 	Prefix string
 
 	// Expiry is how long a slot stays held without renewal: the longest a

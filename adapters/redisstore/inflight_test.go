@@ -664,3 +664,43 @@ func TestInFlightCloseDuringSlowRenewal(t *testing.T) {
 		t.Fatalf("Close during a renewal round with replies 1s late and Timeout 100ms: returned after %v, %d renewals begun; want at most the %d under way, and waited for only them", el, n, renewConcurrency)
 	}
 }
+
+// TestInFlightDefaultPrefixApartFromStore: with the default prefixes, an
+// in-flight layer's keys never meet a Store's, whatever the names: a rate
+// policy named "inflight" keyed "api:203.0.113.7" and an in-flight layer
+// "api" keyed "203.0.113.7" keep their own state.
+func TestInFlightDefaultPrefixApartFromStore(t *testing.T) {
+	srv := redistest.Start(t) // the default prefixes: a server of its own
+	c := newClient(t, srv.Addr())
+	st := newStore(t, c, &Config{Prefix: DefaultPrefix, ClientTime: true})
+	f, err := NewInFlight(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	p := mustPolicy(t, core.Rule{Name: "inflight", Limit: 5, Window: time.Minute})
+	slot := []core.SlotRequest{{Name: "api", Key: "203.0.113.7", Limit: 1}}
+	acquire := func() (func(), error) {
+		return f.Acquire(context.Background(), slot, make([]core.SlotDecision, 1))
+	}
+
+	rel, err := acquire()
+	if err != nil || rel == nil {
+		t.Fatalf("first in-flight slot: %v (admitted %v)", err, rel != nil)
+	}
+	if d := take(t, st, leaseT0, p, "api:203.0.113.7", 1); !d.Allowed || d.Remaining != 4 {
+		t.Fatalf("rate decision %+v, want the first of 5", d)
+	}
+	if r, err := acquire(); err != nil || r != nil {
+		t.Fatalf("second slot with the limit 1 held: %v (admitted %v), want a refusal", err, r != nil)
+	}
+	rel()
+	r, err := acquire()
+	if err != nil || r == nil {
+		t.Fatalf("slot after the release: %v (admitted %v)", err, r != nil)
+	}
+	r()
+	if d := take(t, st, leaseT0, p, "api:203.0.113.7", 1); !d.Allowed || d.Remaining != 3 {
+		t.Fatalf("rate decision %+v, want the second of 5", d)
+	}
+}
