@@ -165,17 +165,15 @@ func (slidingWindowLog) Expiry(p *Policy, s *State) int64 {
 }
 
 // RefundCharge removes up to cost units from the entry of the charge made
-// at at, if it is still in the trailing window; entries recorded after now
-// (the clock stepped back) count as made at now, as in Decide.
+// at at, if it is still in the trailing window. While entries recorded
+// after now (by a clock that has since stepped back) are in the log, the
+// charge's entry cannot be told from them, and nothing is given back.
 func (slidingWindowLog) RefundCharge(p *Policy, s *State, cost, at, now int64) {
 	l := s.log
-	if l == nil || l.len == 0 {
+	if l == nil || l.len == 0 || l.newest() > now {
 		return
 	}
 	l.drop(l.expired(now - p.window))
-	if l.len > 0 && l.newest() > now {
-		l.clampFuture(now, p.capacity)
-	}
 	for i := l.len - 1; i >= 0; i-- {
 		e := l.at(i)
 		if e.t < at {

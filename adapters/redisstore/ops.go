@@ -81,7 +81,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 	var keys [core.MaxBatch]string
 	s.keysOf(reqs, infos, keys[:len(reqs)])
 	var zero [core.MaxBatch]core.Decision
-	runs := s.opsRuns(modePeek, nowArg, reqs, infos, keys[:len(reqs)])
+	runs := s.opsRuns(modePeek, now, nowArg, reqs, infos, keys[:len(reqs)])
 	replies, err := s.opsBounded(ctx, func(ctx context.Context, ended func() bool) ([]string, error) {
 		return s.runOps(ctx, ended, runs)
 	})
@@ -124,7 +124,11 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 
 // Refund implements core.Refunder: it gives back each request's cost as
 // core.Refunder defines per algorithm, never more than the key has in use,
-// converting a record of another policy first. The batch is validated
+// converting a record of another policy first. A request's ChargedAt is
+// sent as its age at now (now less ChargedAt, to the microsecond), and the
+// script takes the charge's time as its own now less that age: on the
+// server's clock (the default), the charge's time is then right to within
+// the difference between the two calls' trips to Redis. The batch is validated
 // (core.CheckRefund, and the policies the store cannot run) before Redis
 // is contacted, and refunded in one atomic script call when its keys share
 // a Cluster slot (always on a single node; on a Cluster, with a
@@ -165,7 +169,7 @@ func (s *Store) refund(ctx context.Context, now time.Time, reqs []core.Request, 
 	}
 	var keys [core.MaxBatch]string
 	s.keysOf(reqs, infos, keys[:len(reqs)])
-	runs := s.opsRuns(modeGiveBack, nowArg, reqs, infos, keys[:len(reqs)])
+	runs := s.opsRuns(modeGiveBack, now, nowArg, reqs, infos, keys[:len(reqs)])
 	run := func() error {
 		_, err := s.opsBounded(ctx, func(ctx context.Context, ended func() bool) ([]string, error) {
 			return s.runOps(ctx, ended, runs)
@@ -266,7 +270,7 @@ type opsRun struct {
 // opsRuns returns the calls of the ops script in mode for the batch, one
 // per group of keys one script call can see (see Store.groups), in order;
 // a request over its capacity is peeked at cost 0.
-func (s *Store) opsRuns(mode string, nowArg any, reqs []core.Request, infos []*policyInfo, keys []string) []opsRun {
+func (s *Store) opsRuns(mode string, now time.Time, nowArg any, reqs []core.Request, infos []*policyInfo, keys []string) []opsRun {
 	gs := s.groups(keys)
 	if gs == nil {
 		all := make([]int, len(keys))
@@ -277,7 +281,7 @@ func (s *Store) opsRuns(mode string, nowArg any, reqs []core.Request, infos []*p
 	}
 	runs := make([]opsRun, len(gs))
 	for g, idx := range gs {
-		args := make([]any, 0, 3+len(idx)+3+2*len(idx))
+		args := make([]any, 0, 3+len(idx)+3+3*len(idx))
 		args = append(args, nil, nil, len(idx))
 		for _, i := range idx {
 			args = append(args, keys[i])
@@ -288,11 +292,23 @@ func (s *Store) opsRuns(mode string, nowArg any, reqs []core.Request, infos []*p
 			if cost > reqs[i].Policy.Capacity() {
 				cost = 0
 			}
-			args = append(args, infos[i].args, cost)
+			args = append(args, infos[i].args, cost, chargeAge(mode, now, reqs[i].ChargedAt))
 		}
 		runs[g] = opsRun{idx: idx, args: args}
 	}
 	return runs
+}
+
+// chargeAge is the ops script's age argument of a request: for a refund
+// naming the time of its charge (core.Request.ChargedAt), the microseconds
+// from that charge to now, at least 0 (the script reads the charge's time
+// as its own now less that age, so that it holds on the server's clock
+// too); "" otherwise.
+func chargeAge(mode string, now, at time.Time) any {
+	if mode != modeGiveBack || at.IsZero() {
+		return ""
+	}
+	return max(now.UnixMicro()-at.UnixMicro(), 0)
 }
 
 // runOps makes the calls runs, in order, stopping at an error, or before

@@ -24,6 +24,83 @@ func runOps(t *testing.T, newStore func(t *testing.T) core.Store) {
 	}
 	if _, ok := probe.(core.Refunder); ok {
 		t.Run("Refund", func(t *testing.T) { testRefund(t, newStore) })
+		t.Run("RefundCharge", func(t *testing.T) { testRefundCharge(t, newStore) })
+	}
+}
+
+// testRefundCharge: a refund naming its charge's time (ChargedAt) gives
+// back only what that charge still holds at the refund's time, for every
+// algorithm: all of it right away, nothing once it has recovered or its
+// window is over, and none of the units of the charges made after it.
+func testRefundCharge(t *testing.T, newStore func(*testing.T) core.Store) {
+	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	type step struct {
+		at     float64 // seconds from T0
+		refund float64 // >= 0: a refund at at of the charge made at refund; < 0: a take at at
+	}
+	take := func(at float64) step { return step{at, -1} }
+	for _, tc := range []struct {
+		name  string
+		rule  core.Rule
+		steps []step
+		check float64 // then, at check, this many more are admitted
+		want  int
+	}{
+		// Right after the charge, everything comes back, for every algorithm.
+		{"bucket at once", core.Rule{Limit: 2, Window: 10 * time.Second}, []step{take(0), take(0), {0, 0}}, 0, 1},
+		{"fixed window at once", core.Rule{Limit: 2, Window: time.Minute, Algorithm: core.FixedWindow}, []step{take(0), take(0), {0, 0}}, 0, 1},
+		{"counter at once", core.Rule{Limit: 2, Window: time.Minute, Algorithm: core.SlidingWindowCounter}, []step{take(0), take(0), {0, 0}}, 0, 1},
+		{"log at once", core.Rule{Limit: 2, Window: time.Minute, Algorithm: core.SlidingWindowLog}, []step{take(0), take(0), {0, 0}}, 0, 1},
+		// A bucket of 2, one per 5 s: X at 0, Y at 2, X refunded at 3 (it
+		// has given back 3 s of its 5 already): 2 s come back.
+		{"bucket partly recovered", core.Rule{Limit: 2, Window: 10 * time.Second}, []step{take(0), take(2), {3, 0}}, 3, 1},
+		// X at 0 has given back all it held by 5: its refund at 9 gives
+		// nothing, and Y, charged at 8, keeps its place.
+		{"leaky bucket recovered", core.Rule{Limit: 2, Window: 10 * time.Second, Algorithm: core.LeakyBucket, Burst: 2}, []step{take(0), take(8), {9, 0}}, 9, 1},
+		{"bucket recovered", core.Rule{Limit: 2, Window: 10 * time.Second}, []step{take(0), take(8), {9, 0}}, 9, 1},
+		// 2 a minute: charged at 59, refunded at 61, after a charge at 60:
+		// the window of 60 keeps its charge.
+		{"fixed window next window", core.Rule{Limit: 2, Window: time.Minute, Algorithm: core.FixedWindow}, []step{take(59), take(60), {61, 59}}, 61, 1},
+		// The counter's charge at 59 sits in the previous window at 119: it
+		// comes off that window's count (weighted 1/60 by then), not the
+		// current one's (weighted whole).
+		{"counter previous window", core.Rule{Limit: 4, Window: time.Minute, Algorithm: core.SlidingWindowCounter}, []step{take(59), take(59), take(60), take(60), {119, 59}}, 119, 1},
+		{"counter older window", core.Rule{Limit: 2, Window: time.Minute, Algorithm: core.SlidingWindowCounter}, []step{take(0), take(130), {131, 0}}, 131, 1},
+		// The log gives back the entry of the charge's time, not the newest.
+		{"log in the window", core.Rule{Limit: 2, Window: 10 * time.Second, Algorithm: core.SlidingWindowLog}, []step{take(0), take(8), {9, 0}}, 10, 1},
+		{"log left the window", core.Rule{Limit: 2, Window: 10 * time.Second, Algorithm: core.SlidingWindowLog}, []step{take(0), take(8), {10, 0}}, 10, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := Harness{t, newStore(t)}
+			tc.rule.Name = "charge"
+			p := mustPolicy(t, tc.rule)
+			key := uniqueKey(t, "charge")
+			for _, st := range tc.steps {
+				if st.refund < 0 {
+					if d, err := h.Take(p, key, 1, sec(st.at)); err != nil || !d.Allowed {
+						t.Fatalf("take at %vs: %+v %v", st.at, d, err)
+					}
+					continue
+				}
+				req := core.Request{Policy: p, Key: key, Cost: 1, ChargedAt: T0.Add(sec(st.refund))}
+				if err := h.Refund([]core.Request{req}, sec(st.at)); err != nil {
+					t.Fatalf("refund at %vs: %v", st.at, err)
+				}
+			}
+			n := 0
+			for ; n <= int(tc.rule.Limit); n++ {
+				d, err := h.Take(p, key, 1, sec(tc.check))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !d.Allowed {
+					break
+				}
+			}
+			if n != tc.want {
+				t.Fatalf("then at %vs: %d admitted, want %d", tc.check, n, tc.want)
+			}
+		})
 	}
 }
 

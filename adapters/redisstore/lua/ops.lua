@@ -8,8 +8,10 @@
 --               algorithm in refunders below; never more than is in use).
 -- ARGV[2] now in Unix microseconds, or '' to read the server's TIME.
 -- ARGV[3] milliseconds added to every key's expiry.
--- Then two arguments per request: the policy (as for the take script, see
--- policyargs) and the cost.
+-- Then three arguments per request: the policy (as for the take script,
+-- see policyargs), the cost, and, for 'F', the age of the charge it gives
+-- back in microseconds ('' when not known; the charge was made at now less
+-- its age, on the clock of now).
 --
 -- A record written under another policy (another identity tag) is read as
 -- the take script reads it: the units in use under its own policy carry
@@ -38,12 +40,15 @@ local function log_entry_string(t, n, c)
 end
 
 -- refunders give back up to cost units of st at now and write the result
--- (deleting a key left whole), mirroring the Refund methods of core.
+-- (deleting a key left whole), mirroring the Refund methods of core, and,
+-- given at, the time of the charge they give back, its RefundCharge
+-- methods: only what that charge still holds.
 local refunders = {}
 
--- The buckets move TAT back by cost x W/L, never before now; a TAT beyond
--- now + tau + MaxDelay (the clock stepped back) is first clamped there.
-function refunders.g(alg, key, st, P, cost)
+-- The buckets move TAT back by cost x W/L (less now - at, what the charge
+-- has given back since), never before now; a TAT beyond now + tau +
+-- MaxDelay (the clock stepped back) is first clamped there.
+function refunders.g(alg, key, st, P, cost, at)
   if st.fresh or st.A < now or (st.A == now and st.B == 0) then
     if st.rewrite or st.bad then alg.save(key, st, P, now, slack) end
     return
@@ -54,6 +59,14 @@ function refunders.g(alg, key, st, P, cost)
     aq, ar = mq, P.tauR
   end
   local q, r = muldiv(cost, P.W, 0, P.L)
+  if at ~= nil and at < now then
+    local elapsed = now - at
+    if q < elapsed or (q == elapsed and r == 0) then
+      if st.rewrite or st.bad then alg.save(key, st, P, now, slack) end
+      return -- the charge has given back all it held
+    end
+    q = q - elapsed
+  end
   local A, B = aq - q, ar - r
   if B < 0 then
     A, B = A - 1, B + P.L
@@ -65,11 +78,12 @@ function refunders.g(alg, key, st, P, cost)
   alg.save(key, { A = A, B = B }, P, now, slack)
 end
 
--- A fixed window gives back from the current window's count; a window in
--- the future (the clock stepped back) counts as the current one.
-function refunders.f(alg, key, st, P, cost)
+-- A fixed window gives back from the current window's count (given at,
+-- only if the charge went to the current window); a window in the future
+-- (the clock stepped back) counts as the current one.
+function refunders.f(alg, key, st, P, cost, at)
   local idx = floordiv(now, P.W)
-  if st.B > 0 and idx <= st.A then
+  if st.B > 0 and idx <= st.A and (at == nil or floordiv(at, P.W) == idx) then
     local b = st.B - cost
     if b < 0 then b = 0 end
     alg.save(key, { A = idx, B = b }, P, now, slack)
@@ -79,8 +93,9 @@ function refunders.f(alg, key, st, P, cost)
 end
 
 -- A sliding counter gives back from the current window's count, then the
--- previous one's.
-function refunders.c(alg, key, st, P, cost)
+-- previous one's; given at, only from the count of the window the charge
+-- went to (the current or the previous one).
+function refunders.c(alg, key, st, P, cost, at)
   local idx = floordiv(now, P.W)
   local prev, curr = 0, 0
   if idx <= st.A then
@@ -94,20 +109,47 @@ function refunders.c(alg, key, st, P, cost)
     end
     return
   end
-  local k = cost
-  if k > curr then k = curr end
-  curr = curr - k
-  k = cost - k
-  if k > prev then k = prev end
-  prev = prev - k
+  if at == nil then
+    local k = cost
+    if k > curr then k = curr end
+    curr = curr - k
+    k = cost - k
+    if k > prev then k = prev end
+    prev = prev - k
+  else
+    local iat = floordiv(at, P.W)
+    if iat == idx then
+      curr = curr - cost
+      if curr < 0 then curr = 0 end
+    elseif iat == idx - 1 then
+      prev = prev - cost
+      if prev < 0 then prev = 0 end
+    elseif st.rewrite or st.bad then
+      alg.save(key, st, P, now, slack)
+      return
+    else
+      return -- the charge's window has left the count
+    end
+  end
   alg.save(key, { A = idx, prev = prev, curr = curr }, P, now, slack)
 end
 
 -- A sliding log removes its most recent entries inside the window (those
--- recorded after now count as made at now), up to cost units.
-function refunders.l(alg, key, st, P, cost)
+-- recorded after now count as made at now), up to cost units; given at,
+-- only from the entry of the charge's instant, while it is in the log.
+function refunders.l(alg, key, st, P, cost, at)
   if st.len == 0 then
     if st.bad then redis.call('DEL', key) end
+    return
+  end
+  if at ~= nil and not st.virt and not st.bad then
+    if at > now then at = now end
+    if st.newest > now then
+      -- entries after now (the clock stepped back) count as made at now:
+      -- the charge's own entry cannot be told from them
+      return
+    end
+    alg.refund(key, st, P, cost, at, now, slack)
     return
   end
   local cutoff = now - P.W
@@ -153,14 +195,22 @@ end
 local n = #KEYS
 local reqs = {}
 for i = 1, n do
-  local base = 4 + 2 * (i - 1)
+  local base = 4 + 3 * (i - 1)
   local a, tag, w, l, cap, md, tq, tr = policyargs(ARGV[base])
   local alg = algorithm(a)
   local cost = tonumber(ARGV[base + 1])
+  local at
+  if ARGV[base + 2] ~= '' then
+    local age = tonumber(ARGV[base + 2])
+    if age == nil or age < 0 then
+      return redis.error_reply('ERR ratelimit: bad argument for request ' .. i)
+    end
+    at = now - age
+  end
   if alg == nil or tr == nil or cost == nil then
     return redis.error_reply('ERR ratelimit: bad argument for request ' .. i)
   end
-  reqs[i] = { alg = alg, kind = a, cost = cost,
+  reqs[i] = { alg = alg, kind = a, cost = cost, at = at,
     P = { W = w, L = l, cap = cap, maxDelay = md, tauQ = tq, tauR = tr, tag = tag } }
 end
 
@@ -182,7 +232,7 @@ for i = 1, n do
     parts[i + 1] = sformat(I64 and '%d %d %d %d %d %d %d %d' or '%d %.0f %.0f %.0f %.0f %.0f %.0f %.0f',
       ok, d.rem, d.reset, d.retry, d.delay, z.rem, z.reset, z.delay)
   else
-    refunders[r.kind](r.alg, KEYS[i], st, r.P, r.cost)
+    refunders[r.kind](r.alg, KEYS[i], st, r.P, r.cost, r.at)
   end
 end
 return table.concat(parts, ' ')
