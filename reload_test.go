@@ -1,6 +1,7 @@
 package ratelimit_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -197,5 +198,86 @@ func TestRulesObserverLeavesOutConcurrencyLayers(t *testing.T) {
 	}, ratelimit.WithObserver(obs)))
 	if len(obs.limits) != 1 || len(obs.limits[0]) != 1 || obs.limits[0][0] != 5 {
 		t.Fatalf("ObserveRules saw %v, want [[5]]: the rate layer alone", obs.limits)
+	}
+}
+
+// TestSetRulesStaleRequestCreditsNothing: a request still holding the rules
+// SetRules replaced (it loaded them before the change) meets a key the new,
+// larger rule has charged beyond the old capacity: it is refused, and the
+// new rule's state stays as it was, so the window admits its 10, no more.
+func TestSetRulesStaleRequestCreditsNothing(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	key := func(r *http.Request) (string, error) {
+		if r.Header.Get("X-Stale") != "" {
+			close(entered)
+			<-release // holds the rules it loaded before SetRules
+		}
+		return "k", nil
+	}
+	e := mwNew(t, []ratelimit.Layer{{Key: key, Rule: core.Rule{Name: "api", Algorithm: core.FixedWindow, Limit: 5, Window: time.Hour}}})
+	admitted := 0
+	for range 5 {
+		if e.do(t, mwReq("192.0.2.1:1")).Code == http.StatusOK {
+			admitted++
+		}
+	}
+	done := make(chan int)
+	go func() {
+		rec := httptest.NewRecorder()
+		e.h.ServeHTTP(rec, mwReq("192.0.2.1:1", "X-Stale", "1"))
+		done <- rec.Code
+	}()
+	<-entered
+	if err := e.l.SetRules(map[string]core.Rule{"api": {Algorithm: core.FixedWindow, Limit: 10, Window: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 { // 9 of 10 used
+		if e.do(t, mwReq("192.0.2.1:1")).Code == http.StatusOK {
+			admitted++
+		}
+	}
+	close(release)
+	if code := <-done; code == http.StatusOK {
+		admitted++
+	}
+	for range 20 {
+		if e.do(t, mwReq("192.0.2.1:1")).Code == http.StatusOK {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Errorf("admitted %d requests in one window whose limit is 10", admitted)
+	}
+}
+
+// TestTiersAlternatingCreditNothing: equally named tiers picked per
+// request (a free and a pro account behind one client IP) alternate on one
+// key: a refused free request leaves the pro state as it was, so pro gets
+// its 10 an hour, not 10 more after each free request.
+func TestTiersAlternatingCreditNothing(t *testing.T) {
+	tiers, err := core.Tiers(func(ctx context.Context, _ string) string {
+		u, _ := ratelimit.UserFromContext(ctx)
+		return u // "free" or "pro"
+	}, map[string]core.Rule{
+		"free": {Name: "api", Algorithm: core.FixedWindow, Limit: 2, Window: time.Hour},
+		"pro":  {Name: "api", Algorithm: core.FixedWindow, Limit: 10, Window: time.Hour},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "api", Algorithm: core.FixedWindow, Limit: 2, Window: time.Hour}, Resolver: tiers}})
+	pro := 0
+	for round := 0; round < 3; round++ {
+		for range 10 {
+			if e.do(t, mwUserReq("192.0.2.1:1", "pro")).Code == http.StatusOK {
+				pro++
+			}
+		}
+		if code := e.do(t, mwUserReq("192.0.2.1:1", "free")).Code; code != http.StatusTooManyRequests {
+			t.Fatalf("round %d: a free request with 10 in use: %d, want 429", round, code)
+		}
+	}
+	if pro != 10 {
+		t.Errorf("admitted %d pro requests in an hour's window of 10", pro)
 	}
 }

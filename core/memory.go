@@ -184,13 +184,18 @@ func (e *memEntry) expiry() int64 { return e.pol.alg.Expiry(e.pol, &e.st) }
 
 // adopt makes e a state of p at now. A record written under a policy with
 // another Identity is replaced by a fresh state of p charged the units in
-// use under the old policy, at most p's capacity. e must not be on the
-// caller's stack (Decide would move it to the heap). Requires s.mu.
-func (s *memShard) adopt(e *memEntry, p *Policy, now int64) {
+// use under the old policy, at most p's capacity. It reports whether that
+// dropped units above p's capacity: such a conversion is stored only with
+// a charge, which it cannot have (p is full), so never; stored on a
+// refusal, the dropped units would come back as a credit to the old policy
+// when its requests return (tiers of one Name, a request still holding
+// rules a reload replaced). e must not be on the caller's stack (Decide
+// would move it to the heap). Requires s.mu.
+func (s *memShard) adopt(e *memEntry, p *Policy, now int64) (lost bool) {
 	old := e.pol
 	e.pol = p
 	if old == nil || old.identity == p.identity {
-		return
+		return false
 	}
 	old.alg.Decide(old, &e.st, 0, now, false, &s.dec)
 	used := old.capacity - s.dec.Remaining
@@ -198,6 +203,20 @@ func (s *memShard) adopt(e *memEntry, p *Policy, now int64) {
 	if used > 0 {
 		p.alg.Decide(p, &e.st, min(used, p.capacity), now, true, &s.dec)
 	}
+	return used > p.capacity
+}
+
+// lossWait returns the RetryAfter and ResetAfter of a request of cost
+// under p refused on old, a record whose conversion to p dropped units
+// (see adopt): the conversion is not stored, so the key has room for cost
+// under p once old's own units in use fall to p's capacity less cost, and
+// is whole once old's are. It overwrites s.dec. Requires s.mu.
+func (s *memShard) lossWait(old memEntry, p *Policy, cost, now int64) (retry, reset time.Duration) {
+	s.exam = old
+	o := old.pol
+	o.alg.Decide(o, &s.exam.st, o.capacity-p.capacity+cost, now, false, &s.dec)
+	s.exam = memEntry{}
+	return s.dec.RetryAfter, s.dec.ResetAfter
 }
 
 type memShard struct {
@@ -602,13 +621,18 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 func (m *MemoryStore) takeOther(s *memShard, h uint64, ref memRef, sl *memSlot, e memEntry, r *Request, now int64, out *Decision) error {
 	p := r.Policy
 	s.cur = e
-	if s.cur.pol != p {
-		s.adopt(&s.cur, p, now)
-	}
+	lost := s.cur.pol != p && s.adopt(&s.cur, p, now)
 	p.alg.Decide(p, &s.cur.st, r.Cost, now, true, &s.dec)
-	s.put(h, ref, sl, &s.cur)
+	d := s.dec
+	if lost {
+		// Refused (p is full): e stays as it was (see adopt).
+		retry, reset := s.lossWait(e, p, r.Cost, now)
+		d.RetryAfter, d.ResetAfter = retry, max(d.ResetAfter, reset)
+	} else {
+		s.put(h, ref, sl, &s.cur)
+	}
 	s.cur = memEntry{}
-	*out = s.dec
+	*out = d
 	s.mu.Unlock()
 	return nil
 }
@@ -665,6 +689,8 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		hashes   [MaxBatch]uint64
 		entries  [MaxBatch]memEntry // copies of the held records
 		found    [MaxBatch]bool
+		lost     [MaxBatch]bool     // entries[i] converted with units dropped: not stored (see adopt)
+		olds     [MaxBatch]memEntry // the records converted, as held
 		ev       [MaxBatch]evictedInfo
 	)
 	n, nev := len(reqs), 0
@@ -682,7 +708,8 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			s.front(hashes[i], ref)
 			found[i] = true
 			if s.cur.pol != r.Policy {
-				s.adopt(&s.cur, r.Policy, now)
+				olds[i] = s.cur
+				lost[i] = s.adopt(&s.cur, r.Policy, now)
 			}
 			st = &s.cur.st
 		} else {
@@ -704,6 +731,9 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		if big {
 			out[i].Allowed = false
 			out[i].RetryAfter = 0
+		} else if lost[i] { // refused: the policy is full (see adopt)
+			retry, reset := s.lossWait(olds[i], r.Policy, cost, now)
+			out[i].RetryAfter, out[i].ResetAfter = retry, max(out[i].ResetAfter, reset)
 		}
 		all = all && out[i].Allowed
 	}
@@ -786,7 +816,7 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			r := &reqs[i]
 			s := &m.shards[shardIdx[i]]
 			refused := !out[i].Allowed // by its policy; with err nil
-			if found[i] {
+			if found[i] && !lost[i] {  // a lossy conversion is not stored (see adopt)
 				s.cur = entries[i]
 				r.Policy.alg.Decide(r.Policy, &s.cur.st, 0, now, true, &s.dec)
 				s.putAgain(hashes[i], &s.cur)

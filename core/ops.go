@@ -268,7 +268,7 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 				s.cur = memEntry{}
 			}
 		}
-		m.peekState(s, held[i], found[i], r.Policy, now, &s.scratch)
+		lost := m.peekState(s, held[i], found[i], r.Policy, now, &s.scratch)
 		// Every request over its capacity (CheckBatch names the first) is
 		// decided at cost 0 and refused with no RetryAfter: Decide takes
 		// no cost above the capacity.
@@ -281,6 +281,9 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 		if big {
 			out[i].Allowed = false
 			out[i].RetryAfter = 0
+		} else if lost { // refused, as Take refuses it (see adopt)
+			retry, reset := s.lossWait(held[i], r.Policy, cost, now)
+			out[i].RetryAfter, out[i].ResetAfter = retry, max(out[i].ResetAfter, reset)
 		}
 		all = all && out[i].Allowed
 	}
@@ -344,23 +347,26 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 
 // peekState sets st to the state e holds for p at now: a zero State for a
 // key not held (found false), and the carried-over state for a record of
-// another Identity. Requires s.mu.
-func (m *MemoryStore) peekState(s *memShard, e memEntry, found bool, p *Policy, now int64, st *State) {
+// another Identity, reporting whether that dropped units above p's
+// capacity (see adopt). Requires s.mu.
+func (m *MemoryStore) peekState(s *memShard, e memEntry, found bool, p *Policy, now int64, st *State) (lost bool) {
 	*st = State{}
 	if !found {
-		return
+		return false
 	}
 	if e.pol == nil || e.pol.identity == p.identity {
 		*st = e.st // Decide without commit writes nothing, the log included
-		return
+		return false
 	}
 	old := e.pol
 	s.exam = e
 	old.alg.Decide(old, &s.exam.st, 0, now, false, &s.dec)
 	s.exam = memEntry{}
-	if used := old.capacity - s.dec.Remaining; used > 0 {
+	used := old.capacity - s.dec.Remaining
+	if used > 0 {
 		p.alg.Decide(p, st, min(used, p.capacity), now, true, &s.dec)
 	}
+	return used > p.capacity
 }
 
 // roomFor is makeRoom without removing anything: the error and RetryAfter

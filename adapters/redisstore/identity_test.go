@@ -54,9 +54,10 @@ func TestIdentityCarryOver(t *testing.T) {
 }
 
 // TestIdentityNeverCredits moves a key to a smaller policy: the units in
-// use exceed its capacity, so the key is empty (refused, not reset), the
-// refused request still converts the record, and recovery restarts at the
-// change under the new policy.
+// use exceed its capacity, so the key is empty (refused, not reset). That
+// conversion drops units, so it is not stored: the larger policy's record
+// stays as it was (no credit when its requests return), and the smaller
+// policy's retry time is when that record's units in use leave room.
 func TestIdentityNeverCredits(t *testing.T) {
 	client := newClient(t, redistest.Server(t))
 	s := newStore(t, client, &Config{ClientTime: true})
@@ -67,16 +68,16 @@ func TestIdentityNeverCredits(t *testing.T) {
 		take(t, s, at, big, "k", 1)
 	}
 	d := take(t, s, at, small, "k", 1)
-	if d.Allowed || d.Remaining != 0 {
-		t.Fatalf("smaller policy after 8 of 10 used: %+v, want refused with 0 remaining", d)
+	// 8 used of 10 (6s per token): room for one under 5 once 4 are back.
+	if d.Allowed || d.Remaining != 0 || d.RetryAfter != 24*time.Second {
+		t.Fatalf("smaller policy after 8 of 10 used: %+v, want refused with 0 remaining, RetryAfter 24s", d)
 	}
-	// The small bucket (5 per minute) holds 5 used since the change: one
-	// token back after 12s, not after big's 6s per token.
-	if d := take(t, s, at.Add(11*time.Second), small, "k", 1); d.Allowed {
-		t.Fatalf("11s after the change: %+v, want refused", d)
+	if d := take(t, s, at, big, "k", 1); !d.Allowed || d.Remaining != 1 {
+		t.Fatalf("back to the larger policy: %+v, want 9 of 10 used (nothing credited)", d)
 	}
-	if d := take(t, s, at.Add(12*time.Second), small, "k", 1); !d.Allowed || d.Remaining != 0 {
-		t.Fatalf("12s after the change: %+v, want allowed with 0 remaining", d)
+	// 9 used now: room under 5 once 5 are back, at 30s.
+	if d := take(t, s, at.Add(30*time.Second), small, "k", 1); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("30s after: %+v, want allowed with 0 remaining", d)
 	}
 }
 

@@ -759,17 +759,25 @@ func testIdentity(t *testing.T, newStore func(*testing.T) core.Store) {
 					t.Fatalf("back to 5/10m with 4 used: %+v %v, want admitted with Remaining 0", d, err)
 				}
 				// A smaller policy never credits: 8 used of 10 leaves a
-				// 5-unit policy empty, recovering within its own time.
+				// 5-unit policy empty. That conversion drops 3 units, so it
+				// is not stored (the 10/10m state stays, to be found whole
+				// by its own policy's requests): the key has room under
+				// 5/10m once the 10/10m state's units in use fall to 4,
+				// within the larger policy's recovery time.
 				key = uniqueKey(t, "shrink")
 				if d, err := h.Take(big, key, 8, 0); err != nil || !d.Allowed {
 					t.Fatalf("8 of 10: %+v %v", d, err)
 				}
 				d, err := h.Take(small, key, 1, ms)
-				if err != nil || d.Allowed || d.Remaining != 0 || d.RetryAfter <= 0 || d.RetryAfter > Recovery(small) {
-					t.Fatalf("8 of 10 used, then 5/10m: %+v %v, want refused, Remaining 0, RetryAfter in (0, %v]", d, err, Recovery(small))
+				if err != nil || d.Allowed || d.Remaining != 0 || d.RetryAfter <= 0 || d.RetryAfter > Recovery(big) {
+					t.Fatalf("8 of 10 used, then 5/10m: %+v %v, want refused, Remaining 0, RetryAfter in (0, %v]", d, err, Recovery(big))
 				}
-				if d, err := h.Take(small, key, 5, ms+Recovery(small)); err != nil || !d.Allowed {
-					t.Fatalf("5/10m one recovery time after the change: %+v %v, want whole", d, err)
+				at := ms + d.RetryAfter
+				if e, err := h.Take(small, key, 1, at); err != nil || !e.Allowed {
+					t.Fatalf("5/10m at RetryAfter %v: %+v %v, want admitted", d.RetryAfter, e, err)
+				}
+				if e, err := h.Take(small, key, 5, at+Recovery(small)); err != nil || !e.Allowed {
+					t.Fatalf("5/10m one recovery time after its first charge: %+v %v, want whole", e, err)
 				}
 			})
 		}
@@ -795,6 +803,40 @@ func testIdentity(t *testing.T, newStore func(*testing.T) core.Store) {
 		}
 		if d, err := h.Take(big, key, 1, ms); err != nil || !d.Allowed || d.Remaining != 5 {
 			t.Fatalf("after a refused batch: %+v %v, want Remaining 5", d, err)
+		}
+	})
+	t.Run("Alternating", func(t *testing.T) {
+		// Requests under two policies of one Name that alternate (equally
+		// named tiers, a request still holding the rules a reload
+		// replaced) never credit quota: a refused request under the
+		// smaller policy leaves the larger one's record as it was, alone
+		// and in a batch, for every pair of algorithms.
+		for _, a := range core.Algorithms() {
+			for _, b := range core.Algorithms() {
+				t.Run(a.Name()+"/"+b.Name(), func(t *testing.T) {
+					s := newStore(t)
+					h := Harness{t, s}
+					big, small := mustPolicy(t, rule(a, 10)), mustPolicy(t, rule(b, 2))
+					gate := mustPolicy(t, core.Rule{Name: "gate", Limit: 100, Window: time.Hour})
+					key := uniqueKey(t, "alt")
+					if d, err := h.Take(big, key, 10, 0); err != nil || !d.Allowed {
+						t.Fatalf("10 of 10: %+v %v", d, err)
+					}
+					for round := 0; round < 3; round++ {
+						if d, err := h.Take(small, key, 1, ms); err != nil || d.Allowed {
+							t.Fatalf("round %d: under the policy of 2, with 10 in use: %+v %v, want refused", round, d, err)
+						}
+						var out [2]core.Decision
+						batch := []core.Request{{Policy: small, Key: key, Cost: 1}, {Policy: gate, Key: key, Cost: 1}}
+						if err := s.Take(context.Background(), T0.Add(ms), batch, out[:]); err != nil || out[0].Allowed {
+							t.Fatalf("round %d: a batch under the policy of 2: %+v %v, want refused", round, out, err)
+						}
+						if d, err := h.Take(big, key, 1, ms); err != nil || d.Allowed {
+							t.Fatalf("round %d: back under the policy of 10, 10 in use: %+v %v, want refused (no credit)", round, d, err)
+						}
+					}
+				})
+			}
 		}
 	})
 	t.Run("SameIdentity", func(t *testing.T) {

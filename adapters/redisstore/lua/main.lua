@@ -18,7 +18,9 @@
 -- this one: the units it has in use under its own policy, at now, carry
 -- over to a fresh state of this policy (at most its capacity), which is
 -- then decided as usual and written even if the request is refused (not
--- in mode 'C'). A record without a tag (written by the previous version)
+-- in mode 'C'), unless the conversion dropped units above this policy's
+-- capacity: such a state is never written (see load), and a refusal's
+-- retry time is then the old record's. A record without a tag (written by the previous version)
 -- is read under the requesting policy if it has the same algorithm's
 -- state, and as fresh otherwise.
 --
@@ -56,6 +58,11 @@ if n == 1 and mode == 'T' and over == 0 then
   if d.allowed then
     a = 1
     d.extra = r.alg.commit(r.key, r.st, r.P, r.cost, now, d, slack)
+  elseif r.st.lost then
+    -- not stored (see load)
+    local retry, reset = lostwait(r.key, r.st, r.P, r.cost, now)
+    d.retry = retry
+    if reset > d.reset then d.reset = reset end
   elseif r.st.rewrite then
     r.alg.save(r.key, r.st, r.P, now, slack)
   elseif d.clamped then
@@ -100,6 +107,10 @@ for i = 1, n do
   if big then
     d.allowed = false
     d.retry = 0
+  elseif r.st.lost then -- refused: the policy is full (see load)
+    local retry, reset = lostwait(r.key, r.st, r.P, cost, now)
+    d.retry = retry
+    if reset > d.reset then d.reset = reset end
   end
   out[i] = d
   all = all and d.allowed
@@ -125,7 +136,9 @@ end
 do
   for i = 1, n do
     local r = reqs[i]
-    if r.st.rewrite then
+    if r.st.lost then
+      -- a conversion that dropped units is not stored (see load)
+    elseif r.st.rewrite then
       r.alg.save(r.key, r.st, r.P, now, slack)
     elseif out[i].clamped then
       r.alg.saveclamped(r.key, r.st, r.P, now, out[i], slack)

@@ -220,6 +220,12 @@ for i = 1, n do
   local st = load(KEYS[i], r.alg, r.kind, r.P)
   if mode == 'P' then
     local d = r.alg.decide(st, r.P, r.cost, now)
+    if st.lost and not d.allowed and r.cost > 0 then
+      -- as the take script reports it (see load)
+      local retry, reset = lostwait(KEYS[i], st, r.P, r.cost, now)
+      d.retry = retry
+      if reset > d.reset then d.reset = reset end
+    end
     local z = r.alg.decide(st, r.P, 0, now)
     -- A record of this policy left ahead of a clock that stepped back is
     -- written clamped, as every decision writes it (charging nothing), so

@@ -52,6 +52,7 @@ local function load(key, alg, kind, P)
     return alg.load(key, v)
   end
   local st
+  local lost
   local oldP, okind = tagparams(rtag)
   if oldP == nil or okind ~= rkind then
     st = alg.fresh(P, 0, now)
@@ -59,10 +60,29 @@ local function load(key, alg, kind, P)
     local old = algorithm(okind)
     local od = old.decide(old.load(key, v), oldP, 0, now)
     local used = oldP.cap - od.rem
-    if used > P.cap then used = P.cap end
+    if used > P.cap then
+      -- The conversion drops units above P's capacity: it is never
+      -- stored (it could be only with a charge, and P is full), so that
+      -- they do not come back as a credit to the old policy when its
+      -- requests return; lost keeps what lostwait needs.
+      used = P.cap
+      lost = { alg = old, P = oldP, v = v }
+    end
     st = alg.fresh(P, used, now)
   end
   st.rewrite = true
+  st.lost = lost
   if rkind == 'l' and kind ~= 'l' then st.bad = true end
   return st
+end
+
+-- lostwait returns the retry and reset times (microseconds) of a request
+-- of cost under P refused on st, a state converted with units dropped (see
+-- load): the key has room for cost under P once the old policy's own
+-- units in use fall to P's capacity less cost, and is whole once they are
+-- all back.
+local function lostwait(key, st, P, cost, now)
+  local l = st.lost
+  local od = l.alg.decide(l.alg.load(key, l.v), l.P, l.P.cap - P.cap + cost, now)
+  return od.retry, od.reset
 end
