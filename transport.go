@@ -369,7 +369,7 @@ func (t *Transport) CloseIdleConnections() {
 func (t *Transport) PausedFor(key string) time.Duration {
 	now := t.clock.Now()
 	if until, ok := t.pausedUntil(key, now.UnixNano()); ok {
-		return time.Duration(until - now.UnixNano())
+		return untilNanos(until, now.UnixNano())
 	}
 	return 0
 }
@@ -394,7 +394,7 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 			until int64
 		)
 		if u, ok := t.pausedUntil(key, now.UnixNano()); ok && !t.dryRun {
-			until, wait = u, time.Duration(u-now.UnixNano())
+			until, wait = u, untilNanos(u, now.UnixNano())
 		} else {
 			d, err := t.limiter.AllowN(ctx, key, 1)
 			if err != nil {
@@ -467,12 +467,23 @@ func (t *Transport) giveBack(ctx context.Context, key string, d core.Decision) {
 }
 
 // addNanos returns the Unix nanosecond ns + d, for d >= 0, saturated at
-// the largest: a MaxPause of centuries must not wrap into the past.
+// the largest: a MaxPause of centuries must not wrap into the past (ns + d
+// cannot overflow for ns <= 0, a clock before 1970).
 func addNanos(ns int64, d time.Duration) int64 {
-	if int64(d) > math.MaxInt64-ns {
+	if ns > 0 && int64(d) > math.MaxInt64-ns {
 		return math.MaxInt64
 	}
 	return ns + int64(d)
+}
+
+// untilNanos returns the time from the Unix nanosecond now to until, which
+// is later, saturated at the longest Duration (a pause's end saturated by
+// addNanos, seen from a clock before 1970).
+func untilNanos(until, now int64) time.Duration {
+	if now < 0 && until > math.MaxInt64+now {
+		return math.MaxInt64
+	}
+	return time.Duration(until - now)
 }
 
 // pausedUntil returns the end of key's pause, if it is later than now.

@@ -940,3 +940,36 @@ func TestTransportZeroPaddedSeconds(t *testing.T) {
 		t.Errorf("Retry-After: 0001000000000000000: pause %v, want the cap, 1h", got)
 	}
 }
+
+// A clock before 1970 (a zero FakeClock is year 1) pauses as any other:
+// the pause's end is not taken for an overflow, and a pause that has ended
+// lets the request go.
+func TestTransportPauseBefore1970(t *testing.T) {
+	for _, start := range []time.Time{time.Unix(-10, 0), {}} {
+		clk := core.NewFakeClock(start)
+		lim := core.Must(core.New(core.PerSecond(100), core.WithClock(clk)))
+		calls := 0
+		tr, err := ratelimit.NewTransport(lim, &ratelimit.TransportConfig{
+			FailFast: true,
+			Base: trFunc(func(*http.Request) (*http.Response, error) {
+				calls++
+				return trResp(429, "Retry-After", "1"), nil
+			}),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest(http.MethodGet, "https://api.example.com/", nil)
+		if _, err := tr.RoundTrip(req); err != nil {
+			t.Fatal(err)
+		}
+		if got := tr.PausedFor("api.example.com"); got != time.Second {
+			t.Errorf("clock at %v: paused for %v after Retry-After: 1, want 1s", start, got)
+		}
+		clk.Advance(2 * time.Second)
+		req, _ = http.NewRequest(http.MethodGet, "https://api.example.com/", nil)
+		if _, err := tr.RoundTrip(req); err != nil || calls != 2 {
+			t.Errorf("clock at %v: 2s after a 1s pause: %v (sent %d), want the request sent", start, err, calls)
+		}
+	}
+}
