@@ -196,10 +196,6 @@ func claimRefund(layers []LayerResult) bool {
 // was charged since (see core.Refunder).
 func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, reqs *[core.MaxBatch]core.Request) int {
 	cur := l.rules.Load()
-	var chargedAt time.Time // the charge's time, so that the refund gives back only what it still holds
-	if at != 0 {
-		chargedAt = time.Unix(0, at)
-	}
 	n := 0
 	for i := range layers {
 		ly := &layers[i]
@@ -213,7 +209,12 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 		if rs != nil && rs != cur && own(rs, ly) && ly.index < len(cur.rules) {
 			p = cur.rules[ly.index].policy
 		}
-		reqs[n] = core.Request{Policy: p, Key: ly.Key, Cost: ly.Cost, ChargedAt: chargedAt}
+		reqs[n] = core.Request{Policy: p, Key: ly.Key, Cost: ly.Cost}
+		if at != 0 {
+			// When the charge began to give its units back, so that the
+			// refund gives back only what it still holds.
+			reqs[n].ChargedAt = ly.Decision.Policy.ChargeStart(time.Unix(0, at), ly.Cost, ly.Decision)
+		}
 		n++
 	}
 	return n

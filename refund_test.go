@@ -646,3 +646,42 @@ func TestRefundGivesBackOnlyItsCharge(t *testing.T) {
 		})
 	}
 }
+
+// TestRefundBusyBucket: a request charged in a bucket that was not full,
+// refunded after its handler took one emission interval, gets its token
+// back: its units had not begun to come back (those charged before it
+// come back first).
+func TestRefundBusyBucket(t *testing.T) {
+	var clk *core.FakeClock
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Slow") != "" {
+			clk.Advance(100 * time.Millisecond) // works 100 ms, then fails
+			w.WriteHeader(http.StatusBadGateway)
+		}
+	})
+	// 10 a second, a bucket of 10: one token per 100 ms.
+	_, h, c := refundEnv(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "b", Limit: 10, Window: time.Second}}},
+		next, ratelimit.WithRefund(ratelimit.RefundFailed))
+	clk = c
+	for i := range 9 {
+		if code := serve(h, mwReq("192.0.2.1:1")).Code; code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, code)
+		}
+	}
+	slow := mwReq("192.0.2.1:1")
+	slow.Header.Set("X-Slow", "1")
+	if code := serve(h, slow).Code; code != http.StatusBadGateway {
+		t.Fatalf("slow request: %d", code)
+	}
+	// As if the slow request had never been made: 9 charged at 0, one
+	// token back by 100 ms, so 2 are admitted now.
+	admitted := 0
+	for range 5 {
+		if serve(h, mwReq("192.0.2.1:1")).Code == http.StatusOK {
+			admitted++
+		}
+	}
+	if admitted != 2 {
+		t.Fatalf("after the refund of a failed request: %d admitted at 100ms, want 2", admitted)
+	}
+}

@@ -141,34 +141,68 @@ func gcraRemaining(p *Policy, dq int64, dr uint64) int64 {
 	return p.capacity - used
 }
 
-func (tokenBucket) Refund(p *Policy, s *State, cost, now int64) { gcraRefund(p, s, cost, now, now) }
-
-func (leakyBucket) Refund(p *Policy, s *State, cost, now int64) { gcraRefund(p, s, cost, now, now) }
-
-func (tokenBucket) RefundCharge(p *Policy, s *State, cost, at, now int64) {
-	gcraRefund(p, s, cost, at, now)
+func (tokenBucket) Refund(p *Policy, s *State, cost, now int64) {
+	gcraRefund(p, s, cost, now, now, false)
 }
 
-func (leakyBucket) RefundCharge(p *Policy, s *State, cost, at, now int64) {
-	gcraRefund(p, s, cost, at, now)
+func (leakyBucket) Refund(p *Policy, s *State, cost, now int64) {
+	gcraRefund(p, s, cost, now, now, false)
 }
 
-// gcraRefund moves the theoretical arrival time back by cost x Window/Limit
-// less now-at, the time elapsed since the charge at at (a charge gives back
-// one unit per emission interval as time passes, whatever came after it),
+func (tokenBucket) RefundCharge(p *Policy, s *State, cost, start, now int64) {
+	gcraRefund(p, s, cost, start, now, true)
+}
+
+func (leakyBucket) RefundCharge(p *Policy, s *State, cost, start, now int64) {
+	gcraRefund(p, s, cost, start, now, true)
+}
+
+// ChargeStart returns the time from which a charge of cost, decided as d at
+// at, gives its units back: what a refund of it names as Request.ChargedAt.
+// It is at for every algorithm but the buckets, which give units back in
+// the order they were charged: a charge made when the bucket was not full
+// starts to give its units back only once the units in use before it have
+// come back, at + d.ResetAfter less the charge's own refill time. For a
+// Decision that did not come from a charge of cost under p it returns at,
+// from which a refund gives back less, never more.
+func (p *Policy) ChargeStart(at time.Time, cost int64, d Decision) time.Time {
+	if p == nil || (p.alg != TokenBucket && p.alg != LeakyBucket) || cost < 1 || cost > p.capacity || d.ResetAfter <= 0 {
+		return at
+	}
+	q, r := mulAddDiv(uint64(cost), uint64(p.window), 0, p.limit) // the charge's refill time
+	if r > 0 {
+		q++
+	}
+	// ResetAfter is the charge's TAT less at, rounded up: less one more
+	// nanosecond, the start is never late.
+	if lead := int64(d.ResetAfter) - int64(q) - 1; lead > 0 {
+		return at.Add(time.Duration(lead))
+	}
+	return at
+}
+
+// gcraRefund moves the theoretical arrival time back by cost x Window/Limit,
 // never before now: the bucket regains at most cost units, never more than
-// it has in use. A TAT left ahead of a clock that stepped back is first
-// clamped as Decide clamps it.
-func gcraRefund(p *Policy, s *State, cost, at, now int64) {
+// it has in use. With byCharge, start is when the charge began to give its
+// units back (see Policy.ChargeStart) and the time since then is taken off
+// (units come back one per emission interval from then on, whatever came
+// after the charge), and a TAT left ahead of a clock that stepped back
+// gives nothing back (which charges it holds is then unknown). Otherwise
+// such a TAT is first clamped as Decide clamps it.
+func gcraRefund(p *Policy, s *State, cost, start, now int64, byCharge bool) {
 	if s.B == 0 || s.A < now || (s.A == now && s.B == 1) {
 		return // whole at now: nothing is in use
 	}
 	aq, ar := s.A, uint64(s.B-1)
 	if lq := now + p.tauQ + p.maxDelay; !lessEq(aq, ar, lq, p.tauR) {
+		if byCharge {
+			return
+		}
 		aq, ar = lq, p.tauR
 	}
 	q, r := mulAddDiv(uint64(cost), uint64(p.window), 0, p.limit)
-	if elapsed := uint64(now - at); elapsed > 0 {
+	if byCharge && now > start {
+		elapsed := uint64(now - start)
 		if q < elapsed || (q == elapsed && r == 0) {
 			return // the charge has given back all it held
 		}

@@ -45,8 +45,9 @@ type Resetter interface {
 //
 //   - TokenBucket and LeakyBucket: the theoretical arrival time moves back
 //     by Cost x Window / Limit, never before now (Cost tokens come back);
-//     with ChargedAt, less the time elapsed since the charge, which has
-//     given back that much already.
+//     with ChargedAt, less the time elapsed since the charge began to give
+//     its units back (Policy.ChargeStart), and nothing while the state is
+//     ahead of a clock that stepped back.
 //   - FixedWindow: Cost is subtracted from the current window's count; a
 //     charge made in an earlier window (with ChargedAt: in another window
 //     than now's) has expired and gives back nothing.
@@ -86,8 +87,9 @@ type AlgorithmRefunder interface {
 }
 
 // AlgorithmChargeRefunder is implemented by an AlgorithmRefunder that can
-// give back the units of one charge, made at chargedAt (Unix nanoseconds,
-// at most now): every built-in algorithm does. RefundCharge updates s to
+// give back the units of one charge, named by chargedAt (Unix nanoseconds:
+// the Request's ChargedAt, which may be after now if the clock has since
+// stepped back): every built-in algorithm does. RefundCharge updates s to
 // give back up to cost units of what that charge still holds at now, never
 // what has recovered since nor the units of later charges. It is called
 // with the state locked, like Decide.
@@ -216,7 +218,7 @@ func refundOne(r *Request, st *State, now int64) {
 	p := r.Policy
 	if !r.ChargedAt.IsZero() {
 		if cr, ok := p.alg.(AlgorithmChargeRefunder); ok {
-			cr.RefundCharge(p, st, r.Cost, min(ClampTime(r.ChargedAt), now), now)
+			cr.RefundCharge(p, st, r.Cost, ClampTime(r.ChargedAt), now)
 			return
 		}
 	}

@@ -137,6 +137,31 @@ func ExampleRequest_chargedAt() {
 	// left in the window of 1:00 after one more: 0
 }
 
+// ChargeStart names, for a refund, when a charge began to give its units
+// back: a bucket that was not full gives back the units charged before it
+// first. Here a bucket of 10 a second (one unit per 100 ms) holds 9 units
+// when X is charged; refunded 100 ms later, X still holds its whole unit.
+func ExamplePolicy_ChargeStart() {
+	store := core.MustMemoryStore(nil)
+	ctx := context.Background()
+	p := core.MustPolicy(core.Rule{Name: "api", Limit: 10, Window: time.Second})
+	at := time.Unix(1_800_000_000, 0)
+	out := make([]core.Decision, 1)
+	for range 9 {
+		store.Take(ctx, at, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out)
+	}
+	store.Take(ctx, at, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out) // X
+	start := p.ChargeStart(at, 1, out[0])
+	fmt.Println("X gives its unit back from:", start.Sub(at))
+	later := at.Add(100 * time.Millisecond)
+	store.Refund(ctx, later, []core.Request{{Policy: p, Key: "k", Cost: 1, ChargedAt: start}})
+	store.Peek(ctx, later, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out)
+	fmt.Println("remaining after one more at 100ms:", out[0].Remaining)
+	// Output:
+	// X gives its unit back from: 899.999999ms
+	// remaining after one more at 100ms: 1
+}
+
 // Peek on a store decides a layered batch without charging it.
 func ExampleMemoryStore_Peek() {
 	store := core.MustMemoryStore(nil)

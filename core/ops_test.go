@@ -163,3 +163,56 @@ func TestPeekAllocations(t *testing.T) {
 		t.Fatalf("Refund allocates %v times", n)
 	}
 }
+
+// TestRefundChargeAfterClockBack: a charge that has recovered, whose key a
+// later charge holds, gives nothing back when it is refunded after the
+// clock stepped back to before it, for every algorithm: the state is that
+// of the later charge.
+func TestRefundChargeAfterClockBack(t *testing.T) {
+	ctx := context.Background()
+	base := time.Unix(1_800_000_000, 0).Truncate(time.Hour)
+	for _, rule := range []core.Rule{
+		{Name: "tb", Limit: 2, Window: time.Minute},
+		{Name: "fw", Limit: 2, Window: time.Minute, Algorithm: core.FixedWindow},
+		{Name: "swc", Limit: 2, Window: time.Minute, Algorithm: core.SlidingWindowCounter},
+		{Name: "log", Limit: 2, Window: time.Minute, Algorithm: core.SlidingWindowLog},
+	} {
+		t.Run(rule.Name, func(t *testing.T) {
+			p := core.MustPolicy(rule)
+			with, without := core.MustMemoryStore(nil), core.MustMemoryStore(nil)
+			xAt := base.Add(10 * time.Second)
+			take := func(m *core.MemoryStore, at time.Time, cost int64) bool {
+				out := make([]core.Decision, 1)
+				if err := m.Take(ctx, at, []core.Request{{Policy: p, Key: "k", Cost: cost}}, out); err != nil {
+					t.Fatal(err)
+				}
+				return out[0].Allowed
+			}
+			if !take(with, xAt, 1) { // X, only in with
+				t.Fatal("X refused")
+			}
+			yAt := base.Add(130 * time.Second) // X has gone; Y takes the whole quota
+			if !take(with, yAt, 2) || !take(without, yAt, 2) {
+				t.Fatal("Y refused")
+			}
+			back := base.Add(5 * time.Second) // the clock steps back to before X
+			if err := with.Refund(ctx, back, []core.Request{{Policy: p, Key: "k", Cost: 1, ChargedAt: xAt}}); err != nil {
+				t.Fatal(err)
+			}
+			for d := time.Duration(0); d <= 3*time.Minute; d += time.Second {
+				now := back.Add(d)
+				var o1, o2 [1]core.Decision
+				r := []core.Request{{Policy: p, Key: "k", Cost: 1}}
+				if err := with.Peek(ctx, now, r, o1[:]); err != nil && !errors.Is(err, core.ErrStoreFull) {
+					t.Fatal(err)
+				}
+				if err := without.Peek(ctx, now, r, o2[:]); err != nil && !errors.Is(err, core.ErrStoreFull) {
+					t.Fatal(err)
+				}
+				if o1[0].Allowed && !o2[0].Allowed {
+					t.Fatalf("%v after the step back, the refund of X admits what the key without X refuses", d)
+				}
+			}
+		})
+	}
+}

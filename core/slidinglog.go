@@ -165,12 +165,12 @@ func (slidingWindowLog) Expiry(p *Policy, s *State) int64 {
 }
 
 // RefundCharge removes up to cost units from the entry of the charge made
-// at at, if it is still in the trailing window. While entries recorded
-// after now (by a clock that has since stepped back) are in the log, the
-// charge's entry cannot be told from them, and nothing is given back.
+// at at, if it is still in the trailing window (entries recorded after now,
+// by a clock that has since stepped back, keep their times until a charge
+// moves them, so the charge's is found among them too).
 func (slidingWindowLog) RefundCharge(p *Policy, s *State, cost, at, now int64) {
 	l := s.log
-	if l == nil || l.len == 0 || l.newest() > now {
+	if l == nil || l.len == 0 {
 		return
 	}
 	l.drop(l.expired(now - p.window))

@@ -194,13 +194,15 @@ func (slidingWindowCounter) Expiry(p *Policy, s *State) int64 {
 	return math.MinInt64
 }
 
-// RefundCharge gives back up to cost units of the current window's count
-// for a charge made at at in the same window; a charge made in an earlier
-// window has already expired.
-func (w fixedWindow) RefundCharge(p *Policy, s *State, cost, at, now int64) {
-	if windowIndex(at, p.window) == windowIndex(now, p.window) {
-		w.Refund(p, s, cost, now)
+// RefundCharge gives back up to cost units of the count of the charge made
+// at at, while the state's window is that charge's and is not over: a
+// charge made in an earlier window has expired, and a state of a later
+// window holds later charges (also when the clock has since stepped back).
+func (fixedWindow) RefundCharge(p *Policy, s *State, cost, at, now int64) {
+	if s.B == 0 || s.A != windowIndex(at, p.window) || s.A < windowIndex(now, p.window) {
+		return
 	}
+	s.B -= min(s.B, cost)
 }
 
 // Refund gives back up to cost units of the current window's count; a
@@ -215,22 +217,24 @@ func (fixedWindow) Refund(p *Policy, s *State, cost, now int64) {
 }
 
 // RefundCharge gives back up to cost units of the count of the window the
-// charge made at at went to: the current window's or the previous one's;
-// from an older window nothing is left.
+// charge made at at went to, as the state holds it: its current window's
+// or the one before; from an older window nothing is left (and the state
+// of a later window, also when the clock has since stepped back, holds no
+// count of the charge's).
 func (slidingWindowCounter) RefundCharge(p *Policy, s *State, cost, at, now int64) {
-	idx, prev, curr, _ := swcCounts(p, s, now)
+	if s.B == 0 {
+		return
+	}
+	sp, sc := int64(uint64(s.B)>>32), s.B&(1<<32-1)
 	switch windowIndex(at, p.window) {
-	case idx:
-		curr -= min(curr, cost)
-	case idx - 1:
-		prev -= min(prev, cost)
+	case s.A:
+		sc -= min(sc, cost)
+	case s.A - 1:
+		sp -= min(sp, cost)
 	default:
 		return
 	}
-	if prev == 0 && curr == 0 && s.B == 0 {
-		return
-	}
-	s.A, s.B = idx, int64(uint64(prev)<<32|uint64(curr))
+	s.B = int64(uint64(sp)<<32 | uint64(sc))
 }
 
 // Refund gives back up to cost units, from the current window's count

@@ -301,14 +301,14 @@ func (s *Store) opsRuns(mode string, now time.Time, nowArg any, reqs []core.Requ
 
 // chargeAge is the ops script's age argument of a request: for a refund
 // naming the time of its charge (core.Request.ChargedAt), the microseconds
-// from that charge to now, at least 0 (the script reads the charge's time
-// as its own now less that age, so that it holds on the server's clock
-// too); "" otherwise.
+// from that time to now, below 0 for a time after now (the script reads
+// the charge's time as its own now less that age, so that it holds on the
+// server's clock too); "" otherwise.
 func chargeAge(mode string, now, at time.Time) any {
 	if mode != modeGiveBack || at.IsZero() {
 		return ""
 	}
-	return max(now.UnixMicro()-at.UnixMicro(), 0)
+	return now.UnixMicro() - at.UnixMicro()
 }
 
 // runOps makes the calls runs, in order, stopping at an error, or before

@@ -102,6 +102,75 @@ func testRefundCharge(t *testing.T, newStore func(*testing.T) core.Store) {
 			}
 		})
 	}
+	// A bucket that was not full gives a charge's units back only once the
+	// units in use before it have come back: the refund names that time
+	// (Policy.ChargeStart), and gets all of them back until then. 10 a
+	// second (one per 100 ms), 9 charged at 0, then X at 0, refunded at
+	// 100 ms: as if X had never been made, 2 are admitted at 100 ms.
+	for _, a := range []core.Algorithm{core.TokenBucket, core.LeakyBucket} {
+		t.Run("busy "+a.Name(), func(t *testing.T) {
+			h := Harness{t, newStore(t)}
+			p := mustPolicy(t, withBurst(core.Rule{Name: "busy", Algorithm: a, Limit: 10, Window: time.Second}))
+			key := uniqueKey(t, "busy")
+			for range 9 {
+				if d, err := h.Take(p, key, 1, 0); err != nil || !d.Allowed {
+					t.Fatalf("take: %+v %v", d, err)
+				}
+			}
+			x, err := h.Take(p, key, 1, 0)
+			if err != nil || !x.Allowed {
+				t.Fatalf("X: %+v %v", x, err)
+			}
+			req := core.Request{Policy: p, Key: key, Cost: 1, ChargedAt: p.ChargeStart(T0, 1, x)}
+			if err := h.Refund([]core.Request{req}, 100*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for ; n <= 10; n++ {
+				if d, err := h.Take(p, key, 1, 100*time.Millisecond); err != nil || !d.Allowed {
+					break
+				}
+			}
+			if n != 2 {
+				t.Fatalf("after X's refund at 100ms: %d admitted, want 2", n)
+			}
+		})
+	}
+	// A charge that has recovered, whose key a later charge holds, gives
+	// nothing back when it is refunded after the clock stepped back to
+	// before it: the key then decides as one that never had the charge.
+	for _, a := range core.Algorithms() {
+		t.Run("clock back "+a.Name(), func(t *testing.T) {
+			h := Harness{t, newStore(t)}
+			p := mustPolicy(t, withBurst(core.Rule{Name: "back", Algorithm: a, Limit: 2, Window: time.Minute}))
+			with, without := uniqueKey(t, "with"), uniqueKey(t, "without")
+			if d, err := h.Take(p, with, 1, 10*time.Second); err != nil || !d.Allowed {
+				t.Fatalf("X: %+v %v", d, err)
+			}
+			for _, k := range []string{with, without} {
+				if d, err := h.Take(p, k, 2, 130*time.Second); err != nil || !d.Allowed {
+					t.Fatalf("Y: %+v %v", d, err)
+				}
+			}
+			req := core.Request{Policy: p, Key: with, Cost: 1, ChargedAt: T0.Add(10 * time.Second)}
+			if err := h.Refund([]core.Request{req}, 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			for at := 5 * time.Second; at <= 200*time.Second; at += time.Second {
+				dw, err := h.Take(p, with, 1, at)
+				if err != nil {
+					t.Fatal(err)
+				}
+				do, err := h.Take(p, without, 1, at)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if dw.Allowed != do.Allowed {
+					t.Fatalf("at %v, after the clock stepped back and X's refund: %v with X refunded, %v without X", at, dw.Allowed, do.Allowed)
+				}
+			}
+		})
+	}
 }
 
 // Peek decides a batch at T0+at through core.Peeker.

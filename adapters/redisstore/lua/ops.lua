@@ -45,9 +45,10 @@ end
 -- methods: only what that charge still holds.
 local refunders = {}
 
--- The buckets move TAT back by cost x W/L (less now - at, what the charge
--- has given back since), never before now; a TAT beyond now + tau +
--- MaxDelay (the clock stepped back) is first clamped there.
+-- The buckets move TAT back by cost x W/L, never before now; a TAT beyond
+-- now + tau + MaxDelay (the clock stepped back) is first clamped there.
+-- Given at (when the charge began to give its units back), less now - at,
+-- what it has given back since, and nothing from a TAT ahead of the clock.
 function refunders.g(alg, key, st, P, cost, at)
   if st.fresh or st.A < now or (st.A == now and st.B == 0) then
     if st.rewrite or st.bad then alg.save(key, st, P, now, slack) end
@@ -56,6 +57,10 @@ function refunders.g(alg, key, st, P, cost, at)
   local aq, ar = st.A, st.B
   local mq = now + P.tauQ + P.maxDelay
   if not lesseq(aq, ar, mq, P.tauR) then
+    if at ~= nil then
+      if st.rewrite or st.bad then alg.save(key, st, P, now, slack) end
+      return -- which charges a TAT ahead of the clock holds is unknown
+    end
     aq, ar = mq, P.tauR
   end
   local q, r = muldiv(cost, P.W, 0, P.L)
@@ -83,7 +88,19 @@ end
 -- (the clock stepped back) counts as the current one.
 function refunders.f(alg, key, st, P, cost, at)
   local idx = floordiv(now, P.W)
-  if st.B > 0 and idx <= st.A and (at == nil or floordiv(at, P.W) == idx) then
+  if at ~= nil then
+    -- only the count of the charge's window, while the state holds it and
+    -- it is not over (a later window's holds later charges)
+    if st.B > 0 and floordiv(at, P.W) == st.A and idx <= st.A then
+      local b = st.B - cost
+      if b < 0 then b = 0 end
+      alg.save(key, { A = st.A, B = b }, P, now, slack)
+    elseif st.rewrite or st.bad then
+      alg.save(key, st, P, now, slack)
+    end
+    return
+  end
+  if st.B > 0 and idx <= st.A then
     local b = st.B - cost
     if b < 0 then b = 0 end
     alg.save(key, { A = idx, B = b }, P, now, slack)
@@ -116,22 +133,23 @@ function refunders.c(alg, key, st, P, cost, at)
     k = cost - k
     if k > prev then k = prev end
     prev = prev - k
-  else
-    local iat = floordiv(at, P.W)
-    if iat == idx then
-      curr = curr - cost
-      if curr < 0 then curr = 0 end
-    elseif iat == idx - 1 then
-      prev = prev - cost
-      if prev < 0 then prev = 0 end
-    elseif st.rewrite or st.bad then
-      alg.save(key, st, P, now, slack)
-      return
-    else
-      return -- the charge's window has left the count
-    end
+    alg.save(key, { A = idx, prev = prev, curr = curr }, P, now, slack)
+    return
   end
-  alg.save(key, { A = idx, prev = prev, curr = curr }, P, now, slack)
+  -- only the count of the window the charge went to, as the state holds it
+  -- (its own window's or the one before; a later window's holds none)
+  local iat, sp, sc = floordiv(at, P.W), st.prev, st.curr
+  if iat == st.A then
+    sc = sc - cost
+    if sc < 0 then sc = 0 end
+  elseif iat == st.A - 1 then
+    sp = sp - cost
+    if sp < 0 then sp = 0 end
+  else
+    if st.rewrite or st.bad then alg.save(key, st, P, now, slack) end
+    return
+  end
+  alg.save(key, { A = st.A, prev = sp, curr = sc }, P, now, slack)
 end
 
 -- A sliding log removes its most recent entries inside the window (those
@@ -143,12 +161,7 @@ function refunders.l(alg, key, st, P, cost, at)
     return
   end
   if at ~= nil and not st.virt and not st.bad then
-    if at > now then at = now end
-    if st.newest > now then
-      -- entries after now (the clock stepped back) count as made at now:
-      -- the charge's own entry cannot be told from them
-      return
-    end
+    -- the entry of the charge's instant (see sliding_log.lua)
     alg.refund(key, st, P, cost, at, now, slack)
     return
   end
@@ -201,8 +214,8 @@ for i = 1, n do
   local cost = tonumber(ARGV[base + 1])
   local at
   if ARGV[base + 2] ~= '' then
-    local age = tonumber(ARGV[base + 2])
-    if age == nil or age < 0 then
+    local age = tonumber(ARGV[base + 2]) -- below 0 for a charge after now
+    if age == nil then
       return redis.error_reply('ERR ratelimit: bad argument for request ' .. i)
     end
     at = now - age
