@@ -19,6 +19,7 @@ type resultContext struct {
 	context.Context
 	res   Result
 	ready bool
+	claim uint32 // res.claim
 	buf   [inlineResults]LayerResult
 }
 
@@ -102,6 +103,7 @@ func (l *Limiter) AdmitWithResultFunc(w http.ResponseWriter, r *http.Request) (*
 // holds none.
 func (l *Limiter) admitWithResult(w http.ResponseWriter, r *http.Request) (*http.Request, bool, func()) {
 	rc := &resultContext{Context: r.Context()}
+	rc.res.claim = &rc.claim
 	r = r.WithContext(rc)
 	kr := l.routeRequest(r)
 	var buf []LayerResult

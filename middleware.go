@@ -190,6 +190,11 @@ type Result struct {
 	slotLatency time.Duration
 	rs          *ruleSet // the rules the request was decided under
 	peeked      bool     // a Peek's Result: nothing was charged
+	// claim, shared by the copies of a Result that may be copied (from
+	// Decide, or in a request's context), is 1 once its charge was
+	// refunded, so that it is refunded once whichever copy asks; nil for
+	// a Result the caller cannot copy.
+	claim *uint32
 }
 
 // LayerResult is the decision of one applied layer.
@@ -212,10 +217,10 @@ type LayerResult struct {
 	Refused bool
 
 	index int // position of the layer in Limiter.layers
-	// refunded, on a Result's first layer, is 1 once the charge was given
-	// back: kept in the layers every copy of the Result shares, so that
-	// a charge is refunded once whichever copy asks (see claimRefund).
-	refunded uint32
+	// claim is the storage of Result.claim for a Result of Decide, in the
+	// element after the last of its Layers' array, which no copy's Layers
+	// reaches (so reading them never races with a refund).
+	claim uint32
 }
 
 // outcome classifies a Result for the default responses.
@@ -773,8 +778,10 @@ func (l *Limiter) decideResult(r *http.Request, reserve bool) Result {
 		reqs [core.MaxBatch]core.Request
 		out  [core.MaxBatch]core.Decision
 	)
-	buf := make([]LayerResult, len(l.layers))
-	if n := l.decide(l.routeRequest(r), &res, buf, reqs[:], out[:], reserve); n > 0 {
+	n := len(l.layers)
+	buf := make([]LayerResult, n+1) // and the claim cell, out of any copy's Layers
+	res.claim = &buf[n].claim
+	if n := l.decide(l.routeRequest(r), &res, buf[:n], reqs[:], out[:], reserve); n > 0 {
 		res.Layers = buf[:n]
 	}
 	return res

@@ -121,7 +121,7 @@ func (l *Limiter) refundHandler(next http.Handler) http.Handler {
 		}
 		if l.serveRefundable(w, r, next) {
 			var rq [core.MaxBatch]core.Request
-			if k := l.refundRequests(buf[:n], res.rs, res.at, &rq); k > 0 && claimRefund(buf[:n]) {
+			if k := l.refundRequests(buf[:n], res.rs, res.at, &rq); k > 0 && claimRefund(&res) {
 				l.refund(context.WithoutCancel(r.Context()), rq[:k])
 			}
 		}
@@ -147,7 +147,7 @@ func (l *Limiter) refundResultHandler(next http.Handler) http.Handler {
 		// itself (Limiter.Refund): a charge is given back at most once.
 		if l.serveRefundable(w, r, next) {
 			var rq [core.MaxBatch]core.Request
-			if k := l.refundRequests(res.Layers, res.rs, res.at, &rq); k > 0 && claimRefund(res.Layers) {
+			if k := l.refundRequests(res.Layers, res.rs, res.at, &rq); k > 0 && claimRefund(res) {
 				l.refund(context.WithoutCancel(r.Context()), rq[:k])
 			}
 		}
@@ -172,14 +172,15 @@ func (l *Limiter) serveRefundable(w http.ResponseWriter, r *http.Request, next h
 // it, nothing failed, and it was decided, not peeked.
 func charged(res *Result, layers []LayerResult) bool {
 	return len(layers) > 0 && res.Err == nil && res.kind == outcomeOK && !res.peeked &&
-		atomic.LoadUint32(&layers[0].refunded) == 0
+		(res.claim == nil || atomic.LoadUint32(res.claim) == 0)
 }
 
-// claimRefund claims the refund of the charge whose applied layers are
-// layers: true for the first caller, whichever copy of the Result it holds
-// (the copies share layers), false for every later one.
-func claimRefund(layers []LayerResult) bool {
-	return atomic.CompareAndSwapUint32(&layers[0].refunded, 0, 1)
+// claimRefund claims the refund of res's charge: true for the first
+// caller, whichever copy of the Result it holds (the copies share
+// res.claim), false for every later one. A Result without a claim cell
+// (one the caller cannot have copied) is claimed at once.
+func claimRefund(res *Result) bool {
+	return res.claim == nil || atomic.CompareAndSwapUint32(res.claim, 0, 1)
 }
 
 // refundRequests fills reqs with the charges of layers, the applied layers
@@ -241,11 +242,13 @@ func (l *Limiter) Refund(ctx context.Context, res *Result) error {
 	}
 	var reqs [core.MaxBatch]core.Request
 	n := l.refundRequests(res.Layers, res.rs, res.at, &reqs)
-	if n == 0 || !claimRefund(res.Layers) {
+	if n == 0 || !claimRefund(res) {
 		return nil
 	}
 	if err := l.cl.Refund(ctx, reqs[:n]); err != nil {
-		atomic.StoreUint32(&res.Layers[0].refunded, 0) // the charge stays: it may be refunded again
+		if res.claim != nil {
+			atomic.StoreUint32(res.claim, 0) // the charge stays: it may be refunded again
+		}
 		return err
 	}
 	return nil

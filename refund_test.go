@@ -685,3 +685,31 @@ func TestRefundBusyBucket(t *testing.T) {
 		t.Fatalf("after the refund of a failed request: %d admitted at 100ms, want 2", admitted)
 	}
 }
+
+// TestRefundCopiesRace: refunding one copy of a Result while another copy's
+// Layers are read is no data race (run with -race).
+func TestRefundCopiesRace(t *testing.T) {
+	l, _, _ := refundEnv(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(3).Named("per-ip")}}, http.NotFoundHandler())
+	l.Decide(mwReq("192.0.2.1:1"))
+	res := l.Decide(mwReq("192.0.2.1:1"))
+	logged := res // a copy handed to a logger
+	done := make(chan error)
+	go func() { done <- l.Refund(context.Background(), &res) }()
+	var names []string
+	for _, lr := range logged.Layers {
+		names = append(names, lr.Decision.Policy.Name())
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 1 || names[0] != "per-ip" {
+		t.Fatalf("layers read: %v", names)
+	}
+	if err := l.Refund(context.Background(), &logged); err != nil {
+		t.Fatal(err)
+	}
+	// Two charged, one of them refunded (once): one more leaves 1.
+	if d := l.Peek(mwReq("192.0.2.1:1")); d.Layers[0].Decision.Remaining != 1 {
+		t.Fatalf("after one of two charges refunded through two copies: Remaining after one more %d, want 1", d.Layers[0].Decision.Remaining)
+	}
+}
