@@ -875,6 +875,10 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 				return 0
 			}
 			if rp != nil {
+				if rp.Identity() == "" { // a zero Policy, not built by core.NewPolicy
+					l.configError(res, ly, errors.New("the Resolver returned a Policy not built by core.NewPolicy"))
+					return 0
+				}
 				p = rp
 			}
 		}

@@ -1127,3 +1127,22 @@ func TestStepsWait(t *testing.T) {
 		t.Errorf("Refuse after cancel: %d", rec.Code)
 	}
 }
+
+// TestResolverZeroPolicy: a Resolver that returns a Policy not built by
+// core.NewPolicy is a configuration error (500, logged once), never a
+// panic; a core.Limiter with such a Resolver returns an error.
+func TestResolverZeroPolicy(t *testing.T) {
+	res := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return new(core.Policy), nil })
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "ip", Limit: 2, Window: time.Minute}, Resolver: res}})
+	if rec := e.do(t, mwReq("192.0.2.1:1")); rec.Code != http.StatusInternalServerError {
+		t.Fatalf("status %d, want 500 (configuration error)", rec.Code)
+	}
+	lim := core.Must(core.NewWithPolicy(nil, core.WithResolver(res)))
+	if _, err := lim.Allow(context.Background(), "k"); err == nil {
+		t.Fatal("core.Limiter with a Resolver returning a zero Policy: no error")
+	}
+	var out [1]core.Decision
+	if err := core.MustMemoryStore(nil).Take(context.Background(), time.Now(), []core.Request{{Policy: new(core.Policy), Key: "k", Cost: 1}}, out[:]); err == nil {
+		t.Fatal("MemoryStore.Take with a zero Policy: no error")
+	}
+}

@@ -135,6 +135,9 @@ func CheckBatch(reqs []Request, out []Decision) (int, error) {
 		if r.Policy == nil {
 			return -1, errors.New("ratelimit: request without a policy")
 		}
+		if r.Policy.alg == nil {
+			return -1, errors.New("ratelimit: request with a Policy not built by NewPolicy")
+		}
 		if r.Cost < 1 {
 			return -1, ErrInvalidCost
 		}
