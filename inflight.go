@@ -213,7 +213,8 @@ func (l *Limiter) acquireWith(ctx context.Context, res *Result, buf []LayerResul
 		case m > 0 && !l.cfg.failClosed && !l.cfg.dryRun:
 			// Fail-open for the concurrency layers alone: the rate
 			// layers, whose store answers, still decide the request.
-			l.logOnce(logFailOpen, msgFailOpen, "error", wrap(ErrStoreFailure, "in-flight slots", err).Error())
+			res.slotErr = wrap(ErrStoreFailure, "in-flight slots", err)
+			l.logOnce(logFailOpen, msgFailOpen, "error", res.slotErr.Error())
 			res.slotsFailed = true
 			return m, false
 		default:

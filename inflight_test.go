@@ -730,3 +730,32 @@ func TestInFlightRemainingAfterRateRefusal(t *testing.T) {
 		}
 	}
 }
+
+// A slot store that fails under fail-open, beside rate layers that decide,
+// reaches the error handler, as every store error does; a handler that
+// writes a response stops the request, one that does not lets it be served.
+func TestInFlightSlotStoreFailureReachesErrorHandler(t *testing.T) {
+	for _, withRate := range []bool{false, true} {
+		for _, stop := range []bool{false, true} {
+			layers := []ratelimit.Layer{inFlightLayer(1)}
+			if withRate {
+				layers = append(layers, ratelimit.Layer{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 100, Window: time.Minute}})
+			}
+			var seen []error
+			e := mwNew(t, layers, ratelimit.WithSlotStore(failingSlots{}),
+				ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+					seen = append(seen, err)
+					if stop {
+						http.Error(w, "busy", http.StatusServiceUnavailable)
+					}
+				}))
+			rec := e.do(t, getFrom("192.0.2.1"))
+			if len(seen) != 1 || !errors.Is(seen[0], ratelimit.ErrStoreFailure) {
+				t.Errorf("rate layers %v: the error handler saw %v, want one error wrapping ErrStoreFailure", withRate, seen)
+			}
+			if want := map[bool]int{false: http.StatusOK, true: http.StatusServiceUnavailable}[stop]; rec.Code != want {
+				t.Errorf("rate layers %v, handler writes %v: status %d, want %d", withRate, stop, rec.Code, want)
+			}
+		}
+	}
+}

@@ -183,8 +183,10 @@ type Result struct {
 	reserved bool   // holds a waiting-room slot that wait releases
 	held     func() // gives back the in-flight slots the request holds
 	// slotsFailed reports that the slot store failed and, under fail-open,
-	// the request was decided by its rate layers alone.
+	// the request was decided by its rate layers alone; slotErr is that
+	// failure, for the error handler.
 	slotsFailed bool
+	slotErr     error
 	// slotLatency is the time the slot store took, for the slot layers'
 	// decision events, reported once the rate layers have decided.
 	slotLatency time.Duration
@@ -723,6 +725,11 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 		// An error handler or denied handler that panics must not keep
 		// the request's in-flight slots for good.
 		defer l.releaseOnPanic(res)
+	}
+	if res.slotErr != nil && res.Proceed && l.cfg.errHandler != nil && l.callErrorHandler(w, r, res.slotErr) {
+		// The concurrency layers failed open (the rate layers decided):
+		// the error handler, which sees every store error, stopped it.
+		return false
 	}
 	switch res.kind {
 	case outcomeGone:

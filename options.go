@@ -141,7 +141,9 @@ func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
 // ErrInvalidClientIP), a cost below 1, a missing required key (wrapping
 // [ErrMissingKey]), a configuration error met at request time (wrapping
 // [ErrConfig]), a full store (wrapping core.ErrStoreFull), a Resolver error,
-// or a store error (wrapping [ErrStoreFailure]). It runs before the default
+// or a store or slot store error (wrapping [ErrStoreFailure]; a slot store
+// that fails open beside rate layers, which then decide, too). It runs
+// before the default
 // action. If it writes a response (calls WriteHeader or Write), the request
 // stops there; otherwise the default action follows: 400 Bad Request with a
 // short text body for a request error, 401 for a missing required key, 500
