@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -678,9 +679,11 @@ func (l *Limiter) admit(w http.ResponseWriter, r *http.Request, res *Result) boo
 // copy of r marked as routed without a match. A pattern already on r is
 // replaced by the one the mux matches: it is an outer mux's (the Limiter's
 // mux mounted under "/api/"), not the route the wrapped mux will serve. It
-// is kept when the mux matches nothing (a Limiter mounted inside its own
-// mux behind http.StripPrefix, whose stripped path the mux does not
-// route): a route layer then limits by it rather than skip the request.
+// is kept for a Limiter mounted inside its own mux behind http.StripPrefix:
+// when the mux matches the path as the request came in to that pattern
+// (the stripped path may match another pattern, such as a catch-all "/"),
+// or matches nothing: a route layer then limits by it rather than skip the
+// request.
 func (l *Limiter) routeRequest(r *http.Request) *http.Request {
 	mux := l.cfg.mux
 	if mux == nil {
@@ -689,7 +692,11 @@ func (l *Limiter) routeRequest(r *http.Request) *http.Request {
 	if _, routed := r.Context().Value(routeContextKey{}).(string); routed {
 		return r
 	}
-	if _, pattern := mux.Handler(r); pattern != "" {
+	_, pattern := mux.Handler(r)
+	if r.Pattern != "" && pattern != r.Pattern && ownPattern(mux, r) {
+		return r // the Limiter is inside its own mux, behind a prefix strip
+	}
+	if pattern != "" {
 		r.Pattern = pattern
 		return r
 	}
@@ -697,6 +704,23 @@ func (l *Limiter) routeRequest(r *http.Request) *http.Request {
 		return r
 	}
 	return r.WithContext(WithRoute(r.Context(), ""))
+}
+
+// ownPattern reports whether mux matches r as it came in (its path before
+// a handler such as http.StripPrefix cut it) to r.Pattern: the Limiter then
+// serves inside the mux it routes with, and r.Pattern is its route, though
+// the cut path matches another of the mux's patterns (a catch-all "/").
+func ownPattern(mux *http.ServeMux, r *http.Request) bool {
+	u, err := url.ParseRequestURI(r.RequestURI)
+	if err != nil || u.Path == r.URL.Path {
+		return false
+	}
+	orig := *r
+	ou := *r.URL
+	ou.Path, ou.RawPath = u.Path, u.RawPath
+	orig.URL = &ou
+	_, pattern := mux.Handler(&orig)
+	return pattern == r.Pattern
 }
 
 // admitMany is Admit for limiters with more than smallBatch layers, apart

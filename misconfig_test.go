@@ -165,6 +165,25 @@ func TestServeMuxLimiterBehindStripPrefix(t *testing.T) {
 	if want := []int{200, 429}; !equalInts(codes, want) {
 		t.Fatalf("codes %v, want %v", codes, want)
 	}
+	// The same with a catch-all "/" in the mux, which the stripped path
+	// matches: the Limiter still limits by the pattern it was served under.
+	mux = http.NewServeMux()
+	l = mwLimiter(t, []ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.PerMinute(1).Named("api"),
+		Routes: []string{"/api/"},
+	}}, ratelimit.WithServeMux(mux))
+	mux.Handle("/api/", http.StripPrefix("/api", l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))))
+	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})) // a home page
+	codes = codes[:0]
+	for range 3 {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, muxReq("GET", "/api/items", "192.0.2.1:1"))
+		codes = append(codes, rec.Code)
+	}
+	if want := []int{200, 429, 429}; !equalInts(codes, want) {
+		t.Fatalf("behind StripPrefix beside a catch-all: codes %v, want %v", codes, want)
+	}
 }
 
 // TestRouteKeysBounded checks that 1,000 distinct method tokens on two
