@@ -173,9 +173,10 @@ func (p *Policy) ChargeStart(at time.Time, cost int64, d Decision) time.Time {
 	if r > 0 {
 		q++
 	}
-	// ResetAfter is the charge's TAT less at, rounded up: less one more
-	// nanosecond, the start is never late.
-	if lead := int64(d.ResetAfter) - int64(q) - 1; lead > 0 {
+	// ResetAfter is the charge's TAT less at, rounded up to the store's
+	// resolution (a nanosecond, a Redis microsecond): the start is right to
+	// within it.
+	if lead := int64(d.ResetAfter) - int64(q); lead > 0 {
 		return at.Add(time.Duration(lead))
 	}
 	return at

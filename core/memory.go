@@ -198,7 +198,7 @@ func (s *memShard) adopt(e *memEntry, p *Policy, now int64) (lost bool) {
 		return false
 	}
 	old.alg.Decide(old, &e.st, 0, now, false, &s.dec)
-	used := old.capacity - s.dec.Remaining
+	used := inUse(old, &s.dec)
 	e.st = State{}
 	if used > 0 {
 		p.alg.Decide(p, &e.st, min(used, p.capacity), now, true, &s.dec)
@@ -206,17 +206,46 @@ func (s *memShard) adopt(e *memEntry, p *Policy, now int64) (lost bool) {
 	return used > p.capacity
 }
 
-// lossWait returns the RetryAfter and ResetAfter of a request of cost
-// under p refused on old, a record whose conversion to p dropped units
-// (see adopt): the conversion is not stored, so the key has room for cost
-// under p once old's own units in use fall to p's capacity less cost, and
-// is whole once old's are. It overwrites s.dec. Requires s.mu.
-func (s *memShard) lossWait(old memEntry, p *Policy, cost, now int64) (retry, reset time.Duration) {
-	s.exam = old
+// inUse returns the units p has in use by its decision d at cost 0: its
+// capacity less Remaining, and, for a shaping bucket whose queue reaches
+// beyond its capacity (d.Delay > 0), the units queued beyond it, rounded
+// up.
+func inUse(p *Policy, d *Decision) int64 {
+	used := p.capacity - d.Remaining
+	if d.Delay > 0 {
+		q, r := mulAddDiv(uint64(d.Delay), p.limit, 0, uint64(p.window))
+		used += int64(q) + b2i(r > 0)
+	}
+	return used
+}
+
+// refuseLost makes d, the decision of a request of cost under p on old, a
+// record whose conversion to p dropped units (see adopt), a refusal (also
+// from a shaping p, which would admit a full bucket with a delay): the
+// conversion is not stored, so the key has room for cost under p once
+// old's own units in use, queued ones included, fall to p's capacity less
+// cost, and is whole once they are all back. old's state, clamped as a
+// decision at now clamps it after a clock stepped back, is stored through
+// write, so that the wait holds; write may be nil when there is nothing to
+// store it in. It overwrites s.dec. Requires s.mu.
+func (s *memShard) refuseLost(old memEntry, p *Policy, cost, now int64, d *Decision, write func(*State)) {
 	o := old.pol
+	s.exam = old
+	o.alg.Decide(o, &s.exam.st, 0, now, true, &s.dec) // the clamp
+	if write != nil {
+		write(&s.exam.st)
+	}
+	// A request of cost c under p fits once old's units in use are at most
+	// p's capacity less c: once old admits o.capacity - (p's capacity - c)
+	// with no delay.
 	o.alg.Decide(o, &s.exam.st, o.capacity-p.capacity+cost, now, false, &s.dec)
+	wait := s.dec.RetryAfter + time.Duration(o.maxDelay) // admitted with MaxDelay, then MaxDelay more
+	if s.dec.Allowed {
+		wait = s.dec.Delay
+	}
 	s.exam = memEntry{}
-	return s.dec.RetryAfter, s.dec.ResetAfter
+	d.Allowed, d.Delay, d.Remaining = false, 0, 0
+	d.RetryAfter, d.ResetAfter = max(wait, 1), max(d.ResetAfter, s.dec.ResetAfter)
 }
 
 type memShard struct {
@@ -622,17 +651,20 @@ func (m *MemoryStore) takeOther(s *memShard, h uint64, ref memRef, sl *memSlot, 
 	p := r.Policy
 	s.cur = e
 	lost := s.cur.pol != p && s.adopt(&s.cur, p, now)
-	p.alg.Decide(p, &s.cur.st, r.Cost, now, true, &s.dec)
-	d := s.dec
 	if lost {
-		// Refused (p is full): e stays as it was (see adopt).
-		retry, reset := s.lossWait(e, p, r.Cost, now)
-		d.RetryAfter, d.ResetAfter = retry, max(d.ResetAfter, reset)
-	} else {
-		s.put(h, ref, sl, &s.cur)
+		// Refused, and e stays as it was (see adopt).
+		p.alg.Decide(p, &s.cur.st, r.Cost, now, false, &s.dec)
+		d := s.dec
+		s.refuseLost(e, p, r.Cost, now, &d, func(st *State) { s.write(ref, sl, st) })
+		s.cur = memEntry{}
+		*out = d
+		s.mu.Unlock()
+		return nil
 	}
+	p.alg.Decide(p, &s.cur.st, r.Cost, now, true, &s.dec)
+	s.put(h, ref, sl, &s.cur)
 	s.cur = memEntry{}
-	*out = d
+	*out = s.dec
 	s.mu.Unlock()
 	return nil
 }
@@ -731,9 +763,13 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		if big {
 			out[i].Allowed = false
 			out[i].RetryAfter = 0
-		} else if lost[i] { // refused: the policy is full (see adopt)
-			retry, reset := s.lossWait(olds[i], r.Policy, cost, now)
-			out[i].RetryAfter, out[i].ResetAfter = retry, max(out[i].ResetAfter, reset)
+		} else if lost[i] { // refused (see adopt)
+			h := hashes[i]
+			s.refuseLost(olds[i], r.Policy, cost, now, &out[i], func(st *State) {
+				if ref, ok := s.lru.Peek(h); ok {
+					s.write(ref, s.at(ref.slot), st)
+				}
+			})
 		}
 		all = all && out[i].Allowed
 	}

@@ -63,8 +63,14 @@ type Resetter interface {
 //
 // Without ChargedAt a refund cannot tell which charges it stands for: made
 // after a later charge (or, for the windows, after a window boundary), it
-// gives back that charge's units. A refund of a key the store does not hold
-// does nothing. A record written
+// gives back that charge's units. With ChargedAt, a key whose record
+// another policy has written since gives back nothing. Two limits remain:
+// a record that requests under another policy have converted and that
+// requests under the refund's policy have converted back holds no history
+// of the charge, and a clock that steps back between the charge and the
+// refund shortens the time the refund sees the charge recovering; either
+// may give back units of later charges. A refund of a key the store does
+// not hold does nothing. A record written
 // under another policy of the same Name is first carried over (see Store)
 // and then refunded under the request's policy. A store cannot tell which
 // charges a refund stands for: give back only what was charged.
@@ -198,9 +204,17 @@ func (m *MemoryStore) refund(reqs []Request, now int64) error {
 		if !ok {
 			continue // never charged, or forgotten: nothing in use
 		}
-		if s.cur.pol != r.Policy {
-			s.adopt(&s.cur, r.Policy, now)
+		if s.cur.pol != nil && s.cur.pol.identity != r.Policy.identity {
+			if !r.ChargedAt.IsZero() {
+				// A record another policy wrote since the charge holds
+				// none of the charge's own history: nothing is given back.
+				continue
+			}
+			if s.adopt(&s.cur, r.Policy, now) {
+				continue // a conversion that drops units is not stored (see adopt)
+			}
 		}
+		s.cur.pol = r.Policy
 		refundOne(r, &s.cur.st, now)
 		s.put(hashes[i], ref, sl, &s.cur)
 	}
@@ -283,9 +297,13 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 		if big {
 			out[i].Allowed = false
 			out[i].RetryAfter = 0
-		} else if lost { // refused, as Take refuses it (see adopt)
-			retry, reset := s.lossWait(held[i], r.Policy, cost, now)
-			out[i].RetryAfter, out[i].ResetAfter = retry, max(out[i].ResetAfter, reset)
+		} else if lost { // refused, as Take refuses it (see adopt); Peek writes only a clamp
+			h := hashes[i]
+			s.refuseLost(held[i], r.Policy, cost, now, &out[i], func(st *State) {
+				if ref, ok := s.lru.Peek(h); ok {
+					s.write(ref, s.at(ref.slot), st)
+				}
+			})
 		}
 		all = all && out[i].Allowed
 	}
@@ -364,7 +382,7 @@ func (m *MemoryStore) peekState(s *memShard, e memEntry, found bool, p *Policy, 
 	s.exam = e
 	old.alg.Decide(old, &s.exam.st, 0, now, false, &s.dec)
 	s.exam = memEntry{}
-	used := old.capacity - s.dec.Remaining
+	used := inUse(old, &s.dec)
 	if used > 0 {
 		p.alg.Decide(p, st, min(used, p.capacity), now, true, &s.dec)
 	}

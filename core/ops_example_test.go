@@ -158,7 +158,7 @@ func ExamplePolicy_ChargeStart() {
 	store.Peek(ctx, later, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out)
 	fmt.Println("remaining after one more at 100ms:", out[0].Remaining)
 	// Output:
-	// X gives its unit back from: 899.999999ms
+	// X gives its unit back from: 900ms
 	// remaining after one more at 100ms: 1
 }
 

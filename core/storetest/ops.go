@@ -171,6 +171,47 @@ func testRefundCharge(t *testing.T, newStore func(*testing.T) core.Store) {
 			}
 		})
 	}
+	t.Run("bucket whole again", func(t *testing.T) {
+		// The only charge in use, refunded while it gives its units back:
+		// the bucket is whole, to the nanosecond.
+		h := Harness{t, newStore(t)}
+		p := mustPolicy(t, core.Rule{Name: "whole", Limit: 10, Window: 10 * time.Second})
+		key := uniqueKey(t, "whole")
+		h.Take(p, key, 1, 0)
+		x, err := h.Take(p, key, 1, 0)
+		if err != nil || !x.Allowed {
+			t.Fatalf("X: %+v %v", x, err)
+		}
+		req := core.Request{Policy: p, Key: key, Cost: 1, ChargedAt: p.ChargeStart(T0, 1, x)}
+		if err := h.Refund([]core.Request{req}, 1500*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := h.Take(p, key, 10, 1500*time.Millisecond); err != nil || !d.Allowed {
+			t.Fatalf("a take of the whole capacity after the refund: %+v %v, want admitted", d, err)
+		}
+	})
+	t.Run("another policy since", func(t *testing.T) {
+		// A record another policy of the Name wrote since the charge
+		// holds none of its history: the refund gives back nothing.
+		h := Harness{t, newStore(t)}
+		l := mustPolicy(t, core.Rule{Name: "since", Algorithm: core.SlidingWindowLog, Limit: 6, Window: time.Second})
+		b := mustPolicy(t, core.Rule{Name: "since", Limit: 10, Window: time.Hour})
+		key := uniqueKey(t, "since")
+		c, err := h.Take(l, key, 2, 0)
+		if err != nil || !c.Allowed {
+			t.Fatalf("charge: %+v %v", c, err)
+		}
+		if d, err := h.Take(b, key, 5, 5*time.Second); err != nil || !d.Allowed {
+			t.Fatalf("under the other policy: %+v %v", d, err)
+		}
+		req := core.Request{Policy: l, Key: key, Cost: 2, ChargedAt: l.ChargeStart(T0, 2, c)}
+		if err := h.Refund([]core.Request{req}, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := h.Take(b, key, 6, 5*time.Second); err != nil || d.Allowed {
+			t.Fatalf("6 more of 10 with 5 in use: %+v %v, want refused", d, err)
+		}
+	})
 }
 
 // Peek decides a batch at T0+at through core.Peeker.

@@ -839,6 +839,120 @@ func testIdentity(t *testing.T, newStore func(*testing.T) core.Store) {
 			}
 		}
 	})
+	t.Run("LossyConversion", func(t *testing.T) {
+		ctx := context.Background()
+		full := func(t *testing.T, h Harness, p *core.Policy, key string, n int, at time.Duration) {
+			t.Helper()
+			for range n {
+				if d, err := h.Take(p, key, 1, at); err != nil || !d.Allowed {
+					t.Fatalf("fill: %+v %v", d, err)
+				}
+			}
+		}
+		t.Run("ShapingRefuses", func(t *testing.T) {
+			// A shaping bucket admits a full bucket with a delay, but not
+			// on a conversion that dropped units: that is refused, and the
+			// larger policy keeps its units.
+			h := Harness{t, newStore(t)}
+			a := mustPolicy(t, core.Rule{Name: "lossy", Limit: 10, Window: time.Second})
+			b := mustPolicy(t, core.Rule{Name: "lossy", Algorithm: core.LeakyBucket, Limit: 10, Window: time.Second, Burst: 5, MaxDelay: time.Second})
+			key := uniqueKey(t, "shaping")
+			full(t, h, a, key, 10, 0)
+			for i := range 30 {
+				if d, err := h.Take(b, key, 1, 0); err != nil || d.Allowed || d.RetryAfter <= 0 {
+					t.Fatalf("request %d under the shaping policy, 10 in use of its 5: %+v %v, want refused with a RetryAfter", i, d, err)
+				}
+			}
+			if d, err := h.Take(a, key, 1, 0); err != nil || d.Allowed {
+				t.Fatalf("back under 10/s, 10 in use: %+v %v, want refused", d, err)
+			}
+		})
+		t.Run("QueuedUnitsInUse", func(t *testing.T) {
+			// A shaping bucket's queue beyond its capacity is in use: a
+			// conversion counts it, so that alternating requests do not
+			// forget it.
+			h := Harness{t, newStore(t)}
+			a := mustPolicy(t, core.Rule{Name: "queued", Algorithm: core.LeakyBucket, Limit: 10, Window: time.Second, Burst: 10, MaxDelay: time.Second})
+			b := mustPolicy(t, core.Rule{Name: "queued", Limit: 10, Window: time.Second})
+			key := uniqueKey(t, "queued")
+			n := 0
+			for range 40 {
+				if d, err := h.Take(a, key, 1, 0); err == nil && d.Allowed {
+					n++
+				}
+			}
+			if n != 20 {
+				t.Fatalf("the shaping bucket alone admitted %d, want 20", n)
+			}
+			for range 5 {
+				h.Take(b, key, 1, 0)
+				if d, err := h.Take(a, key, 1, 0); err == nil && d.Allowed {
+					n++
+				}
+			}
+			if n != 20 {
+				t.Fatalf("alternating with 10/s, the shaping bucket admitted %d at one instant, want its 20", n)
+			}
+		})
+		t.Run("RetryAfterNotEarly", func(t *testing.T) {
+			for _, tc := range []struct {
+				name       string
+				a, b       core.Rule
+				fill       int
+				fillAt, at time.Duration
+			}{
+				// The larger policy shapes: its queue is in use, and the
+				// wait is until it is back to the smaller capacity.
+				{"shaping", core.Rule{Name: "w1", Algorithm: core.LeakyBucket, Limit: 10, Window: time.Second, Burst: 10, MaxDelay: time.Second},
+					core.Rule{Name: "w1", Limit: 10, Window: time.Second, Burst: 5}, 20, 0, 0},
+				// The larger policy's record is ahead of a clock that
+				// stepped back: the wait counts from its clamp.
+				{"clock back", core.Rule{Name: "w2", Algorithm: core.FixedWindow, Limit: 10, Window: time.Second},
+					core.Rule{Name: "w2", Limit: 5, Window: time.Second}, 10, 1500 * time.Millisecond, 500 * time.Millisecond},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					h := Harness{t, newStore(t)}
+					a, b := mustPolicy(t, tc.a), mustPolicy(t, withBurst(tc.b))
+					key := uniqueKey(t, "wait")
+					for range tc.fill {
+						h.Take(a, key, 1, tc.fillAt)
+					}
+					d, err := h.Take(b, key, 1, tc.at)
+					if err != nil || d.Allowed || d.RetryAfter <= 0 {
+						t.Fatalf("under the smaller policy: %+v %v, want refused with a RetryAfter", d, err)
+					}
+					if e, err := h.Take(b, key, 1, tc.at+d.RetryAfter); err != nil || !e.Allowed {
+						t.Fatalf("at its RetryAfter %v: %+v %v, want admitted", d.RetryAfter, e, err)
+					}
+				})
+			}
+		})
+		t.Run("RefundNotStored", func(t *testing.T) {
+			// A refund under a smaller policy of a key the larger one
+			// holds beyond it stores no conversion: the larger policy's
+			// units stay.
+			s := newStore(t)
+			rf, ok := s.(core.Refunder)
+			if !ok {
+				t.Skip("not a Refunder")
+			}
+			h := Harness{t, s}
+			small := mustPolicy(t, core.Rule{Name: "rs", Limit: 10, Window: time.Hour})
+			big := mustPolicy(t, core.Rule{Name: "rs", Limit: 100, Window: time.Hour})
+			key := uniqueKey(t, "refund")
+			if d, err := h.Take(big, key, 50, 0); err != nil || !d.Allowed {
+				t.Fatalf("50 of 100: %+v %v", d, err)
+			}
+			for _, at := range []time.Time{{}, T0} { // with and without ChargedAt
+				if err := rf.Refund(ctx, T0, []core.Request{{Policy: small, Key: key, Cost: 1, ChargedAt: at}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if d, err := h.Take(big, key, 51, 0); err != nil || d.Allowed {
+				t.Fatalf("51 more of 100 after refunds under the smaller policy: %+v %v, want refused (50 in use)", d, err)
+			}
+		})
+	})
 	t.Run("SameIdentity", func(t *testing.T) {
 		// Two policies built from one rule are one policy to the store:
 		// recovery in progress is kept, not restarted.

@@ -19,8 +19,8 @@
 -- over to a fresh state of this policy (at most its capacity), which is
 -- then decided as usual and written even if the request is refused (not
 -- in mode 'C'), unless the conversion dropped units above this policy's
--- capacity: such a state is never written (see load), and a refusal's
--- retry time is then the old record's. A record without a tag (written by the previous version)
+-- capacity: such a state is never written and the request is refused
+-- (see load and lostrefuse). A record without a tag (written by the previous version)
 -- is read under the requesting policy if it has the same algorithm's
 -- state, and as fresh otherwise.
 --
@@ -55,14 +55,11 @@ if n == 1 and mode == 'T' and over == 0 then
   local r = reqs[1]
   local d = r.alg.decide(r.st, r.P, r.cost, now)
   local a = 0
-  if d.allowed then
+  if r.st.lost then
+    lostrefuse(r.key, r.st, r.P, r.cost, now, d, slack) -- not stored (see load)
+  elseif d.allowed then
     a = 1
     d.extra = r.alg.commit(r.key, r.st, r.P, r.cost, now, d, slack)
-  elseif r.st.lost then
-    -- not stored (see load)
-    local retry, reset = lostwait(r.key, r.st, r.P, r.cost, now)
-    d.retry = retry
-    if reset > d.reset then d.reset = reset end
   elseif r.st.rewrite then
     r.alg.save(r.key, r.st, r.P, now, slack)
   elseif d.clamped then
@@ -107,10 +104,8 @@ for i = 1, n do
   if big then
     d.allowed = false
     d.retry = 0
-  elseif r.st.lost then -- refused: the policy is full (see load)
-    local retry, reset = lostwait(r.key, r.st, r.P, cost, now)
-    d.retry = retry
-    if reset > d.reset then d.reset = reset end
+  elseif r.st.lost then -- refused (see load)
+    lostrefuse(r.key, r.st, r.P, cost, now, d, slack)
   end
   out[i] = d
   all = all and d.allowed

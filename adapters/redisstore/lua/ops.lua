@@ -160,9 +160,14 @@ function refunders.l(alg, key, st, P, cost, at)
     if st.bad then redis.call('DEL', key) end
     return
   end
-  if at ~= nil and not st.virt and not st.bad then
-    -- the entry of the charge's instant (see sliding_log.lua)
-    alg.refund(key, st, P, cost, at, now, slack)
+  if at ~= nil then
+    -- the entry of the charge's instant (see sliding_log.lua); a converted
+    -- or previous-version state has no entry of its own charges
+    if st.virt or st.bad then
+      if st.rewrite or st.bad then alg.save(key, st, P, now, slack) end
+    else
+      alg.refund(key, st, P, cost, at, now, slack)
+    end
     return
   end
   local cutoff = now - P.W
@@ -233,11 +238,10 @@ for i = 1, n do
   local st = load(KEYS[i], r.alg, r.kind, r.P)
   if mode == 'P' then
     local d = r.alg.decide(st, r.P, r.cost, now)
-    if st.lost and not d.allowed and r.cost > 0 then
-      -- as the take script reports it (see load)
-      local retry, reset = lostwait(KEYS[i], st, r.P, r.cost, now)
-      d.retry = retry
-      if reset > d.reset then d.reset = reset end
+    if st.lost and r.cost > 0 then
+      -- refused, as the take script refuses it (see load); it writes only
+      -- the old record's clamp
+      lostrefuse(KEYS[i], st, r.P, r.cost, now, d, slack)
     end
     local z = r.alg.decide(st, r.P, 0, now)
     -- A record of this policy left ahead of a clock that stepped back is
@@ -250,6 +254,11 @@ for i = 1, n do
     if d.allowed then ok = 1 end
     parts[i + 1] = sformat(I64 and '%d %d %d %d %d %d %d %d' or '%d %.0f %.0f %.0f %.0f %.0f %.0f %.0f',
       ok, d.rem, d.reset, d.retry, d.delay, z.rem, z.reset, z.delay)
+  elseif st.lost then
+    -- a conversion that dropped units is not stored (see load)
+  elseif r.at ~= nil and st.converted then
+    -- a record another policy wrote since the charge holds none of the
+    -- charge's history: nothing is given back (nor the conversion stored)
   else
     refunders[r.kind](r.alg, KEYS[i], st, r.P, r.cost, r.at)
   end

@@ -58,15 +58,25 @@ local function load(key, alg, kind, P)
     st = alg.fresh(P, 0, now)
   else
     local old = algorithm(okind)
-    local od = old.decide(old.load(key, v), oldP, 0, now)
+    local ost = old.load(key, v)
+    local od = old.decide(ost, oldP, 0, now)
     local used = oldP.cap - od.rem
+    if okind == 'g' and not ost.fresh and ost.A >= now then
+      -- A shaping bucket's queue beyond its capacity is in use too. The
+      -- tag does not carry MaxDelay (nor does an identity), so the units
+      -- in use are read from the arrival time itself: ceil((TAT - now) x
+      -- L / W), which a clock stepped back can only make more.
+      local q, r = muldiv(ost.A - now, oldP.L, ost.B, oldP.W)
+      if r > 0 then q = q + 1 end
+      if q > used then used = q end
+    end
     if used > P.cap then
       -- The conversion drops units above P's capacity: it is never
       -- stored (it could be only with a charge, and P is full), so that
       -- they do not come back as a credit to the old policy when its
       -- requests return; lost keeps what lostwait needs.
       used = P.cap
-      lost = { alg = old, P = oldP, v = v }
+      lost = { alg = old, kind = okind, P = oldP, v = v }
     end
     st = alg.fresh(P, used, now)
   end
@@ -76,13 +86,35 @@ local function load(key, alg, kind, P)
   return st
 end
 
--- lostwait returns the retry and reset times (microseconds) of a request
--- of cost under P refused on st, a state converted with units dropped (see
--- load): the key has room for cost under P once the old policy's own
--- units in use fall to P's capacity less cost, and is whole once they are
--- all back.
-local function lostwait(key, st, P, cost, now)
+-- lostrefuse makes d, the decision of a request of cost under P on st, a
+-- state converted with units dropped (see load), a refusal (also from a
+-- shaping P, which would admit a full bucket with a delay): the key has
+-- room for cost under P once the old policy's own units in use, queued
+-- ones included, fall to P's capacity less cost, and is whole once they
+-- are all back. The old record, clamped as its own decision at now clamps
+-- it after a clock stepped back, is written, so that the wait holds.
+local function lostrefuse(key, st, P, cost, now, d, slack)
   local l = st.lost
-  local od = l.alg.decide(l.alg.load(key, l.v), l.P, l.P.cap - P.cap + cost, now)
-  return od.retry, od.reset
+  local ost = l.alg.load(key, l.v)
+  local wait, reset
+  if l.kind == 'g' then
+    -- From the arrival time itself (see load), which a clamp would cut
+    -- without the MaxDelay the tag does not carry: cost fits once TAT - t
+    -- <= (P's capacity - cost) x W / L.
+    local xq, xr = muldiv(P.cap - cost, l.P.W, 0, l.P.L)
+    local a, b = ost.A - xq, ost.B - xr
+    if b < 0 then a, b = a - 1, b + l.P.L end
+    wait = a - now
+    if b > 0 then wait = wait + 1 end
+    reset = ost.A - now
+    if ost.B > 0 then reset = reset + 1 end
+  else
+    local z = l.alg.decide(ost, l.P, 0, now)
+    if z.clamped then l.alg.saveclamped(key, ost, l.P, now, z, slack) end
+    local od = l.alg.decide(ost, l.P, l.P.cap - P.cap + cost, now)
+    wait, reset = od.retry, od.reset
+  end
+  if wait < 1 then wait = 1 end
+  d.allowed, d.delay, d.rem, d.retry = false, 0, 0, wait
+  if reset > d.reset then d.reset = reset end
 end
