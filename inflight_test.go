@@ -759,3 +759,22 @@ func TestInFlightSlotStoreFailureReachesErrorHandler(t *testing.T) {
 		}
 	}
 }
+
+// An error handler that stops a request whose slot store failed open gives
+// back the waiting-room slot a shaping delay reserved for it.
+func TestInFlightSlotStoreFailureStoppedReleasesWaitingRoom(t *testing.T) {
+	layers := []ratelimit.Layer{
+		inFlightLayer(1),
+		{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 2, Window: time.Second, MaxDelay: 10 * time.Second}},
+	}
+	e := mwNew(t, layers, ratelimit.WithSlotStore(failingSlots{}), ratelimit.WithMaxWaiting(1),
+		ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+		}))
+	ratelimit.SetWaitFunc(e.l, func(context.Context, time.Duration) error { return nil })
+	e.do(t, getFrom("192.0.2.1")) // no delay
+	e.do(t, getFrom("192.0.2.1")) // admitted with a delay, stopped by the error handler
+	if w := ratelimit.Waiting(e.l); w != 0 {
+		t.Errorf("%d waiting after the error handler stopped the request, want 0", w)
+	}
+}

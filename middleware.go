@@ -706,13 +706,36 @@ func (l *Limiter) routeRequest(r *http.Request) *http.Request {
 	return r.WithContext(WithRoute(r.Context(), ""))
 }
 
+// patternPath returns the path of a ServeMux pattern, without its method
+// and host.
+func patternPath(p string) string {
+	if i := strings.IndexAny(p, " \t"); i >= 0 && !strings.Contains(p[:i], "/") {
+		p = strings.TrimLeft(p[i:], " \t")
+	}
+	if i := strings.IndexByte(p, '/'); i > 0 {
+		p = p[i:]
+	}
+	return p
+}
+
 // ownPattern reports whether mux matches r as it came in (its path before
 // a handler such as http.StripPrefix cut it) to r.Pattern: the Limiter then
 // serves inside the mux it routes with, and r.Pattern is its route, though
 // the cut path matches another of the mux's patterns (a catch-all "/").
 func ownPattern(mux *http.ServeMux, r *http.Request) bool {
+	ru, _, _ := strings.Cut(r.RequestURI, "?")
+	if ru == r.URL.Path || (r.URL.RawPath != "" && ru == r.URL.RawPath) {
+		return false // nothing was cut: the usual case, with no parsing
+	}
 	u, err := url.ParseRequestURI(r.RequestURI)
 	if err != nil || u.Path == r.URL.Path {
+		return false
+	}
+	// The part cut must be a literal prefix of the pattern's path (what
+	// StripPrefix cuts behind "/api/" is "/api"): an outer mux's catch-all
+	// "/" in front of a cut "/app" is another mux's pattern.
+	cut, ok := strings.CutSuffix(u.Path, r.URL.Path)
+	if !ok || cut == "" || !strings.HasPrefix(patternPath(r.Pattern), strings.TrimSuffix(cut, "/")+"/") {
 		return false
 	}
 	orig := *r
@@ -753,6 +776,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 	if res.slotErr != nil && res.Proceed && l.cfg.errHandler != nil && l.callErrorHandler(w, r, res.slotErr) {
 		// The concurrency layers failed open (the rate layers decided):
 		// the error handler, which sees every store error, stopped it.
+		l.release(res) // a waiting-room slot a shaping delay would have released
 		return false
 	}
 	switch res.kind {
@@ -813,7 +837,7 @@ func (l *Limiter) decideResult(r *http.Request, reserve bool) Result {
 	buf := make([]LayerResult, n+1) // and the claim cell, out of any copy's Layers
 	res.claim = &buf[n].claim
 	if n := l.decide(l.routeRequest(r), &res, buf[:n], reqs[:], out[:], reserve); n > 0 {
-		res.Layers = buf[:n]
+		res.Layers = buf[:n:n] // an append to them never reaches the claim
 	}
 	return res
 }

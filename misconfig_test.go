@@ -743,3 +743,56 @@ func TestStoreTooSmallForLayersIsConfigError(t *testing.T) {
 		t.Errorf("Retry-After %q promises a retry that can never succeed", w.Header().Get("Retry-After"))
 	}
 }
+
+// TestServeMuxOuterCatchAllBeforeStrip checks that an outer mux's catch-all
+// "/" in front of http.StripPrefix("/app", ...) is not taken for the
+// Limiter's own pattern because its mux has a catch-all "/" too: the route
+// the inner mux serves, "/users", is limited.
+func TestServeMuxOuterCatchAllBeforeStrip(t *testing.T) {
+	inner := http.NewServeMux()
+	l := mwLimiter(t, []ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.PerMinute(1).Named("users"),
+		Routes: []string{"/users"},
+	}}, ratelimit.WithServeMux(inner))
+	inner.HandleFunc("/users", func(w http.ResponseWriter, r *http.Request) {})
+	inner.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {}) // home page
+	outer := http.NewServeMux()
+	outer.Handle("/", http.StripPrefix("/app", l.Handler(inner))) // the app deployed under /app
+	var codes []int
+	for range 3 {
+		rec := httptest.NewRecorder()
+		outer.ServeHTTP(rec, muxReq("GET", "/app/users", "192.0.2.1:1"))
+		codes = append(codes, rec.Code)
+	}
+	if want := []int{200, 429, 429}; !equalInts(codes, want) {
+		t.Fatalf("codes %v, want %v", codes, want)
+	}
+}
+
+// BenchmarkNestedMux: a Limiter that routes with its application mux,
+// mounted under an outer mux's "/" (http.Handle("/", l.Handler(mux)) and
+// ListenAndServe(addr, nil)): nothing is cut from the path, so finding the
+// route costs no parsing of the request URI.
+func BenchmarkNestedMux(b *testing.B) {
+	inner := http.NewServeMux()
+	l, err := ratelimit.New([]ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.Rule{Name: "users", Limit: 1 << 40, Window: time.Second},
+		Routes: []string{"/users"},
+	}}, ratelimit.WithServeMux(inner), ratelimit.WithClock(core.NewFakeClock(mwT0)), ratelimit.WithLogger(nil))
+	if err != nil {
+		b.Fatal(err)
+	}
+	inner.HandleFunc("/users", func(w http.ResponseWriter, r *http.Request) {})
+	outer := http.NewServeMux()
+	outer.Handle("/", l.Handler(inner))
+	req := httptest.NewRequest("GET", "/users", nil)
+	req.RemoteAddr = "192.0.2.1:1"
+	w := httptest.NewRecorder()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		outer.ServeHTTP(w, req)
+	}
+}

@@ -713,3 +713,23 @@ func TestRefundCopiesRace(t *testing.T) {
 		t.Fatalf("after one of two charges refunded through two copies: Remaining after one more %d, want 1", d.Layers[0].Decision.Remaining)
 	}
 }
+
+// TestRefundAfterAppendToLayers: a caller appending to a Result's Layers
+// (its own list) does not reset the claim that refunds the charge once.
+func TestRefundAfterAppendToLayers(t *testing.T) {
+	l, _, _ := refundEnv(t, []ratelimit.Layer{{Key: ratelimit.Global("k"), Rule: core.Rule{Name: "fw", Algorithm: core.FixedWindow, Limit: 2, Window: time.Hour}}}, loginHandler)
+	a := l.Decide(mwReq("192.0.2.1:1"))
+	if b := l.Decide(mwReq("192.0.2.1:1")); !a.Proceed || !b.Proceed {
+		t.Fatal("not admitted")
+	}
+	if err := l.Refund(context.Background(), &a); err != nil {
+		t.Fatal(err)
+	}
+	_ = append(a.Layers, ratelimit.LayerResult{Key: "extra"})
+	if err := l.Refund(context.Background(), &a); err != nil {
+		t.Fatal(err)
+	}
+	if c, d := l.Decide(mwReq("192.0.2.1:1")), l.Decide(mwReq("192.0.2.1:1")); c.Proceed && d.Proceed {
+		t.Fatal("the charge was refunded twice: two more admitted beside the one kept, in a window of 2")
+	}
+}
