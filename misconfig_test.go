@@ -175,15 +175,21 @@ func TestServeMuxLimiterBehindStripPrefix(t *testing.T) {
 	}}, ratelimit.WithServeMux(mux))
 	mux.Handle("/api/", http.StripPrefix("/api", l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))))
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})) // a home page
-	codes = codes[:0]
-	for range 3 {
-		rec := httptest.NewRecorder()
-		mux.ServeHTTP(rec, muxReq("GET", "/api/items", "192.0.2.1:1"))
-		codes = append(codes, rec.Code)
-	}
-	if want := []int{200, 429, 429}; !equalInts(codes, want) {
+	if codes, want := serveCodes(mux, 3, "/api/items"), []int{200, 429, 429}; !equalInts(codes, want) {
 		t.Fatalf("behind StripPrefix beside a catch-all: codes %v, want %v", codes, want)
 	}
+}
+
+// serveCodes serves n GET requests for target from one client through h
+// and returns their status codes.
+func serveCodes(h http.Handler, n int, target string) []int {
+	var codes []int
+	for range n {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, muxReq("GET", target, "192.0.2.1:1"))
+		codes = append(codes, rec.Code)
+	}
+	return codes
 }
 
 // TestRouteKeysBounded checks that 1,000 distinct method tokens on two
@@ -759,13 +765,7 @@ func TestServeMuxOuterCatchAllBeforeStrip(t *testing.T) {
 	inner.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {}) // home page
 	outer := http.NewServeMux()
 	outer.Handle("/", http.StripPrefix("/app", l.Handler(inner))) // the app deployed under /app
-	var codes []int
-	for range 3 {
-		rec := httptest.NewRecorder()
-		outer.ServeHTTP(rec, muxReq("GET", "/app/users", "192.0.2.1:1"))
-		codes = append(codes, rec.Code)
-	}
-	if want := []int{200, 429, 429}; !equalInts(codes, want) {
+	if codes, want := serveCodes(outer, 3, "/app/users"), []int{200, 429, 429}; !equalInts(codes, want) {
 		t.Fatalf("codes %v, want %v", codes, want)
 	}
 }

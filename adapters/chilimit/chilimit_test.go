@@ -322,6 +322,15 @@ func TestRouteAfterPathRewrite(t *testing.T) {
 	}
 }
 
+// loginLimiter limits GET /api/login to one request a minute per client.
+func loginLimiter(t *testing.T) *ratelimit.Limiter {
+	return limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.Rule{Name: "login", Limit: 1, Window: time.Minute},
+		Routes: []string{"GET /api/login"},
+	}}, ratelimit.WithLogger(nil))
+}
+
 // TestRouteAfterLaterRewrite checks that a rewrite chi runs after the
 // limiter (a mounted sub-router's own r.Use, or later in the same r.Use)
 // does not hide the route chi then serves: /api/login/, /api/login.json
@@ -340,13 +349,8 @@ func TestRouteAfterLaterRewrite(t *testing.T) {
 		{"GetHead after the limiter", "HEAD", "/api/login", middleware.GetHead, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
-				Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
-				Rule:   core.Rule{Name: "login", Limit: 1, Window: time.Minute},
-				Routes: []string{"GET /api/login"},
-			}}, ratelimit.WithLogger(nil))
 			r := chi.NewRouter()
-			r.Use(chilimit.Middleware(l))
+			r.Use(chilimit.Middleware(loginLimiter(t)))
 			if !tc.inMount {
 				r.Use(tc.mw)
 			}
@@ -365,11 +369,7 @@ func TestRouteAfterLaterRewrite(t *testing.T) {
 		})
 	}
 	// A top-level URLFormat, the limiter in a mount: the route is found.
-	l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
-		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
-		Rule:   core.Rule{Name: "login", Limit: 1, Window: time.Minute},
-		Routes: []string{"GET /api/login"},
-	}}, ratelimit.WithLogger(nil))
+	l := loginLimiter(t)
 	r := chi.NewRouter()
 	r.Use(middleware.URLFormat)
 	r.Route("/api", func(r chi.Router) {
