@@ -184,12 +184,12 @@ func (e *memEntry) expiry() int64 { return e.pol.alg.Expiry(e.pol, &e.st) }
 
 // adopt makes e a state of p at now. A record written under a policy with
 // another Identity is replaced by a fresh state of p charged the units in
-// use under the old policy, at most p's capacity. It reports whether that
-// dropped units above p's capacity: such a conversion is stored only with
-// a charge, which it cannot have (p is full), so never; stored on a
-// refusal, the dropped units would come back as a credit to the old policy
-// when its requests return (tiers of one Name, a request still holding
-// rules a reload replaced). e must not be on the caller's stack (Decide
+// use under the old policy (a shaping bucket's queue included), at most
+// p's capacity. It reports whether that dropped units above p's capacity:
+// such a conversion is never stored, and its request is refused (see
+// refuseLost), since stored, the dropped units would come back as a credit
+// to the old policy when its requests return (tiers of one Name, a request
+// still holding rules a reload replaced). e must not be on the caller's stack (Decide
 // would move it to the heap). Requires s.mu.
 func (s *memShard) adopt(e *memEntry, p *Policy, now int64) (lost bool) {
 	old := e.pol
