@@ -182,6 +182,62 @@ func (p *Policy) ChargeStart(at time.Time, cost int64, d Decision) time.Time {
 	return at
 }
 
+// isGCRA reports whether p decides by a theoretical arrival time (the token
+// and leaky buckets).
+func isGCRA(p *Policy) bool { return p.alg == TokenBucket || p.alg == LeakyBucket }
+
+// gcraTAT returns s's arrival time less now, as Decide reads it (clamped
+// at tau + MaxDelay after a clock stepped back), or false when the bucket
+// is whole.
+func gcraTAT(p *Policy, s *State, now int64) (dq int64, dr uint64, ok bool) {
+	if s.B == 0 || s.A < now || (s.A == now && s.B == 1) {
+		return 0, 0, false
+	}
+	aq, ar := s.A, uint64(s.B-1)
+	if lq := now + p.tauQ + p.maxDelay; !lessEq(aq, ar, lq, p.tauR) {
+		aq, ar = lq, p.tauR
+	}
+	return aq - now, ar, true
+}
+
+// gcraInUse returns the units s has in use under p at now, ceil((TAT -
+// now) x Limit / Window), a shaping bucket's queue beyond its capacity
+// included: saturated at 1<<62, beyond any capacity.
+func gcraInUse(p *Policy, s *State, now int64) int64 {
+	dq, dr, ok := gcraTAT(p, s, now)
+	if !ok {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(dq), p.limit)
+	var c uint64
+	lo, c = bits.Add64(lo, dr, 0)
+	hi += c
+	if hi >= uint64(p.window) {
+		return 1 << 62
+	}
+	q, r := bits.Div64(hi, lo, uint64(p.window))
+	if r > 0 {
+		q++
+	}
+	return int64(min(q, 1<<62))
+}
+
+// gcraRoomWait returns the time until s has at most x units in use under p
+// (see gcraInUse), at least 0.
+func gcraRoomWait(p *Policy, s *State, x, now int64) int64 {
+	dq, dr, ok := gcraTAT(p, s, now)
+	if !ok {
+		return 0
+	}
+	// TAT - now - x x Window / Limit, rounded up: x units fit in what is
+	// left of TAT - now, which is within tau + MaxDelay.
+	xq, xr, fits := mulDivChecked(uint64(x), uint64(p.window), p.limit)
+	if !fits || xq > uint64(p.tauQ+p.maxDelay) {
+		return 0
+	}
+	return max(ceilDiff(dq, dr, int64(xq), xr), 0)
+}
+
 // gcraRefund moves the theoretical arrival time back by cost x Window/Limit,
 // never before now: the bucket regains at most cost units, never more than
 // it has in use. With byCharge, start is when the charge began to give its

@@ -197,8 +197,7 @@ func (s *memShard) adopt(e *memEntry, p *Policy, now int64) (lost bool) {
 	if old == nil || old.identity == p.identity {
 		return false
 	}
-	old.alg.Decide(old, &e.st, 0, now, false, &s.dec)
-	used := inUse(old, &s.dec)
+	used := s.inUse(old, &e.st, now)
 	e.st = State{}
 	if used > 0 {
 		p.alg.Decide(p, &e.st, min(used, p.capacity), now, true, &s.dec)
@@ -206,17 +205,16 @@ func (s *memShard) adopt(e *memEntry, p *Policy, now int64) (lost bool) {
 	return used > p.capacity
 }
 
-// inUse returns the units p has in use by its decision d at cost 0: its
-// capacity less Remaining, and, for a shaping bucket whose queue reaches
-// beyond its capacity (d.Delay > 0), the units queued beyond it, rounded
-// up.
-func inUse(p *Policy, d *Decision) int64 {
-	used := p.capacity - d.Remaining
-	if d.Delay > 0 {
-		q, r := mulAddDiv(uint64(d.Delay), p.limit, 0, uint64(p.window))
-		used += int64(q) + b2i(r > 0)
+// inUse returns the units st has in use under p at now: for the buckets,
+// from the arrival time, a shaping bucket's queue beyond its capacity
+// included (see gcraInUse); otherwise p's capacity less the Remaining of
+// its decision at cost 0. It overwrites s.dec. Requires s.mu.
+func (s *memShard) inUse(p *Policy, st *State, now int64) int64 {
+	if isGCRA(p) {
+		return gcraInUse(p, st, now)
 	}
-	return used
+	p.alg.Decide(p, st, 0, now, false, &s.dec)
+	return p.capacity - s.dec.Remaining
 }
 
 // refuseLost makes d, the decision of a request of cost under p on old, a
@@ -232,20 +230,24 @@ func (s *memShard) refuseLost(old memEntry, p *Policy, cost, now int64, d *Decis
 	o := old.pol
 	s.exam = old
 	o.alg.Decide(o, &s.exam.st, 0, now, true, &s.dec) // the clamp
+	reset := s.dec.ResetAfter
 	if write != nil {
 		write(&s.exam.st)
 	}
 	// A request of cost c under p fits once old's units in use are at most
-	// p's capacity less c: once old admits o.capacity - (p's capacity - c)
-	// with no delay.
-	o.alg.Decide(o, &s.exam.st, o.capacity-p.capacity+cost, now, false, &s.dec)
-	wait := s.dec.RetryAfter + time.Duration(o.maxDelay) // admitted with MaxDelay, then MaxDelay more
-	if s.dec.Allowed {
-		wait = s.dec.Delay
+	// p's capacity less c.
+	var wait time.Duration
+	if isGCRA(o) {
+		wait = time.Duration(gcraRoomWait(o, &s.exam.st, p.capacity-cost, now))
+	} else {
+		// Once old admits o.capacity - (p's capacity - c): a conversion
+		// that drops units of a window has o.capacity > p's capacity.
+		o.alg.Decide(o, &s.exam.st, o.capacity-p.capacity+cost, now, false, &s.dec)
+		wait = s.dec.RetryAfter
 	}
 	s.exam = memEntry{}
 	d.Allowed, d.Delay, d.Remaining = false, 0, 0
-	d.RetryAfter, d.ResetAfter = max(wait, 1), max(d.ResetAfter, s.dec.ResetAfter)
+	d.RetryAfter, d.ResetAfter = max(wait, 1), max(d.ResetAfter, reset)
 }
 
 type memShard struct {

@@ -663,3 +663,19 @@ func TestPeekKeepsRecency(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryConversionFromFastShapingBucket: a shaping bucket whose queue
+// holds more units than an int64 counts (a valid policy of MaxLimit per
+// millisecond, an hour of MaxDelay, read after a clock stepped back)
+// converts to another policy without overflowing: refused, no panic.
+func TestMemoryConversionFromFastShapingBucket(t *testing.T) {
+	a := core.MustPolicy(core.Rule{Name: "ov", Algorithm: core.LeakyBucket, Limit: core.MaxLimit, Window: time.Millisecond, Burst: 1, MaxDelay: time.Hour})
+	b := core.MustPolicy(core.Rule{Name: "ov", Limit: 10, Window: time.Second})
+	m := core.MustMemoryStore(nil)
+	if d := take(t, m, t0.Add(2*time.Hour), a, "k"); !d.Allowed {
+		t.Fatal(d)
+	}
+	if d := take(t, m, t0, b, "k"); d.Allowed {
+		t.Fatalf("under 10/s: %+v, want refused (the shaping bucket's queue is far beyond 10)", d)
+	}
+}

@@ -378,11 +378,9 @@ func (m *MemoryStore) peekState(s *memShard, e memEntry, found bool, p *Policy, 
 		*st = e.st // Decide without commit writes nothing, the log included
 		return false
 	}
-	old := e.pol
 	s.exam = e
-	old.alg.Decide(old, &s.exam.st, 0, now, false, &s.dec)
+	used := s.inUse(e.pol, &s.exam.st, now)
 	s.exam = memEntry{}
-	used := inUse(old, &s.dec)
 	if used > 0 {
 		p.alg.Decide(p, st, min(used, p.capacity), now, true, &s.dec)
 	}

@@ -212,6 +212,29 @@ func testRefundCharge(t *testing.T, newStore func(*testing.T) core.Store) {
 			t.Fatalf("6 more of 10 with 5 in use: %+v %v, want refused", d, err)
 		}
 	})
+	t.Run("another policy since, a bucket", func(t *testing.T) {
+		// The same with a bucket refunded and a window's record.
+		h := Harness{t, newStore(t)}
+		a := mustPolicy(t, core.Rule{Name: "since2", Limit: 10, Window: 100 * time.Second})
+		b := mustPolicy(t, core.Rule{Name: "since2", Algorithm: core.FixedWindow, Limit: 10, Window: time.Second})
+		key := uniqueKey(t, "since2")
+		at := 999 * time.Millisecond
+		x, err := h.Take(a, key, 5, at)
+		if err != nil || !x.Allowed {
+			t.Fatalf("X: %+v %v", x, err)
+		}
+		h.Take(b, key, 5, 999500*time.Microsecond)
+		if d, err := h.Take(b, key, 10, time.Second); err != nil || !d.Allowed {
+			t.Fatalf("under the window, its next window: %+v %v", d, err)
+		}
+		req := core.Request{Policy: a, Key: key, Cost: 5, ChargedAt: a.ChargeStart(T0.Add(at), 5, x)}
+		if err := h.Refund([]core.Request{req}, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := h.Take(a, key, 4, time.Second); err != nil || d.Allowed {
+			t.Fatalf("under the bucket after X's refund, with the window's 10 in use: %+v %v, want refused", d, err)
+		}
+	})
 }
 
 // Peek decides a batch at T0+at through core.Peeker.

@@ -407,6 +407,23 @@ func testIndependent(t *testing.T, newStore func(*testing.T) core.Store) {
 }
 
 func testBackwards(t *testing.T, newStore func(*testing.T) core.Store) {
+	t.Run("counter window ahead", func(t *testing.T) {
+		// A sliding counter whose record is a window ahead (charged at 5 s
+		// and 15 s, then the clock is back at 9.9 s) counts all of that
+		// window's units as now's: nothing is credited.
+		h := Harness{t, newStore(t)}
+		p := mustPolicy(t, core.Rule{Name: "ahead", Algorithm: core.SlidingWindowCounter, Limit: 10, Window: 10 * time.Second})
+		key := uniqueKey(t, "ahead")
+		if d, err := h.Take(p, key, 10, 5*time.Second); err != nil || !d.Allowed {
+			t.Fatalf("10 at 5s: %+v %v", d, err)
+		}
+		if d, err := h.Take(p, key, 5, 15*time.Second); err != nil || !d.Allowed {
+			t.Fatalf("5 at 15s: %+v %v", d, err)
+		}
+		if d, err := h.Take(p, key, 1, 9900*time.Millisecond); err != nil || d.Allowed {
+			t.Fatalf("back at 9.9s: %+v %v, want refused", d, err)
+		}
+	})
 	for _, r := range suiteRules(4, 10*time.Second) {
 		t.Run(r.Algorithm.Name(), func(t *testing.T) {
 			h := Harness{t, newStore(t)}
@@ -925,6 +942,40 @@ func testIdentity(t *testing.T, newStore func(*testing.T) core.Store) {
 						t.Fatalf("at its RetryAfter %v: %+v %v, want admitted", d.RetryAfter, e, err)
 					}
 				})
+			}
+		})
+		t.Run("ShapingQueueExact", func(t *testing.T) {
+			// A shaping bucket's queue counts from its arrival time: 12
+			// units of a 10/s bucket (2 in its capacity, 10 queued) leave
+			// room for one under 5 once 4 are left (800 ms), and are all
+			// back at 1.2 s; 2 units of 3/s leave room for one under 3.
+			h := Harness{t, newStore(t)}
+			a := mustPolicy(t, core.Rule{Name: "sq", Algorithm: core.LeakyBucket, Limit: 10, Window: time.Second, Burst: 2, MaxDelay: time.Second})
+			b := mustPolicy(t, core.Rule{Name: "sq", Limit: 10, Window: time.Second, Burst: 5})
+			key := uniqueKey(t, "sq")
+			n := 0
+			for range 20 {
+				if d, err := h.Take(a, key, 1, 0); err == nil && d.Allowed {
+					n++
+				}
+			}
+			if n != 12 {
+				t.Fatalf("the shaping bucket admitted %d, want 12", n)
+			}
+			d, err := h.Take(b, key, 1, 0)
+			if err != nil || d.Allowed || d.RetryAfter != 800*time.Millisecond || d.ResetAfter != 1200*time.Millisecond {
+				t.Fatalf("under 5: %+v %v, want refused, RetryAfter 800ms, ResetAfter 1.2s", d, err)
+			}
+			a3 := mustPolicy(t, core.Rule{Name: "q3", Algorithm: core.LeakyBucket, Limit: 3, Window: time.Second, Burst: 1, MaxDelay: time.Second})
+			b3 := mustPolicy(t, core.Rule{Name: "q3", Algorithm: core.FixedWindow, Limit: 3, Window: time.Second})
+			key = uniqueKey(t, "q3")
+			for range 2 {
+				if d, err := h.Take(a3, key, 1, 0); err != nil || !d.Allowed {
+					t.Fatalf("3/s shaping: %+v %v", d, err)
+				}
+			}
+			if d, err := h.Take(b3, key, 1, 0); err != nil || !d.Allowed {
+				t.Fatalf("under 3/s with 2 units in use: %+v %v, want admitted", d, err)
 			}
 		})
 		t.Run("RefundNotStored", func(t *testing.T) {

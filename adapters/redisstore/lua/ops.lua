@@ -115,8 +115,13 @@ end
 function refunders.c(alg, key, st, P, cost, at)
   local idx = floordiv(now, P.W)
   local prev, curr = 0, 0
-  if idx <= st.A then
+  if idx == st.A then
     prev, curr = st.prev, st.curr
+  elseif idx < st.A then
+    -- a window in the future (the clock stepped back) counts whole as
+    -- now's (see swc_counts)
+    curr = st.prev + st.curr
+    if curr > P.cap then curr = P.cap end
   elseif idx == st.A + 1 then
     prev = st.curr
   end

@@ -81,6 +81,7 @@ local function load(key, alg, kind, P)
     st = alg.fresh(P, used, now)
   end
   st.rewrite = true
+  st.converted = true -- from another policy's record
   st.lost = lost
   if rkind == 'l' and kind ~= 'l' then st.bad = true end
   return st

@@ -30,8 +30,14 @@ modules.counter = function()
     if st.prev == 0 and st.curr == 0 then
       return idx, 0, 0
     end
-    if idx <= st.A then
+    if idx == st.A then
       return idx, st.prev, st.curr
+    elseif idx < st.A then
+      -- a window in the future (the clock stepped back): all of its units
+      -- count as the current window's, as core's swcCounts reads them
+      local c = st.prev + st.curr
+      if c > P.cap then c = P.cap end
+      return idx, 0, c
     elseif idx == st.A + 1 then
       return idx, st.curr, 0
     end
@@ -131,8 +137,12 @@ modules.counter = function()
     return d.nA
   end
 
+  -- saveclamped moves a window in the future (the clock stepped back) to
+  -- now's, all of its units in its count, as decide read them.
   function counter.saveclamped(key, st, P, now, d, slack)
-    counter_store(key, d.extra, st.prev, st.curr, P, now, slack)
+    local c = st.prev + st.curr
+    if c > P.cap then c = P.cap end
+    counter_store(key, d.extra, 0, c, P, now, slack)
   end
 
   function counter.save(key, st, P, now, slack)
