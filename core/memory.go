@@ -187,7 +187,7 @@ func (e *memEntry) expiry() int64 { return e.pol.alg.Expiry(e.pol, &e.st) }
 // use under the old policy (a shaping bucket's queue included), at most
 // p's capacity. It reports whether that dropped units above p's capacity:
 // such a conversion is never stored, and its request is refused (see
-// refuseLost), since stored, the dropped units would come back as a credit
+// refuseConverted), since stored, the dropped units would come back as a credit
 // to the old policy when its requests return (tiers of one Name, a request
 // still holding rules a reload replaced). e must not be on the caller's stack (Decide
 // would move it to the heap). Requires s.mu.
@@ -217,16 +217,18 @@ func (s *memShard) inUse(p *Policy, st *State, now int64) int64 {
 	return p.capacity - s.dec.Remaining
 }
 
-// refuseLost makes d, the decision of a request of cost under p on old, a
-// record whose conversion to p dropped units (see adopt), a refusal (also
-// from a shaping p, which would admit a full bucket with a delay): the
-// conversion is not stored, so the key has room for cost under p once
-// old's own units in use, queued ones included, fall to p's capacity less
-// cost, and is whole once they are all back. old's state, clamped as a
-// decision at now clamps it after a clock stepped back, is stored through
-// write, so that the wait holds; write may be nil when there is nothing to
-// store it in. It overwrites s.dec. Requires s.mu.
-func (s *memShard) refuseLost(old memEntry, p *Policy, cost, now int64, d *Decision, write func(*State)) {
+// refuseConverted makes d, a refusal of a request of cost under p on old,
+// a record of another policy converted to p (see adopt), the refusal Take
+// reports without storing the conversion: with lost, one that dropped
+// units, whatever p decided (also a shaping p, which would admit a full
+// bucket with a delay). The key has room for cost under p once old's own
+// units in use, queued ones included, fall to p's capacity less cost (the
+// next request converts old's record again), and is whole once they are
+// all back. old's state, clamped as a decision at now clamps it after a
+// clock stepped back, is stored through write, so that the wait holds;
+// write may be nil when there is nothing to store it in. It overwrites
+// s.dec. Requires s.mu.
+func (s *memShard) refuseConverted(old memEntry, p *Policy, cost, now int64, d *Decision, lost bool, write func(*State)) {
 	o := old.pol
 	s.exam = old
 	o.alg.Decide(o, &s.exam.st, 0, now, true, &s.dec) // the clamp
@@ -239,16 +241,24 @@ func (s *memShard) refuseLost(old memEntry, p *Policy, cost, now int64, d *Decis
 	var wait time.Duration
 	if isGCRA(o) {
 		wait = time.Duration(gcraRoomWait(o, &s.exam.st, p.capacity-cost, now))
-	} else {
-		// Once old admits o.capacity - (p's capacity - c): a conversion
-		// that drops units of a window has o.capacity > p's capacity.
-		o.alg.Decide(o, &s.exam.st, o.capacity-p.capacity+cost, now, false, &s.dec)
+	} else if k := o.capacity - p.capacity + cost; k >= 1 {
+		// Once old admits k: a refused conversion of a window's record has
+		// more units in use than p's capacity less c, and at most old's
+		// capacity.
+		o.alg.Decide(o, &s.exam.st, k, now, false, &s.dec)
 		wait = s.dec.RetryAfter
 	}
 	s.exam = memEntry{}
-	d.Allowed, d.Delay, d.Remaining = false, 0, 0
+	d.Allowed, d.Delay = false, 0
+	if lost {
+		d.Remaining = 0
+	}
 	d.RetryAfter, d.ResetAfter = max(wait, 1), max(d.ResetAfter, reset)
 }
+
+// converted reports whether a record of e's policy is converted when p
+// meets it.
+func converted(e *memEntry, p *Policy) bool { return e.pol != nil && e.pol.identity != p.identity }
 
 type memShard struct {
 	mu  sync.Mutex
@@ -652,16 +662,21 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 func (m *MemoryStore) takeOther(s *memShard, h uint64, ref memRef, sl *memSlot, e memEntry, r *Request, now int64, out *Decision) error {
 	p := r.Policy
 	s.cur = e
-	lost := s.cur.pol != p && s.adopt(&s.cur, p, now)
-	if lost {
-		// Refused, and e stays as it was (see adopt).
+	if converted(&s.cur, p) {
+		lost := s.adopt(&s.cur, p, now)
 		p.alg.Decide(p, &s.cur.st, r.Cost, now, false, &s.dec)
-		d := s.dec
-		s.refuseLost(e, p, r.Cost, now, &d, func(st *State) { s.write(ref, sl, st) })
-		s.cur = memEntry{}
-		*out = d
-		s.mu.Unlock()
-		return nil
+		if lost || !s.dec.Allowed {
+			// A conversion is stored only with a charge: refused, e stays
+			// as it was, and requests under its own policy find it so.
+			d := s.dec
+			s.refuseConverted(e, p, r.Cost, now, &d, lost, func(st *State) { s.write(ref, sl, st) })
+			s.cur = memEntry{}
+			*out = d
+			s.mu.Unlock()
+			return nil
+		}
+	} else {
+		s.cur.pol = p
 	}
 	p.alg.Decide(p, &s.cur.st, r.Cost, now, true, &s.dec)
 	s.put(h, ref, sl, &s.cur)
@@ -723,7 +738,8 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		hashes   [MaxBatch]uint64
 		entries  [MaxBatch]memEntry // copies of the held records
 		found    [MaxBatch]bool
-		lost     [MaxBatch]bool     // entries[i] converted with units dropped: not stored (see adopt)
+		conv     [MaxBatch]bool     // entries[i] converted from another policy's: stored only with a charge
+		lost     [MaxBatch]bool     // and with units dropped: refused (see adopt)
 		olds     [MaxBatch]memEntry // the records converted, as held
 		ev       [MaxBatch]evictedInfo
 	)
@@ -741,9 +757,11 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			// To the front, so that making room keeps the batch's keys.
 			s.front(hashes[i], ref)
 			found[i] = true
-			if s.cur.pol != r.Policy {
+			if conv[i] = converted(&s.cur, r.Policy); conv[i] {
 				olds[i] = s.cur
 				lost[i] = s.adopt(&s.cur, r.Policy, now)
+			} else {
+				s.cur.pol = r.Policy
 			}
 			st = &s.cur.st
 		} else {
@@ -765,9 +783,9 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		if big {
 			out[i].Allowed = false
 			out[i].RetryAfter = 0
-		} else if lost[i] { // refused (see adopt)
+		} else if lost[i] || (conv[i] && !out[i].Allowed) { // refused (see takeOther)
 			h := hashes[i]
-			s.refuseLost(olds[i], r.Policy, cost, now, &out[i], func(st *State) {
+			s.refuseConverted(olds[i], r.Policy, cost, now, &out[i], lost[i], func(st *State) {
 				if ref, ok := s.lru.Peek(h); ok {
 					s.write(ref, s.at(ref.slot), st)
 				}
@@ -854,10 +872,14 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			r := &reqs[i]
 			s := &m.shards[shardIdx[i]]
 			refused := !out[i].Allowed // by its policy; with err nil
-			if found[i] && !lost[i] {  // a lossy conversion is not stored (see adopt)
+			if found[i] {
+				// A conversion is stored only with a charge (see
+				// takeOther): reported, not stored.
 				s.cur = entries[i]
-				r.Policy.alg.Decide(r.Policy, &s.cur.st, 0, now, true, &s.dec)
-				s.putAgain(hashes[i], &s.cur)
+				r.Policy.alg.Decide(r.Policy, &s.cur.st, 0, now, !conv[i], &s.dec)
+				if !conv[i] {
+					s.putAgain(hashes[i], &s.cur)
+				}
 			} else if !refused {
 				s.scratch = State{}
 				r.Policy.alg.Decide(r.Policy, &s.scratch, 0, now, false, &s.dec)

@@ -64,12 +64,14 @@ type Resetter interface {
 // Without ChargedAt a refund cannot tell which charges it stands for: made
 // after a later charge (or, for the windows, after a window boundary), it
 // gives back that charge's units. With ChargedAt, a key whose record
-// another policy has written since gives back nothing. Two limits remain:
-// a record that requests under another policy have converted and that
-// requests under the refund's policy have converted back holds no history
-// of the charge, and a clock that steps back between the charge and the
-// refund shortens the time the refund sees the charge recovering; either
-// may give back units of later charges. A refund of a key the store does
+// another policy has written since gives back nothing. Three limits
+// remain, where a refund may give back units of later charges: a record
+// that requests under another policy have converted and that requests under
+// the refund's policy have converted back holds no history of the charge;
+// a clock that steps back between the charge and the refund shortens the
+// time the refund sees the charge recovering; and in a bucket, the refund
+// of an earlier charge moves the later charges' units forward, so that a
+// later charge's ChargedAt (its start, from Policy.ChargeStart) is late. A refund of a key the store does
 // not hold does nothing. A record written
 // under another policy of the same Name is first carried over (see Store)
 // and then refunded under the request's policy. A store cannot tell which
@@ -297,9 +299,11 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 		if big {
 			out[i].Allowed = false
 			out[i].RetryAfter = 0
-		} else if lost { // refused, as Take refuses it (see adopt); Peek writes only a clamp
+		} else if found[i] && converted(&held[i], r.Policy) && (lost || !out[i].Allowed) {
+			// refused, as Take refuses it (see takeOther); Peek writes
+			// only a clamp
 			h := hashes[i]
-			s.refuseLost(held[i], r.Policy, cost, now, &out[i], func(st *State) {
+			s.refuseConverted(held[i], r.Policy, cost, now, &out[i], lost, func(st *State) {
 				if ref, ok := s.lru.Peek(h); ok {
 					s.write(ref, s.at(ref.slot), st)
 				}

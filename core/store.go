@@ -57,14 +57,15 @@ type Request struct {
 //     never read as B's: at now, the units A has in use (A.Capacity() minus
 //     A's Remaining) carry over as a fresh state of B charged
 //     min(used, B.Capacity()) at now, tagged B, and the request is then
-//     decided under B. A conversion that drops units (A had more in use
-//     than B's capacity) is never stored: B is full, the request is
-//     refused, and its RetryAfter is when A's own units in use leave room
-//     for it under B. A's record stays for A's requests, which would
-//     otherwise find the dropped units credited when they return (tiers of
-//     one Name, requests holding the rules a reload replaced). So a change
-//     of rule never credits quota, and recovery of the carried units
-//     restarts at the change. Two policies with one Identity share the
+//     decided under B. The converted state is stored only with B's charge:
+//     a refused request leaves A's record as it was, and its RetryAfter is
+//     when A's own units in use leave room for it under B; a conversion
+//     that drops units (A had more in use than B's capacity, a shaping
+//     bucket's queue included) is always refused. A's record stays for A's
+//     requests, which would otherwise find units credited when they return
+//     (tiers of one Name, requests holding the rules a reload replaced). So
+//     a change of rule never credits quota, and recovery of the carried
+//     units restarts at the change. Two policies with one Identity share the
 //     record as one. Within a batch, the same Name and key twice is
 //     ErrDuplicateRequest, whatever the identities.
 //   - A clock that steps back never credits quota and never refuses a key

@@ -96,12 +96,12 @@
 // it, with cost 0, at now, and the units in use (that policy's capacity
 // minus its Remaining) carry over to a fresh state of the requesting
 // policy, charged at now (at most its capacity); the request is then
-// decided as usual, and the converted record is written even if the
-// request is refused, unless the conversion dropped units (the record had
-// more in use than the requesting policy's capacity): it is then never
-// written, the request is refused with a retry time from the record's own
-// policy, and the record stays for that policy's requests, which would
-// otherwise find the dropped units credited. So the units in use carry over in absolute numbers
+// decided as usual, and the converted record is written only with the
+// request's charge: a refused request leaves the record as it was, with a
+// retry time from the record's own policy, and a conversion that dropped
+// units (the record had more in use than the requesting policy's
+// capacity) is always refused, so that the record's own policy never finds
+// units credited. So the units in use carry over in absolute numbers
 // (5 per 10m with 3 used, then 10 per 10m: the next request sees 6
 // remaining), a change never credits quota, recovery of the carried units
 // restarts at the change, and this holds when the algorithm itself

@@ -978,6 +978,29 @@ func testIdentity(t *testing.T, newStore func(*testing.T) core.Store) {
 				t.Fatalf("under 3/s with 2 units in use: %+v %v, want admitted", d, err)
 			}
 		})
+		t.Run("RefusedNotStored", func(t *testing.T) {
+			// A refused request under B stores no conversion, also one
+			// that drops nothing: a fixed window of 10 per 10 s would
+			// forget at its window's end the 10 units a bucket of 10 per
+			// 10 s holds for 10 s, and the bucket would find them gone.
+			h := Harness{t, newStore(t)}
+			a := mustPolicy(t, core.Rule{Name: "rn", Limit: 10, Window: 10 * time.Second})
+			b := mustPolicy(t, core.Rule{Name: "rn", Algorithm: core.FixedWindow, Limit: 10, Window: 10 * time.Second})
+			key := uniqueKey(t, "rn")
+			if d, err := h.Take(a, key, 10, 9*time.Second); err != nil || !d.Allowed {
+				t.Fatalf("10 of 10: %+v %v", d, err)
+			}
+			d, err := h.Take(b, key, 1, 9*time.Second)
+			if err != nil || d.Allowed || d.RetryAfter != time.Second {
+				t.Fatalf("under the window: %+v %v, want refused with RetryAfter 1s (one of the bucket's units back)", d, err)
+			}
+			if d, err := h.Take(a, key, 2, 10*time.Second); err != nil || d.Allowed {
+				t.Fatalf("2 under the bucket 1s later, one unit back: %+v %v, want refused", d, err)
+			}
+			if d, err := h.Take(b, key, 1, 10*time.Second); err != nil || !d.Allowed {
+				t.Fatalf("under the window at its RetryAfter: %+v %v, want admitted", d, err)
+			}
+		})
 		t.Run("RefundNotStored", func(t *testing.T) {
 			// A refund under a smaller policy of a key the larger one
 			// holds beyond it stores no conversion: the larger policy's

@@ -17,12 +17,12 @@
 -- record written under another policy (another tag) is never read under
 -- this one: the units it has in use under its own policy, at now, carry
 -- over to a fresh state of this policy (at most its capacity), which is
--- then decided as usual and written even if the request is refused (not
--- in mode 'C'), unless the conversion dropped units above this policy's
--- capacity: such a state is never written and the request is refused
--- (see load and lostrefuse). A record without a tag (written by the previous version)
--- is read under the requesting policy if it has the same algorithm's
--- state, and as fresh otherwise.
+-- then decided as usual and written only with a charge: a refused request
+-- leaves the other policy's record as it was, with a retry time from it,
+-- and a conversion that dropped units above this policy's capacity is
+-- refused (see load and convrefuse). A record without a tag (written by
+-- the previous version) is read under the requesting policy if it has the
+-- same algorithm's state, and as fresh otherwise.
 --
 -- The reply is an array of integers (Redis converts Lua numbers to
 -- integers, exact below 2^53, without the cost of formatting them): now,
@@ -55,8 +55,8 @@ if n == 1 and mode == 'T' and over == 0 then
   local r = reqs[1]
   local d = r.alg.decide(r.st, r.P, r.cost, now)
   local a = 0
-  if r.st.lost then
-    lostrefuse(r.key, r.st, r.P, r.cost, now, d, slack) -- not stored (see load)
+  if r.st.old and (r.st.lost or not d.allowed) then
+    convrefuse(r.key, r.st, r.P, r.cost, now, d, slack) -- not stored (see load)
   elseif d.allowed then
     a = 1
     d.extra = r.alg.commit(r.key, r.st, r.P, r.cost, now, d, slack)
@@ -104,8 +104,8 @@ for i = 1, n do
   if big then
     d.allowed = false
     d.retry = 0
-  elseif r.st.lost then -- refused (see load)
-    lostrefuse(r.key, r.st, r.P, cost, now, d, slack)
+  elseif r.st.old and (r.st.lost or not d.allowed) then -- refused (see load)
+    convrefuse(r.key, r.st, r.P, cost, now, d, slack)
   end
   out[i] = d
   all = all and d.allowed
@@ -131,8 +131,8 @@ end
 do
   for i = 1, n do
     local r = reqs[i]
-    if r.st.lost then
-      -- a conversion that dropped units is not stored (see load)
+    if r.st.old then
+      -- a conversion is stored only with a charge (see load)
     elseif r.st.rewrite then
       r.alg.save(r.key, r.st, r.P, now, slack)
     elseif out[i].clamped then

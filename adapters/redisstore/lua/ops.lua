@@ -243,10 +243,10 @@ for i = 1, n do
   local st = load(KEYS[i], r.alg, r.kind, r.P)
   if mode == 'P' then
     local d = r.alg.decide(st, r.P, r.cost, now)
-    if st.lost and r.cost > 0 then
+    if st.old and (st.lost or not d.allowed) and r.cost > 0 then
       -- refused, as the take script refuses it (see load); it writes only
       -- the old record's clamp
-      lostrefuse(KEYS[i], st, r.P, r.cost, now, d, slack)
+      convrefuse(KEYS[i], st, r.P, r.cost, now, d, slack)
     end
     local z = r.alg.decide(st, r.P, 0, now)
     -- A record of this policy left ahead of a clock that stepped back is

@@ -52,14 +52,14 @@ local function load(key, alg, kind, P)
     return alg.load(key, v)
   end
   local st
-  local lost
+  local old, lost
   local oldP, okind = tagparams(rtag)
   if oldP == nil or okind ~= rkind then
     st = alg.fresh(P, 0, now)
   else
-    local old = algorithm(okind)
-    local ost = old.load(key, v)
-    local od = old.decide(ost, oldP, 0, now)
+    local oalg = algorithm(okind)
+    local ost = oalg.load(key, v)
+    local od = oalg.decide(ost, oldP, 0, now)
     local used = oldP.cap - od.rem
     if okind == 'g' and not ost.fresh and ost.A >= now then
       -- A shaping bucket's queue beyond its capacity is in use too. The
@@ -70,52 +70,61 @@ local function load(key, alg, kind, P)
       if r > 0 then q = q + 1 end
       if q > used then used = q end
     end
+    -- A conversion is stored only with a charge (so that the old
+    -- policy's requests find its record as they left it when they
+    -- return); one that drops units above P's capacity is refused
+    -- (convrefuse). old keeps what convrefuse needs.
+    old = { alg = oalg, kind = okind, P = oldP, v = v }
     if used > P.cap then
-      -- The conversion drops units above P's capacity: it is never
-      -- stored (it could be only with a charge, and P is full), so that
-      -- they do not come back as a credit to the old policy when its
-      -- requests return; lost keeps what lostwait needs.
       used = P.cap
-      lost = { alg = old, kind = okind, P = oldP, v = v }
+      lost = true
     end
     st = alg.fresh(P, used, now)
   end
   st.rewrite = true
   st.converted = true -- from another policy's record
-  st.lost = lost
+  st.old, st.lost = old, lost
   if rkind == 'l' and kind ~= 'l' then st.bad = true end
   return st
 end
 
--- lostrefuse makes d, the decision of a request of cost under P on st, a
--- state converted with units dropped (see load), a refusal (also from a
--- shaping P, which would admit a full bucket with a delay): the key has
--- room for cost under P once the old policy's own units in use, queued
--- ones included, fall to P's capacity less cost, and is whole once they
--- are all back. The old record, clamped as its own decision at now clamps
--- it after a clock stepped back, is written, so that the wait holds.
-local function lostrefuse(key, st, P, cost, now, d, slack)
-  local l = st.lost
+-- convrefuse makes d, a refusal of a request of cost under P on st, a
+-- state converted from another policy's record (see load), the refusal
+-- the take script reports without storing the conversion: with st.lost,
+-- one that dropped units, whatever P decided (also a shaping P, which
+-- would admit a full bucket with a delay). The key has room for cost under
+-- P once the old policy's own units in use, queued ones included, fall to
+-- P's capacity less cost, and is whole once they are all back. The old
+-- record of a window, clamped as its own decision at now clamps it after a
+-- clock stepped back, is written, so that the wait holds.
+local function convrefuse(key, st, P, cost, now, d, slack)
+  local l = st.old
   local ost = l.alg.load(key, l.v)
-  local wait, reset
+  local wait, reset = 0, 0
   if l.kind == 'g' then
     -- From the arrival time itself (see load), which a clamp would cut
     -- without the MaxDelay the tag does not carry: cost fits once TAT - t
     -- <= (P's capacity - cost) x W / L.
-    local xq, xr = muldiv(P.cap - cost, l.P.W, 0, l.P.L)
-    local a, b = ost.A - xq, ost.B - xr
-    if b < 0 then a, b = a - 1, b + l.P.L end
-    wait = a - now
-    if b > 0 then wait = wait + 1 end
-    reset = ost.A - now
-    if ost.B > 0 then reset = reset + 1 end
+    if not ost.fresh then
+      local xq, xr = muldiv(P.cap - cost, l.P.W, 0, l.P.L)
+      local a, b = ost.A - xq, ost.B - xr
+      if b < 0 then a, b = a - 1, b + l.P.L end
+      wait = a - now
+      if b > 0 then wait = wait + 1 end
+      reset = ost.A - now
+      if ost.B > 0 then reset = reset + 1 end
+    end
   else
     local z = l.alg.decide(ost, l.P, 0, now)
     if z.clamped then l.alg.saveclamped(key, ost, l.P, now, z, slack) end
-    local od = l.alg.decide(ost, l.P, l.P.cap - P.cap + cost, now)
-    wait, reset = od.retry, od.reset
+    reset = z.reset
+    local k = l.P.cap - P.cap + cost
+    if k >= 1 then
+      wait = l.alg.decide(ost, l.P, k, now).retry
+    end
   end
   if wait < 1 then wait = 1 end
-  d.allowed, d.delay, d.rem, d.retry = false, 0, 0, wait
+  d.allowed, d.delay, d.retry = false, 0, wait
+  if st.lost then d.rem = 0 end
   if reset > d.reset then d.reset = reset end
 end
