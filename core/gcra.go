@@ -271,7 +271,8 @@ func gcraRefund(p *Policy, s *State, cost, start, now int64, byCharge bool) {
 	}
 	nr := ar - r
 	if lessEq(nq, nr, now, 0) {
-		nq, nr = now, 0
+		*s = State{} // whole: at every instant, also after a clock step back
+		return
 	}
 	s.A, s.B = nq, int64(nr)+1
 }

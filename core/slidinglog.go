@@ -165,15 +165,15 @@ func (slidingWindowLog) Expiry(p *Policy, s *State) int64 {
 }
 
 // RefundCharge removes up to cost units from the entry of the charge made
-// at at, if it is still in the trailing window (entries recorded after now,
-// by a clock that has since stepped back, keep their times until a charge
-// moves them, so the charge's is found among them too).
+// at at, if the log still holds it (entries recorded after now, by a clock
+// that has since stepped back, keep their times until a charge moves them,
+// so the charge's is found among them too; an entry that has left the
+// window counts for nothing either way, and is dropped by the next charge).
 func (slidingWindowLog) RefundCharge(p *Policy, s *State, cost, at, now int64) {
 	l := s.log
 	if l == nil || l.len == 0 {
 		return
 	}
-	l.drop(l.expired(now - p.window))
 	for i := l.len - 1; i >= 0; i-- {
 		e := l.at(i)
 		if e.t < at {

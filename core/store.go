@@ -65,7 +65,10 @@ type Request struct {
 //     requests, which would otherwise find units credited when they return
 //     (tiers of one Name, requests holding the rules a reload replaced). So
 //     a change of rule never credits quota, and recovery of the carried
-//     units restarts at the change. Two policies with one Identity share the
+//     units restarts at the change. Units carried over then recover at the
+//     pace of the policy that charged last: when requests under A and B
+//     both keep being admitted, a policy that recovers faster lets the
+//     other's units go sooner (give such tiers Names of their own). Two policies with one Identity share the
 //     record as one. Within a batch, the same Name and key twice is
 //     ErrDuplicateRequest, whatever the identities.
 //   - A clock that steps back never credits quota and never refuses a key

@@ -235,6 +235,31 @@ func testRefundCharge(t *testing.T, newStore func(*testing.T) core.Store) {
 			t.Fatalf("under the bucket after X's refund, with the window's 10 in use: %+v %v, want refused", d, err)
 		}
 	})
+	t.Run("then the clock steps back", func(t *testing.T) {
+		// What a refund leaves is read alike by every store after a step
+		// back: a bucket given back whole is whole at every instant; a
+		// log keeps the entries a refund by charge did not touch.
+		h := Harness{t, newStore(t)}
+		p := mustPolicy(t, core.Rule{Name: "wb", Limit: 1, Window: time.Second})
+		key := uniqueKey(t, "wb")
+		h.Take(p, key, 1, time.Hour)
+		if err := h.Refund([]core.Request{{Policy: p, Key: key, Cost: 1}}, time.Hour+500*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := h.Take(p, key, 1, time.Hour-10*time.Second); err != nil || !d.Allowed {
+			t.Fatalf("a bucket refunded whole, then 10s before: %+v %v, want admitted", d, err)
+		}
+		l := mustPolicy(t, core.Rule{Name: "lb", Algorithm: core.SlidingWindowLog, Limit: 1, Window: 10 * time.Millisecond})
+		key = uniqueKey(t, "lb")
+		h.Take(l, key, 1, time.Hour)
+		req := core.Request{Policy: l, Key: key, Cost: 1, ChargedAt: T0.Add(time.Hour + 15*time.Millisecond)}
+		if err := h.Refund([]core.Request{req}, time.Hour+20*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := h.Take(l, key, 1, time.Hour-time.Second); err != nil || d.Allowed {
+			t.Fatalf("a log whose entry no refund touched, a second before it: %+v %v, want refused", d, err)
+		}
+	})
 }
 
 // Peek decides a batch at T0+at through core.Peeker.
