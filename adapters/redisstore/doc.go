@@ -146,9 +146,10 @@
 // its window, under the policy that wrote it, keeps the expiry the window's
 // first charge set (SET ... KEEPTTL): the window still ends when it did,
 // and the write costs the server about half as much. A refusal writes
-// nothing, except a record converted from another policy's or clamped after
-// a clock step (see above). A key of a foreign type or shape is read as
-// fresh and overwritten.
+// nothing, except a record clamped after a clock step (see above): its own
+// policy's, or, when a refused request read another policy's record, that
+// record clamped under its own policy. A key of a foreign type or shape is
+// read as fresh and overwritten.
 //
 // # Work per decision
 //
@@ -195,8 +196,7 @@
 // (that would fail with CROSSSLOT). It is decided in up to three steps:
 // every slot's group is checked without charging (in parallel); if one
 // would refuse, the batch is refused and nothing was charged (records
-// converted from another policy's or clamped after a clock step are
-// written, as by any refusal); otherwise
+// clamped after a clock step are written, as by any refusal); otherwise
 // every group is charged (in parallel), each atomically and only if it
 // still admits; if a group's charge is refused because its state changed
 // since the check, the groups already charged are refunded and the batch

@@ -122,12 +122,13 @@ end
 
 -- Refused (or only checked): nothing is charged, and the requests that
 -- would have passed report their state without their cost. A refused take
--- and a check still write the states converted from another policy's and
--- the states clamped after a clock stepped back, as the memory store's
--- decision at cost 0 does: neither changes a decision at now, and the
--- clamp's bound must hold from the first decision after the step, on
--- whichever path (a request over capacity, a batch spanning several slots)
--- it came.
+-- and a check still write the states of their own policy clamped after a
+-- clock stepped back (and records of the previous version, rewritten), as
+-- the memory store's decision at cost 0 does: neither changes a decision
+-- at now, and the clamp's bound must hold from the first decision after
+-- the step, on whichever path (a request over capacity, a batch spanning
+-- several slots) it came. A state converted from another policy's is
+-- written only with a charge (see load).
 do
   for i = 1, n do
     local r = reqs[i]

@@ -16,8 +16,12 @@
 -- A record written under another policy (another identity tag) is read as
 -- the take script reads it: the units in use under its own policy carry
 -- over to a fresh state of the request's policy. A peek writes only a
--- record of its policy left ahead of a clock that stepped back (clamped, as
--- every decision writes it); a refund converts the record, then gives back.
+-- record left ahead of a clock that stepped back, clamped as every
+-- decision writes it (its own policy's, or the other policy's record a
+-- refused conversion reads). A refund without a charge time converts the
+-- record, then gives back, unless the conversion drops units (nothing is
+-- then stored); one with a charge time gives nothing back on another
+-- policy's record.
 --
 -- The reply is one string of integers separated by spaces: now, then, for
 -- 'P', per request allowed (0/1), remaining, resetAfter, retryAfter and
