@@ -166,7 +166,7 @@ func (leakyBucket) RefundCharge(p *Policy, s *State, cost, start, now int64) {
 // Decision that did not come from a charge of cost under p it returns at,
 // from which a refund gives back less, never more.
 func (p *Policy) ChargeStart(at time.Time, cost int64, d Decision) time.Time {
-	if p == nil || (p.alg != TokenBucket && p.alg != LeakyBucket) || cost < 1 || cost > p.capacity || d.ResetAfter <= 0 {
+	if p == nil || !isGCRA(p) || cost < 1 || cost > p.capacity || d.ResetAfter <= 0 {
 		return at
 	}
 	q, r := mulAddDiv(uint64(cost), uint64(p.window), 0, p.limit) // the charge's refill time
@@ -186,29 +186,29 @@ func (p *Policy) ChargeStart(at time.Time, cost int64, d Decision) time.Time {
 // and leaky buckets).
 func isGCRA(p *Policy) bool { return p.alg == TokenBucket || p.alg == LeakyBucket }
 
-// gcraTAT returns s's arrival time less now, as Decide reads it (clamped
-// at tau + MaxDelay after a clock stepped back), or false when the bucket
-// is whole.
-func gcraTAT(p *Policy, s *State, now int64) (dq int64, dr uint64, ok bool) {
+// gcraTAT returns s's arrival time as Decide reads it at now: clamped at
+// now + tau + MaxDelay after a clock stepped back (clamped reports it), or
+// ok false when the bucket is whole at now.
+func gcraTAT(p *Policy, s *State, now int64) (aq int64, ar uint64, clamped, ok bool) {
 	if s.B == 0 || s.A < now || (s.A == now && s.B == 1) {
-		return 0, 0, false
+		return 0, 0, false, false
 	}
-	aq, ar := s.A, uint64(s.B-1)
+	aq, ar = s.A, uint64(s.B-1)
 	if lq := now + p.tauQ + p.maxDelay; !lessEq(aq, ar, lq, p.tauR) {
-		aq, ar = lq, p.tauR
+		aq, ar, clamped = lq, p.tauR, true
 	}
-	return aq - now, ar, true
+	return aq, ar, clamped, true
 }
 
 // gcraInUse returns the units s has in use under p at now, ceil((TAT -
 // now) x Limit / Window), a shaping bucket's queue beyond its capacity
 // included: saturated at 1<<62, beyond any capacity.
 func gcraInUse(p *Policy, s *State, now int64) int64 {
-	dq, dr, ok := gcraTAT(p, s, now)
+	aq, dr, _, ok := gcraTAT(p, s, now)
 	if !ok {
 		return 0
 	}
-	hi, lo := bits.Mul64(uint64(dq), p.limit)
+	hi, lo := bits.Mul64(uint64(aq-now), p.limit)
 	var c uint64
 	lo, c = bits.Add64(lo, dr, 0)
 	hi += c
@@ -225,10 +225,11 @@ func gcraInUse(p *Policy, s *State, now int64) int64 {
 // gcraRoomWait returns the time until s has at most x units in use under p
 // (see gcraInUse), at least 0.
 func gcraRoomWait(p *Policy, s *State, x, now int64) int64 {
-	dq, dr, ok := gcraTAT(p, s, now)
+	aq, dr, _, ok := gcraTAT(p, s, now)
 	if !ok {
 		return 0
 	}
+	dq := aq - now
 	// TAT - now - x x Window / Limit, rounded up: x units fit in what is
 	// left of TAT - now, which is within tau + MaxDelay.
 	xq, xr, fits := mulDivChecked(uint64(x), uint64(p.window), p.limit)
@@ -247,15 +248,9 @@ func gcraRoomWait(p *Policy, s *State, x, now int64) int64 {
 // gives nothing back (which charges it holds is then unknown). Otherwise
 // such a TAT is first clamped as Decide clamps it.
 func gcraRefund(p *Policy, s *State, cost, start, now int64, byCharge bool) {
-	if s.B == 0 || s.A < now || (s.A == now && s.B == 1) {
-		return // whole at now: nothing is in use
-	}
-	aq, ar := s.A, uint64(s.B-1)
-	if lq := now + p.tauQ + p.maxDelay; !lessEq(aq, ar, lq, p.tauR) {
-		if byCharge {
-			return
-		}
-		aq, ar = lq, p.tauR
+	aq, ar, clamped, ok := gcraTAT(p, s, now)
+	if !ok || (clamped && byCharge) {
+		return // whole at now, or which charges it holds is unknown
 	}
 	q, r := mulAddDiv(uint64(cost), uint64(p.window), 0, p.limit)
 	if byCharge && now > start {

@@ -224,17 +224,16 @@ func (s *memShard) inUse(p *Policy, st *State, now int64) int64 {
 // bucket with a delay). The key has room for cost under p once old's own
 // units in use, queued ones included, fall to p's capacity less cost (the
 // next request converts old's record again), and is whole once they are
-// all back. old's state, clamped as a decision at now clamps it after a
-// clock stepped back, is stored through write, so that the wait holds;
-// write may be nil when there is nothing to store it in. It overwrites
-// s.dec. Requires s.mu.
-func (s *memShard) refuseConverted(old memEntry, p *Policy, cost, now int64, d *Decision, lost bool, write func(*State)) {
+// all back. old's state, the record under h, is stored clamped as a
+// decision at now clamps it after a clock stepped back, so that the wait
+// holds. It overwrites s.dec. Requires s.mu.
+func (s *memShard) refuseConverted(old memEntry, h uint64, p *Policy, cost, now int64, d *Decision, lost bool) {
 	o := old.pol
 	s.exam = old
 	o.alg.Decide(o, &s.exam.st, 0, now, true, &s.dec) // the clamp
 	reset := s.dec.ResetAfter
-	if write != nil {
-		write(&s.exam.st)
+	if ref, ok := s.lru.Peek(h); ok {
+		s.write(ref, s.at(ref.slot), &s.exam.st)
 	}
 	// A request of cost c under p fits once old's units in use are at most
 	// p's capacity less c.
@@ -662,23 +661,19 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 func (m *MemoryStore) takeOther(s *memShard, h uint64, ref memRef, sl *memSlot, e memEntry, r *Request, now int64, out *Decision) error {
 	p := r.Policy
 	s.cur = e
-	if converted(&s.cur, p) {
-		lost := s.adopt(&s.cur, p, now)
-		p.alg.Decide(p, &s.cur.st, r.Cost, now, false, &s.dec)
-		if lost || !s.dec.Allowed {
-			// A conversion is stored only with a charge: refused, e stays
-			// as it was, and requests under its own policy find it so.
-			d := s.dec
-			s.refuseConverted(e, p, r.Cost, now, &d, lost, func(st *State) { s.write(ref, sl, st) })
-			s.cur = memEntry{}
-			*out = d
-			s.mu.Unlock()
-			return nil
-		}
-	} else {
-		s.cur.pol = p
-	}
+	conv := converted(&s.cur, p)
+	lost := s.adopt(&s.cur, p, now)
 	p.alg.Decide(p, &s.cur.st, r.Cost, now, true, &s.dec)
+	if conv && (lost || !s.dec.Allowed) {
+		// A conversion is stored only with a charge: refused, e stays as
+		// it was, and requests under its own policy find it so.
+		d := s.dec
+		s.refuseConverted(e, h, p, r.Cost, now, &d, lost)
+		s.cur = memEntry{}
+		*out = d
+		s.mu.Unlock()
+		return nil
+	}
 	s.put(h, ref, sl, &s.cur)
 	s.cur = memEntry{}
 	*out = s.dec
@@ -757,12 +752,8 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			// To the front, so that making room keeps the batch's keys.
 			s.front(hashes[i], ref)
 			found[i] = true
-			if conv[i] = converted(&s.cur, r.Policy); conv[i] {
-				olds[i] = s.cur
-				lost[i] = s.adopt(&s.cur, r.Policy, now)
-			} else {
-				s.cur.pol = r.Policy
-			}
+			olds[i], conv[i] = s.cur, converted(&s.cur, r.Policy)
+			lost[i] = s.adopt(&s.cur, r.Policy, now)
 			st = &s.cur.st
 		} else {
 			s.scratch = State{}
@@ -784,12 +775,7 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			out[i].Allowed = false
 			out[i].RetryAfter = 0
 		} else if lost[i] || (conv[i] && !out[i].Allowed) { // refused (see takeOther)
-			h := hashes[i]
-			s.refuseConverted(olds[i], r.Policy, cost, now, &out[i], lost[i], func(st *State) {
-				if ref, ok := s.lru.Peek(h); ok {
-					s.write(ref, s.at(ref.slot), st)
-				}
-			})
+			s.refuseConverted(olds[i], hashes[i], r.Policy, cost, now, &out[i], lost[i])
 		}
 		all = all && out[i].Allowed
 	}

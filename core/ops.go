@@ -206,17 +206,14 @@ func (m *MemoryStore) refund(reqs []Request, now int64) error {
 		if !ok {
 			continue // never charged, or forgotten: nothing in use
 		}
-		if s.cur.pol != nil && s.cur.pol.identity != r.Policy.identity {
-			if !r.ChargedAt.IsZero() {
-				// A record another policy wrote since the charge holds
-				// none of the charge's own history: nothing is given back.
-				continue
-			}
-			if s.adopt(&s.cur, r.Policy, now) {
-				continue // a conversion that drops units is not stored (see adopt)
-			}
+		if converted(&s.cur, r.Policy) && !r.ChargedAt.IsZero() {
+			// A record another policy wrote since the charge holds none of
+			// the charge's own history: nothing is given back.
+			continue
 		}
-		s.cur.pol = r.Policy
+		if s.adopt(&s.cur, r.Policy, now) {
+			continue // a conversion that drops units is not stored (see adopt)
+		}
 		refundOne(r, &s.cur.st, now)
 		s.put(hashes[i], ref, sl, &s.cur)
 	}
@@ -302,12 +299,7 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 		} else if found[i] && converted(&held[i], r.Policy) && (lost || !out[i].Allowed) {
 			// refused, as Take refuses it (see takeOther); Peek writes
 			// only a clamp
-			h := hashes[i]
-			s.refuseConverted(held[i], r.Policy, cost, now, &out[i], lost, func(st *State) {
-				if ref, ok := s.lru.Peek(h); ok {
-					s.write(ref, s.at(ref.slot), st)
-				}
-			})
+			s.refuseConverted(held[i], hashes[i], r.Policy, cost, now, &out[i], lost)
 		}
 		all = all && out[i].Allowed
 	}
@@ -378,17 +370,15 @@ func (m *MemoryStore) peekState(s *memShard, e memEntry, found bool, p *Policy, 
 	if !found {
 		return false
 	}
-	if e.pol == nil || e.pol.identity == p.identity {
+	if !converted(&e, p) {
 		*st = e.st // Decide without commit writes nothing, the log included
 		return false
 	}
 	s.exam = e
-	used := s.inUse(e.pol, &s.exam.st, now)
+	lost = s.adopt(&s.exam, p, now)
+	*st = s.exam.st
 	s.exam = memEntry{}
-	if used > 0 {
-		p.alg.Decide(p, st, min(used, p.capacity), now, true, &s.dec)
-	}
-	return used > p.capacity
+	return lost
 }
 
 // roomFor is makeRoom without removing anything: the error and RetryAfter
