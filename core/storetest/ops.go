@@ -260,6 +260,25 @@ func testRefundCharge(t *testing.T, newStore func(*testing.T) core.Store) {
 			t.Fatalf("a log whose entry no refund touched, a second before it: %+v %v, want refused", d, err)
 		}
 	})
+	t.Run("lossy conversion not stored", func(t *testing.T) {
+		// A refund under a smaller policy of a key the larger one holds
+		// beyond it stores no conversion: the larger policy's units stay.
+		h := Harness{t, newStore(t)}
+		small := mustPolicy(t, core.Rule{Name: "rs", Limit: 10, Window: time.Hour})
+		big := mustPolicy(t, core.Rule{Name: "rs", Limit: 100, Window: time.Hour})
+		key := uniqueKey(t, "refund")
+		if d, err := h.Take(big, key, 50, 0); err != nil || !d.Allowed {
+			t.Fatalf("50 of 100: %+v %v", d, err)
+		}
+		for _, at := range []time.Time{{}, T0} { // with and without ChargedAt
+			if err := h.Refund([]core.Request{{Policy: small, Key: key, Cost: 1, ChargedAt: at}}, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d, err := h.Take(big, key, 51, 0); err != nil || d.Allowed {
+			t.Fatalf("51 more of 100 after refunds under the smaller policy: %+v %v, want refused (50 in use)", d, err)
+		}
+	})
 }
 
 // Peek decides a batch at T0+at through core.Peeker.

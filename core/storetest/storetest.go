@@ -857,7 +857,6 @@ func testIdentity(t *testing.T, newStore func(*testing.T) core.Store) {
 		}
 	})
 	t.Run("LossyConversion", func(t *testing.T) {
-		ctx := context.Background()
 		full := func(t *testing.T, h Harness, p *core.Policy, key string, n int, at time.Duration) {
 			t.Helper()
 			for range n {
@@ -999,31 +998,6 @@ func testIdentity(t *testing.T, newStore func(*testing.T) core.Store) {
 			}
 			if d, err := h.Take(b, key, 1, 10*time.Second); err != nil || !d.Allowed {
 				t.Fatalf("under the window at its RetryAfter: %+v %v, want admitted", d, err)
-			}
-		})
-		t.Run("RefundNotStored", func(t *testing.T) {
-			// A refund under a smaller policy of a key the larger one
-			// holds beyond it stores no conversion: the larger policy's
-			// units stay.
-			s := newStore(t)
-			rf, ok := s.(core.Refunder)
-			if !ok {
-				t.Skip("not a Refunder")
-			}
-			h := Harness{t, s}
-			small := mustPolicy(t, core.Rule{Name: "rs", Limit: 10, Window: time.Hour})
-			big := mustPolicy(t, core.Rule{Name: "rs", Limit: 100, Window: time.Hour})
-			key := uniqueKey(t, "refund")
-			if d, err := h.Take(big, key, 50, 0); err != nil || !d.Allowed {
-				t.Fatalf("50 of 100: %+v %v", d, err)
-			}
-			for _, at := range []time.Time{{}, T0} { // with and without ChargedAt
-				if err := rf.Refund(ctx, T0, []core.Request{{Policy: small, Key: key, Cost: 1, ChargedAt: at}}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if d, err := h.Take(big, key, 51, 0); err != nil || d.Allowed {
-				t.Fatalf("51 more of 100 after refunds under the smaller policy: %+v %v, want refused (50 in use)", d, err)
 			}
 		})
 	})
