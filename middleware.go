@@ -969,9 +969,11 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			return 0
 		}
 		res.reserved = true
-		// A store, slot store or Observer that panics from here on must
-		// not keep the slot for good.
-		defer l.releaseOnPanic(res)
+		if l.slots == nil { // with slots, releaseOnPanic is deferred already
+			// A store or Observer that panics from here on must not keep
+			// the slot for good.
+			defer l.releaseOnPanic(res)
+		}
 	}
 	m := n
 	if peek && l.slots != nil {
