@@ -904,11 +904,13 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 				return 0
 			}
 			if errors.Is(err, ErrNoKey) {
-				l.noteKey(i, false)
 				if ly.ifNoKey == NoKeyRefuse {
 					l.failed(res, outcomeMissingKey, fmt.Errorf("%w: layer %s", ErrMissingKey, ly.desc))
 					return 0
 				}
+				// Only a skipping layer can limit nothing: one that refuses
+				// a request without its key is never noted as absent.
+				l.noteKey(i, false)
 				continue
 			}
 			l.failed(res, outcomeBadRequest, prefixed("layer "+ly.desc, err))

@@ -677,6 +677,20 @@ func TestAbsentKeyLogged(t *testing.T) {
 	if logs2.String() != "" {
 		t.Fatalf("logged:\n%s", logs2)
 	}
+	// A layer that refuses a request without its key (401) limits those
+	// requests: it is never reported as limiting nothing.
+	logs4, logOpt4 := newLogBuf()
+	e4 := mwNew(t, []ratelimit.Layer{
+		{Key: ratelimit.Header("X-API-Key"), Rule: core.PerMinute(10).Named("per-key"), IfNoKey: ratelimit.NoKeyRefuse},
+	}, logOpt4)
+	for range ratelimit.AbsentKeyLogAfter + 1 {
+		if rec := e4.do(t, mwReq("192.0.2.1:1")); rec.Code != http.StatusUnauthorized {
+			t.Fatalf("status %d, want 401", rec.Code)
+		}
+	}
+	if logs4.String() != "" {
+		t.Fatalf("a layer that refused every request without its key was logged:\n%s", logs4)
+	}
 	// WithLogger(nil) is silent (and does not panic).
 	e3 := mwNew(t, []ratelimit.Layer{{Key: ratelimit.User(), Rule: core.PerMinute(10).Named("per-user")}}, ratelimit.WithLogger(nil), ratelimit.WithStore(&mwFailStore{}))
 	for range 2 * ratelimit.AbsentKeyLogAfter {
