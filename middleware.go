@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -693,6 +694,18 @@ func (l *Limiter) routeRequest(r *http.Request) *http.Request {
 		return r
 	}
 	_, pattern := mux.Handler(r)
+	if pattern != "" && redirectPath(r, pattern) {
+		// The mux answers r with a redirect to its path and a slash, and
+		// names that path (the client's text, a new key for every path)
+		// where it would name a pattern: a CONNECT request, or any method
+		// on toolchains without the fix of golang/go#73688. The route is
+		// the pattern that serves the redirect's target, as ServeMux
+		// names it otherwise.
+		rr, u := *r, *r.URL
+		u.Path, u.RawPath = pattern, ""
+		rr.URL = &u
+		_, pattern = mux.Handler(&rr)
+	}
 	if r.Pattern != "" && pattern != r.Pattern && ownPattern(mux, r) {
 		return r // the Limiter is inside its own mux, behind a prefix strip
 	}
@@ -704,6 +717,20 @@ func (l *Limiter) routeRequest(r *http.Request) *http.Request {
 		return r
 	}
 	return r.WithContext(WithRoute(r.Context(), ""))
+}
+
+// redirectPath reports whether pattern, what mux.Handler returned for r,
+// is the target of the mux's trailing-slash redirect: r's path, cleaned,
+// and a slash.
+func redirectPath(r *http.Request, pattern string) bool {
+	p := r.URL.Path
+	if pattern[0] != '/' || !strings.HasSuffix(pattern, "/") || strings.HasSuffix(p, "/") {
+		return false
+	}
+	if len(pattern) == len(p)+1 && strings.HasPrefix(pattern, p) {
+		return true
+	}
+	return len(pattern) <= len(p)+1 && pattern == path.Clean("/"+p)+"/"
 }
 
 // patternPath returns the path of a ServeMux pattern, without its method

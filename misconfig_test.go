@@ -1,11 +1,13 @@
 package ratelimit_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -213,6 +215,77 @@ func TestRouteKeysBounded(t *testing.T) {
 	if len(keys) != 2 || !keys["/login"] || !keys["/a/{id}"] {
 		t.Fatalf("route keys %v, want /login and /a/{id}", keys)
 	}
+}
+
+// TestRouteKeysBoundedRedirect checks that requests the mux answers with a
+// trailing-slash redirect (CONNECT /users/x for a pattern "/users/{id}/",
+// whose redirect ServeMux names by the client's path) are keyed by the
+// pattern serving the redirect's target, so that fresh paths mint no
+// route keys, and that a flood of them leaves an exhausted route quota
+// exhausted, over a real server too.
+func TestRouteKeysBoundedRedirect(t *testing.T) {
+	mux := http.NewServeMux()
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	mux.Handle("/users/{id}/", ok)
+	mux.Handle("POST /login", ok)
+	l := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.Route(), Rule: core.PerMinute(1 << 30).Named("route")}}, ratelimit.WithServeMux(mux))
+	keys := map[string]bool{}
+	for i := range 300 {
+		for _, target := range []string{fmt.Sprintf("/users/u%d", i), fmt.Sprintf("/users/./u%d", i), fmt.Sprintf("/a/../users/v%d", i)} {
+			for _, method := range []string{"CONNECT", "GET"} {
+				res := l.Decide(muxReq(method, target, "192.0.2.1:1"))
+				for _, ly := range res.Layers {
+					keys[ly.Key] = true
+				}
+			}
+		}
+	}
+	if len(keys) != 1 || !keys["/users/{id}/"] {
+		t.Fatalf("route keys %d (%v), want /users/{id}/ alone", len(keys), some(keys, 3))
+	}
+
+	store := core.MustMemoryStore(&core.MemoryConfig{Capacity: 64})
+	l = mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.Route(), Rule: core.PerMinute(2).Named("route")}},
+		ratelimit.WithServeMux(mux), ratelimit.WithStore(store))
+	srv := httptest.NewServer(l.Handler(mux))
+	defer srv.Close()
+	raw := func(method, target string) int {
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", method, target)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i, want := range []int{200, 200, 429} {
+		if got := raw("POST", "/login"); got != want {
+			t.Fatalf("login %d: %d, want %d", i, got, want)
+		}
+	}
+	for i := range 100 {
+		raw("CONNECT", fmt.Sprintf("/users/x%d", i))
+	}
+	if got := raw("POST", "/login"); got != 429 || store.Len() > 2 {
+		t.Fatalf("after 100 CONNECT requests to fresh paths: login %d, want 429; the store holds %d keys (%d evicted)", got, store.Len(), store.Evictions())
+	}
+}
+
+// some returns up to n keys of m.
+func some(m map[string]bool, n int) []string {
+	var ks []string
+	for k := range m {
+		if len(ks) == n {
+			break
+		}
+		ks = append(ks, k)
+	}
+	return ks
 }
 
 // TestTopLevelRouteLayerOneBatch checks that one Limiter around a whole
