@@ -210,11 +210,14 @@ func (l *Limiter) acquireWith(ctx context.Context, res *Result, buf []LayerResul
 		case errors.Is(err, core.ErrStoreFull):
 			l.failed(res, outcomeStoreFull, prefixed("refused", err))
 			res.Delay = InFlightRetryAfter
-		case m > 0 && !l.cfg.failClosed && !l.cfg.dryRun:
+		case m > 0 && !l.cfg.failClosed:
 			// Fail-open for the concurrency layers alone: the rate
-			// layers, whose store answers, still decide the request.
+			// layers, whose store answers, still decide the request (in
+			// dry-run too, so that it previews what enforcing would do).
 			res.slotErr = wrap(ErrStoreFailure, "in-flight slots", err)
-			l.logOnce(logFailOpen, msgFailOpen, "error", res.slotErr.Error())
+			if !l.cfg.dryRun {
+				l.logOnce(logFailOpen, msgFailOpen, "error", res.slotErr.Error())
+			}
 			res.slotsFailed = true
 			return m, false
 		default:

@@ -778,3 +778,86 @@ func TestInFlightSlotStoreFailureStoppedReleasesWaitingRoom(t *testing.T) {
 		t.Errorf("%d waiting after the error handler stopped the request, want 0", w)
 	}
 }
+
+// A request whose slot store failed open and that the error handler stops
+// after its rate layers admitted it is not served, so it is charged
+// nothing, as under the fail-closed policy.
+func TestInFlightSlotStoreFailureStoppedChargesNothing(t *testing.T) {
+	layers := []ratelimit.Layer{
+		inFlightLayer(1),
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 2, Window: time.Hour}},
+	}
+	for _, tc := range []struct {
+		name string
+		opt  ratelimit.Option
+	}{
+		{"fail-closed", ratelimit.WithFailClosed()},
+		{"error handler stops", ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+		})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := mwNew(t, layers, ratelimit.WithSlotStore(failingSlots{}), tc.opt)
+			for i := 0; i < 3; i++ {
+				if rec := e.do(t, getFrom("192.0.2.1")); rec.Code != http.StatusServiceUnavailable {
+					t.Fatalf("request %d: %d, want 503", i, rec.Code)
+				}
+			}
+			if e.served.Load() != 0 {
+				t.Fatalf("served %d", e.served.Load())
+			}
+			p := e.l.Peek(getFrom("192.0.2.1"))
+			// Peek's Remaining counts the request it peeks for.
+			if len(p.Layers) != 1 || !p.Layers[0].Decision.Allowed || p.Layers[0].Decision.Remaining != 1 {
+				t.Fatalf("after three unserved requests the rate layer says %+v, want 1 remaining after a request (nothing charged)", p.Layers)
+			}
+		})
+	}
+}
+
+// A slot store failure reaches the error handler when the rate layers
+// refuse the request too; a handler that writes nothing lets the refusal
+// (429) follow.
+func TestInFlightSlotStoreFailureOnRateRefusal(t *testing.T) {
+	var seen []error
+	e := mwNew(t, []ratelimit.Layer{
+		inFlightLayer(1),
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 1, Window: time.Hour}},
+	}, ratelimit.WithSlotStore(failingSlots{}), ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+		seen = append(seen, err)
+	}))
+	if rec := e.do(t, getFrom("192.0.2.1")); rec.Code != http.StatusOK {
+		t.Fatalf("first request: %d", rec.Code)
+	}
+	if rec := e.do(t, getFrom("192.0.2.1")); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("second request: %d, want 429", rec.Code)
+	}
+	if len(seen) != 2 || !errors.Is(seen[1], ratelimit.ErrStoreFailure) {
+		t.Fatalf("the error handler saw %v for 2 failed acquisitions", seen)
+	}
+}
+
+// In dry-run, a slot store failure leaves the rate layers deciding, as an
+// enforcing Limiter's fail-open does, so that dry-run previews enforcing.
+func TestInFlightSlotStoreFailureDryRun(t *testing.T) {
+	layers := []ratelimit.Layer{
+		inFlightLayer(1),
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 1, Window: time.Hour}},
+	}
+	for _, dry := range []bool{false, true} {
+		opts := []ratelimit.Option{ratelimit.WithSlotStore(failingSlots{})}
+		if dry {
+			opts = append(opts, ratelimit.WithDryRun())
+		}
+		e := mwNew(t, layers, opts...)
+		e.do(t, getFrom("192.0.2.1"))
+		res := e.l.Decide(getFrom("192.0.2.1"))
+		if len(res.Layers) != 1 || !res.Layers[0].Refused || !errors.Is(res.Err, ratelimit.ErrStoreFailure) && res.Err != nil {
+			t.Errorf("dry-run %v: second request's rate layer: %+v (err %v), want it decided and refused", dry, res.Layers, res.Err)
+		}
+		if res.Proceed != dry {
+			t.Errorf("dry-run %v: Proceed %v", dry, res.Proceed)
+		}
+		res.Release()
+	}
+}

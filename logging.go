@@ -30,6 +30,7 @@ const (
 	logNoRoute
 	logFailOpen
 	logConfig
+	logRefund
 	numLogKinds
 )
 

@@ -800,10 +800,14 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 		// the request's in-flight slots for good.
 		defer l.releaseOnPanic(res)
 	}
-	if res.slotErr != nil && res.Proceed && l.cfg.errHandler != nil && l.callErrorHandler(w, r, res.slotErr) {
+	if res.slotErr != nil && l.cfg.errHandler != nil && l.callErrorHandler(w, r, res.slotErr) {
 		// The concurrency layers failed open (the rate layers decided):
 		// the error handler, which sees every store error, stopped it.
-		l.release(res) // a waiting-room slot a shaping delay would have released
+		if res.Proceed {
+			// Not served: charged nothing, as under the fail-closed policy.
+			l.refundStopped(r, res, layers)
+			l.release(res) // a waiting-room slot a shaping delay would have released
+		}
 		return false
 	}
 	switch res.kind {

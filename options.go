@@ -142,10 +142,11 @@ func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
 // [ErrMissingKey]), a configuration error met at request time (wrapping
 // [ErrConfig]), a full store (wrapping core.ErrStoreFull), a Resolver error,
 // or a store or slot store error (wrapping [ErrStoreFailure]; a slot store
-// that fails open beside rate layers, which then decide, too). It runs
-// before the default
-// action. If it writes a response (calls WriteHeader or Write), the request
-// stops there; otherwise the default action follows: 400 Bad Request with a
+// that fails open beside rate layers, which then decide, too, whether they
+// admit or refuse the request). It runs before the default action. If it
+// writes a response (calls WriteHeader or Write), the request stops there
+// (a request it stops after rate layers admitted it is given back their
+// charge, as the fail-closed policy would have charged nothing); otherwise the default action follows: 400 Bad Request with a
 // short text body for a request error, 401 for a missing required key, 500
 // for a configuration error, 429 with Retry-After for a full store, the fail
 // policy (see [WithFailClosed]) for a store error, and in dry-run mode the

@@ -22,7 +22,6 @@ const msgRefund = "ratelimit: refunding a request failed: the request stays char
 // refundConfig is the WithRefund option of one Limiter.
 type refundConfig struct {
 	refund func(r *http.Request, status int) bool
-	logged atomic.Bool // the refund failure has been logged
 }
 
 // WithRefund gives back what a request was charged when refund, called
@@ -268,8 +267,18 @@ func (l *Limiter) refund(ctx context.Context, reqs []core.Request) {
 		}
 		l.cfg.observer.ObserveError(core.ErrorEvent{Policies: ps, Err: fmt.Errorf("ratelimit: refund: %w", err), Latency: time.Since(start)})
 	}
-	if lg := l.cfg.logger; lg != nil && !l.cfg.refund.logged.Swap(true) {
-		lg.Warn(msgRefund, "error", err.Error())
+	l.logOnce(logRefund, msgRefund, "error", err.Error())
+}
+
+// refundStopped gives back the charge of res, a request whose rate layers
+// admitted it and that the error handler stopped (it was not served).
+func (l *Limiter) refundStopped(r *http.Request, res *Result, layers []LayerResult) {
+	if !charged(res, layers) {
+		return
+	}
+	var reqs [core.MaxBatch]core.Request
+	if n := l.refundRequests(layers, res.rs, res.at, &reqs); n > 0 && claimRefund(res) {
+		l.refund(context.WithoutCancel(r.Context()), reqs[:n])
 	}
 }
 
