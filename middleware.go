@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -316,6 +317,11 @@ type Limiter struct {
 	reloadMu sync.Mutex
 
 	waiting atomic.Int64
+	// waitEnd is the latest Unix nanosecond by which a request that took
+	// a waiting-room slot has been served: its decision's time plus the
+	// longest MaxDelay its rules could give it, under whatever rules it was
+	// decided (SetRules may have lowered MaxDelay since).
+	waitEnd atomic.Int64
 	sleep   func(ctx context.Context, d time.Duration) error // replaced in tests
 
 	epochs [64]atomic.Pointer[epochString]
@@ -408,6 +414,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		return nil, fmt.Errorf("ratelimit: %d layers, at most %d (core.MaxBatch)", len(layers), core.MaxBatch)
 	}
 	l := &Limiter{cfg: cfg, layers: make([]layer, len(layers)), sleep: waitTimer}
+	l.waitEnd.Store(math.MinInt64) // no request has waited
 	l.logs.keys = make([]keyStat, len(layers))
 	policies := make([]*core.Policy, len(layers))
 	type owner struct {
@@ -995,13 +1002,22 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		// refused for a full room is charged nothing.
 		if l.waiting.Add(1) > int64(l.cfg.maxWaiting) {
 			l.waiting.Add(-1)
-			// Retry when every request waiting now has been served: the
-			// longest delay of the shaping policies known, this request's
-			// own included (a Resolver that lists none may pick one).
+			// Retry when every request waiting now has been served: by
+			// waitEnd, and no sooner than the longest delay of the shaping
+			// policies known, this request's own included (a Resolver that
+			// lists none may pick one), for the requests taking a slot now.
 			res.Err, res.kind, res.Delay = ErrTooManyWaiting, outcomeQueueFull, max(rs.maxDelay, maxDelay)
+			if end := l.waitEnd.Load(); end > res.at {
+				res.Delay = max(res.Delay, untilNanos(end, res.at))
+			}
 			return 0
 		}
 		res.reserved = true
+		for end := addNanos(res.at, max(rs.maxDelay, maxDelay)); ; {
+			if cur := l.waitEnd.Load(); cur >= end || l.waitEnd.CompareAndSwap(cur, end) {
+				break
+			}
+		}
 		if l.slots == nil { // with slots, releaseOnPanic is deferred already
 			// A store or Observer that panics from here on must not keep
 			// the slot for good.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -279,5 +280,35 @@ func TestTiersAlternatingCreditNothing(t *testing.T) {
 	}
 	if pro != 10 {
 		t.Errorf("admitted %d pro requests in an hour's window of 10", pro)
+	}
+}
+
+// TestSetRulesWaitingRoomRetryAfter checks that a request refused for a
+// full waiting room after SetRules lowered MaxDelay is told to retry once
+// the request waiting under the old rule has been served, not after the
+// new rule's shorter MaxDelay.
+func TestSetRulesWaitingRoomRetryAfter(t *testing.T) {
+	layers := []ratelimit.Layer{{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: time.Minute}}}
+	e := mwNew(t, layers, ratelimit.WithMaxWaiting(1))
+	entered := make(chan time.Duration)
+	release := make(chan struct{})
+	ratelimit.SetWaitFunc(e.l, func(ctx context.Context, d time.Duration) error {
+		entered <- d
+		<-release
+		return nil
+	})
+	e.do(t, mwReq("192.0.2.1:1")) // served at once
+	done := make(chan struct{})
+	go func() { e.do(t, mwReq("192.0.2.1:1")); close(done) }()
+	waiting := <-entered // 10s: the room's one slot is held that long
+	if err := e.l.SetRules(map[string]core.Rule{"shape": {Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: 2 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.do(t, mwReq("192.0.2.1:1"))
+	close(release)
+	<-done
+	ra, _ := strconv.Atoi(rec.Header().Get(ratelimit.HeaderRetryAfter))
+	if rec.Code != http.StatusTooManyRequests || time.Duration(ra)*time.Second < waiting {
+		t.Fatalf("full room after SetRules: %d Retry-After %ds, but the request holding the room waits %v", rec.Code, ra, waiting)
 	}
 }
