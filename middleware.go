@@ -726,6 +726,22 @@ func (l *Limiter) routeRequest(r *http.Request) *http.Request {
 	return r.WithContext(WithRoute(r.Context(), ""))
 }
 
+// observeRoomFull reports a request refused for a full waiting room to the
+// Observer, as an error of its shaping layers' policies: no rule refused
+// it, and nothing was charged.
+func (l *Limiter) observeRoomFull(reqs []core.Request) {
+	if l.cfg.observer == nil {
+		return
+	}
+	var ps []*core.Policy
+	for i := range reqs {
+		if reqs[i].Policy.MaxDelay() > 0 {
+			ps = append(ps, reqs[i].Policy)
+		}
+	}
+	l.cfg.observer.ObserveError(core.ErrorEvent{Policies: ps, Err: ErrTooManyWaiting})
+}
+
 // redirectPath reports whether pattern, what mux.Handler returned for r,
 // is the target of the mux's trailing-slash redirect: r's path, cleaned,
 // and a slash.
@@ -1010,6 +1026,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			if end := l.waitEnd.Load(); end > res.at {
 				res.Delay = max(res.Delay, untilNanos(end, res.at))
 			}
+			l.observeRoomFull(reqs[:n])
 			return 0
 		}
 		res.reserved = true

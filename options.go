@@ -343,7 +343,8 @@ func WithPartitionKey() Option { return func(c *config) { c.partitionKey = true 
 // shaping delay (a LeakyBucket layer with Rule.MaxDelay; see [Limiter.Wait]).
 // A request to a shaping layer that finds n requests already waiting (or
 // being decided for a shaping layer) is refused with 429 (Result.Err is
-// [ErrTooManyWaiting]). Admit and Handler take the waiting slot before
+// [ErrTooManyWaiting], reported to the Observer's ObserveError under the
+// request's shaping policies). Admit and Handler take the waiting slot before
 // charging the request, so such a refusal charges nothing, and its
 // Retry-After is the longest MaxDelay of the shaping layers and of the
 // refused request's own policies, by when every request waiting now has

@@ -13,7 +13,10 @@ type Observer interface {
 	ObserveDecision(DecisionEvent)
 	// ObserveError is called when a store fails (with any error but
 	// ErrCostExceedsCapacity, a refusal), unless the error is the caller's
-	// context ending: a client that went away is no store failure.
+	// context ending: a client that went away is no store failure. The
+	// HTTP middleware also reports through it the requests it refuses
+	// before any store decides them because too many requests are waiting
+	// for a shaping delay (ratelimit.ErrTooManyWaiting).
 	ObserveError(ErrorEvent)
 	// ObserveEviction is called when a MemoryStore evicts a key that still
 	// held state.
@@ -38,11 +41,11 @@ type DecisionEvent struct {
 	Latency time.Duration
 }
 
-// ErrorEvent describes a store failure.
+// ErrorEvent describes a store failure (see Observer.ObserveError).
 type ErrorEvent struct {
 	// Policies are the policies of the failed batch.
 	Policies []*Policy
-	// Err is the error the store returned.
+	// Err is the error the store returned (or the middleware met).
 	Err error
 	// Latency is the time the failed call took.
 	Latency time.Duration

@@ -58,11 +58,14 @@
 // rule of the batch: store failures, core.ErrStoreFull from a full
 // MemoryStore with KeepActive (its requests are answered 429, but no rule
 // refused them, so they are not "denied": a growing count means the store
-// is too small for its busy keys, or under a flood of new ones), and
+// is too small for its busy keys, or under a flood of new ones),
 // core.ErrDuplicateRequest (Resolvers that gave one key equally named
-// policies, answered 500). An error met after the caller's context ended
-// (its client went away) is not counted. A cost
-// above a rule's capacity is a refusal ("denied"), not an error. Key errors
+// policies, answered 500), and, under the shaping rules of the request,
+// ratelimit.ErrTooManyWaiting from the HTTP middleware (a request refused
+// with 429 because too many requests were waiting for a shaping delay,
+// before any store decided it: see ratelimit.WithMaxWaiting). An error met
+// after the caller's context ended (its client went away) is not counted. A
+// cost above a rule's capacity is a refusal ("denied"), not an error. Key errors
 // and Resolver errors of the HTTP middleware never reach the store and are
 // not counted; see ratelimit.WithErrorHandler. ratelimit_evictions_total
 // counts keys a MemoryStore evicted while they still held state, under the
@@ -194,7 +197,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		}, []string{"rule"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "errors_total",
-			Help: "Errors a store returned (failures, and a full KeepActive store), once per rule of the batch.",
+			Help: "Errors a store returned (failures, and a full KeepActive store) and refusals for a full shaping waiting room, once per rule.",
 		}, []string{"rule"}),
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "evictions_total",

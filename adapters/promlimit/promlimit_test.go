@@ -200,7 +200,7 @@ func TestErrors(t *testing.T) {
 		t.Fatal("no error from a failing store")
 	}
 	compare(t, reg, `
-# HELP ratelimit_errors_total Errors a store returned (failures, and a full KeepActive store), once per rule of the batch.
+# HELP ratelimit_errors_total Errors a store returned (failures, and a full KeepActive store) and refusals for a full shaping waiting room, once per rule.
 # TYPE ratelimit_errors_total counter
 ratelimit_errors_total{rule="login"} 2
 ratelimit_errors_total{rule="per-ip"} 3
@@ -226,11 +226,65 @@ func TestStoreFullIsAnError(t *testing.T) {
 		t.Fatalf("second key in a full store: %v, want ErrStoreFull", err)
 	}
 	compare(t, reg, `
-# HELP ratelimit_errors_total Errors a store returned (failures, and a full KeepActive store), once per rule of the batch.
+# HELP ratelimit_errors_total Errors a store returned (failures, and a full KeepActive store) and refusals for a full shaping waiting room, once per rule.
 # TYPE ratelimit_errors_total counter
 ratelimit_errors_total{rule="per-ip"} 1
 `, "ratelimit_errors_total")
 	compare(t, reg, decisionsHelp+decisions("per-ip", 1, 0, 0, 0), "ratelimit_decisions_total")
+}
+
+// signalling passes every event to the Metrics and signals each decision.
+type signalling struct {
+	*promlimit.Metrics
+	decided chan struct{}
+}
+
+func (s signalling) ObserveDecision(ev core.DecisionEvent) {
+	s.Metrics.ObserveDecision(ev)
+	s.decided <- struct{}{}
+}
+
+// TestWaitingRoomFullIsAnError: a request the middleware refuses (429)
+// because too many requests wait for a shaping delay was decided by no
+// store and refused by no rule: it counts in errors_total under the
+// request's shaping rule alone.
+func TestWaitingRoomFullIsAnError(t *testing.T) {
+	m, reg := newMetrics(t)
+	obs := signalling{Metrics: m, decided: make(chan struct{}, 8)}
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 100, Window: time.Minute}},
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Minute, MaxDelay: time.Hour}},
+	}, ratelimit.WithClock(core.NewFakeClock(t0)), ratelimit.WithObserver(obs), ratelimit.WithMaxWaiting(1)))
+	h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	req := func(ctx context.Context) *http.Request {
+		r := httptest.NewRequest("GET", "/", nil).WithContext(ctx)
+		r.RemoteAddr = "192.0.2.1:1"
+		return r
+	}
+	h.ServeHTTP(httptest.NewRecorder(), req(context.Background())) // served at once
+	<-obs.decided
+	<-obs.decided
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int)
+	go func() { // delayed a minute: holds the one waiting slot
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req(ctx))
+		done <- w.Code
+	}()
+	<-obs.decided // charged, its waiting slot taken before that
+	<-obs.decided
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req(context.Background()))
+	cancel()
+	<-done
+	if w.Code != http.StatusTooManyRequests {
+		t.Fatalf("full waiting room: %d, want 429", w.Code)
+	}
+	compare(t, reg, `
+# HELP ratelimit_errors_total Errors a store returned (failures, and a full KeepActive store) and refusals for a full shaping waiting room, once per rule.
+# TYPE ratelimit_errors_total counter
+ratelimit_errors_total{rule="shape"} 1
+`, "ratelimit_errors_total")
 }
 
 func TestEvictionsAndMemoryStore(t *testing.T) {
