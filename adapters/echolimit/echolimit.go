@@ -11,11 +11,14 @@
 // route layers do not apply to it. Middleware added with e.Use, g.Use or per
 // route runs after routing; in e.Pre middleware the route is looked up in
 // echo's router, so one Limiter in e.Pre or e.Use can hold per-IP, per-user
-// and per-route layers in one atomic batch. In e.Pre the path is looked up
-// as it is when the middleware runs: put the Limiter after the e.Pre
-// middleware that rewrites paths (RemoveTrailingSlash, AddTrailingSlash,
-// Rewrite), or in e.Use; before them, a path they rewrite into a route
-// would find none, and route layers would not apply to it.
+// and per-route layers in one atomic batch. In e.Pre the route is looked up
+// by the path and method as they are when the middleware runs: put the
+// Limiter after the e.Pre middleware that rewrites them
+// (RemoveTrailingSlash, AddTrailingSlash, Rewrite, MethodOverride), or in
+// e.Use; before them, a path they rewrite into a route would find none, and
+// a method a client overrides (POST with X-HTTP-Method-Override: DELETE)
+// would be keyed as the method it came with, so that route layers would not
+// apply to it.
 //
 // # Responses
 //
@@ -209,8 +212,10 @@ func RouteOf(c echo.Context) string {
 	rt.Find(probe, echo.GetPath(r), fc)
 	if fc.Path() == path && matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) {
 		// Unless the request's method has a route of its own there and
-		// the probe's has none (it found a group's catch-all).
-		if own, probed := methodRoutes(rt, path, r.Method, probe); !own || probed {
+		// the probe's has none (it found a group's catch-all), or the
+		// path lacks a route of some method e.Any registers (e.Match or
+		// e.Add gave it a few methods, the probe's among them).
+		if own, probed, every := methodRoutes(rt, path, r.Method, probe); !own || probed && every {
 			return path
 		}
 	}
@@ -219,19 +224,34 @@ func RouteOf(c echo.Context) string {
 
 // methodRoutes reports whether rt has a route registered at path for m1,
 // and for m2: routes of their own, not the RouteNotFound catch-alls that
-// echo's Group.Use adds at a group's own path and at its "/*". It reads
-// the router's routes afresh (routes added after the first request count),
-// so it costs a walk of them: RouteOf asks it only when a probe finds a
-// route answering another method at the request's path (an e.Any route,
-// or such a catch-all).
-func methodRoutes(rt *echo.Router, path, m1, m2 string) (has1, has2 bool) {
+// echo's Group.Use adds at a group's own path and at its "/*"; and whether
+// it has one for every method e.Any registers. It reads the router's
+// routes afresh (routes added after the first request count), so it costs
+// a walk of them: RouteOf asks it only when a probe finds a route
+// answering another method at the request's path (an e.Any route, a route
+// of the probe's method, or such a catch-all).
+func methodRoutes(rt *echo.Router, path, m1, m2 string) (has1, has2, every bool) {
+	var seen uint32
 	for _, x := range rt.Routes() {
-		if x.Path == path {
-			has1 = has1 || x.Method == m1
-			has2 = has2 || x.Method == m2
+		if x.Path != path {
+			continue
+		}
+		has1 = has1 || x.Method == m1
+		has2 = has2 || x.Method == m2
+		for i, m := range anyMethods {
+			if x.Method == m {
+				seen |= 1 << i
+			}
 		}
 	}
-	return has1, has2
+	return has1, has2, seen == 1<<len(anyMethods)-1
+}
+
+// anyMethods are the methods echo's e.Any and g.Any register a route for.
+var anyMethods = [...]string{
+	http.MethodConnect, http.MethodDelete, http.MethodGet, http.MethodHead,
+	http.MethodOptions, http.MethodPatch, http.MethodPost, echo.PROPFIND,
+	http.MethodPut, http.MethodTrace, echo.REPORT,
 }
 
 // router returns the router echo routes a request for host with: the

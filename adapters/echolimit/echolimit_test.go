@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/limitry/ratelimit"
 	"github.com/limitry/ratelimit/adapters/echolimit"
@@ -275,6 +276,68 @@ func TestRouteKeyPre(t *testing.T) {
 	}
 	if got := obs.list(); len(got) != 3 || got[0] != "per-route=GET /users/:id" {
 		t.Errorf("decisions %q", got)
+	}
+}
+
+// TestRouteKeyFewMethods checks that a path with routes of a few methods,
+// the probe's among them (GET and REPORT, a CalDAV endpoint, with e.Match
+// or e.Add), keys each method's route with its method, in e.Use and e.Pre,
+// while an e.Any route is keyed by its path.
+func TestRouteKeyFewMethods(t *testing.T) {
+	for _, pre := range []bool{false, true} {
+		obs := &keys{}
+		l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+			Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+			Rule:   core.Rule{Name: "cal-get", Limit: 1, Window: time.Minute},
+			Routes: []string{"GET /cal", "PROPFIND /dav", "/any"},
+		}})
+		e := echo.New()
+		if pre {
+			e.Pre(echolimit.Middleware(l))
+		} else {
+			e.Use(echolimit.Middleware(l))
+		}
+		e.GET("/cal", ok)
+		e.Add(echo.REPORT, "/cal", ok)
+		e.Match([]string{echo.PROPFIND, echo.REPORT}, "/dav", ok)
+		e.Any("/any", ok)
+		for _, req := range []struct{ method, path string }{{"GET", "/cal"}, {echo.REPORT, "/dav"}, {echo.PROPFIND, "/dav"}, {"GET", "/any"}, {"POST", "/any"}} {
+			var codes []int
+			for range 2 {
+				codes = append(codes, do(e, req.method, req.path, peer).Code)
+			}
+			want := []int{200, 429}
+			switch {
+			case req.method == echo.REPORT:
+				want = []int{200, 200} // "REPORT /dav" is not among the Routes
+			case req.method == "POST":
+				want = []int{429, 429} // "/any" was spent by GET
+			}
+			if !slices.Equal(codes, want) {
+				t.Errorf("pre %v: %s %s twice, limit 1: %v, want %v; decisions %q", pre, req.method, req.path, codes, want, obs.list())
+			}
+		}
+	}
+}
+
+// TestRouteKeyPreMethodOverride checks that a Limiter in e.Pre after echo's
+// MethodOverride keys the method the route serves, as the package doc
+// says to place it.
+func TestRouteKeyPreMethodOverride(t *testing.T) {
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.Rule{Name: "delete", Limit: 1, Window: time.Minute},
+		Routes: []string{"DELETE /users/:id"},
+	}})
+	e := echo.New()
+	e.Pre(middleware.MethodOverride(), echolimit.Middleware(l))
+	e.DELETE("/users/:id", ok)
+	var codes []int
+	for range 3 {
+		codes = append(codes, do(e, "POST", "/users/1", peer, "X-HTTP-Method-Override", "DELETE").Code)
+	}
+	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("DELETE /users/1 through method override three times, limit 1: %v, want %v", codes, want)
 	}
 }
 
