@@ -213,7 +213,8 @@
 //     refund takes cost x Window/Limit off the theoretical arrival time:
 //     exact unless another request met the bucket full in between, in which
 //     case it may credit up to what refills between charge and refund (at
-//     most Timeout's worth of refill).
+//     most twice Timeout's worth of refill: the charge's Timeout, and the
+//     refund's own).
 //   - If Redis fails between the charge and the refund, some groups may
 //     stay charged (the safe direction); the failure is returned or, when a
 //     refund alone fails, reported to the Observer.
@@ -225,7 +226,9 @@
 // # Failures
 //
 // Each Take is bounded by Config.Timeout (50ms by default; twice that on a
-// Cluster whose client must first load its slot map). go-redis
+// Cluster whose client must first load its slot map, and a Timeout more
+// for a batch spanning slots that refunds the groups it charged when
+// another refused it). go-redis
 // bounds its socket reads by the context's deadline only when the client
 // has ContextTimeoutEnabled; otherwise the store waits for the call in a
 // goroutine and abandons it at the deadline (it then ends on the client's

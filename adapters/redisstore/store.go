@@ -101,10 +101,14 @@ type Config struct {
 	// documentation describes.
 	HashTag func(policyName, key string) string
 
-	// Timeout bounds each Take's calls to Redis (both phases of a batch
-	// spanning several Cluster slots count against it; on a Cluster whose
-	// client has not loaded its slot map, the map's lookup is bounded by
-	// Timeout too, so that Take may last up to twice Timeout). A decision that
+	// Timeout bounds each Take's calls to Redis. Both phases of a batch
+	// spanning several Cluster slots (or Ring shards) count against it;
+	// two steps get a Timeout of their own, so that Take may last longer:
+	// on a Cluster whose client has not loaded its slot map, the map's
+	// lookup (up to twice Timeout), and the refund of the groups such a
+	// batch charged when another group refused it or failed (a refund must
+	// not be starved by the deadline the charge used up: up to three times
+	// Timeout with both). A decision that
 	// times out is an error (or goes to the Fallback) and is never re-sent:
 	// the script may have run. A negative value sets no bound of the
 	// store's own. The default value is DefaultTimeout, 50ms.
