@@ -3,6 +3,7 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -133,28 +134,63 @@ func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (break
 	}, nil
 }
 
+// nodeBreaker is the breaker of one Cluster master.
+type nodeBreaker struct {
+	cb *gobreaker.CircuitBreaker[struct{}]
+	// gen is the store's breakerGen when a decision last went through
+	// cb: NodeStates drops a breaker no decision used since the sweep
+	// before its last.
+	gen atomic.Uint64
+}
+
+// breakerIdle is the least time between two sweeps of NodeStates: a
+// master's breaker that no decision used during a whole such time is
+// dropped.
+const breakerIdle = time.Minute
+
 // nodeBreaker returns the breaker of a Cluster master, made on first use.
 func (s *Store) nodeBreaker(node string) *gobreaker.CircuitBreaker[struct{}] {
-	if b, ok := s.nodeBreakers.Load(node); ok {
-		return b.(*gobreaker.CircuitBreaker[struct{}])
+	g := s.breakerGen.Load()
+	if v, ok := s.nodeBreakers.Load(node); ok {
+		b := v.(*nodeBreaker)
+		if b.gen.Load() != g {
+			b.gen.Store(g)
+		}
+		return b.cb
 	}
-	b, _ := s.nodeBreakers.LoadOrStore(node, s.newBreaker(node))
-	return b.(*gobreaker.CircuitBreaker[struct{}])
+	b := &nodeBreaker{cb: s.newBreaker(node)}
+	b.gen.Store(g)
+	v, _ := s.nodeBreakers.LoadOrStore(node, b)
+	return v.(*nodeBreaker).cb
 }
 
 // NodeStates returns the state of each Cluster master's circuit breaker,
-// by the master's address, for the masters the store has talked to, and
-// under "" the state of the breaker of the Cluster's slot map (the lookup
-// of the master holding a key, which a client makes over the network until
-// it has loaded the map); nil for a store that has one breaker for all (not
-// a Cluster, or disabled).
+// by the master's address, for the masters the store has talked to
+// lately, and under "" the state of the breaker of the Cluster's slot map
+// (the lookup of the master holding a key, which a client makes over the
+// network until it has loaded the map); nil for a store that has one
+// breaker for all (not a Cluster, or disabled). A breaker no decision went
+// through for a minute or more, as seen by two calls of NodeStates (or
+// State) at least a minute apart, is dropped: that of a master gone from
+// the Cluster, or whose address changed, would otherwise report open or
+// half-open for good. A master asked again gets a new breaker.
 func (s *Store) NodeStates() map[string]BreakerState {
 	if !s.perNode {
 		return nil
 	}
+	g := s.breakerGen.Load()
+	now := time.Now().UnixNano()
+	if last := s.lastSweep.Load(); now-last >= int64(breakerIdle) && s.lastSweep.CompareAndSwap(last, now) {
+		g = s.breakerGen.Add(1)
+	}
 	m := map[string]BreakerState{}
 	s.nodeBreakers.Range(func(k, v any) bool {
-		m[k.(string)] = fromGobreaker(v.(*gobreaker.CircuitBreaker[struct{}]).State())
+		b := v.(*nodeBreaker)
+		if g-b.gen.Load() > 1 {
+			s.nodeBreakers.CompareAndDelete(k, v)
+			return true
+		}
+		m[k.(string)] = fromGobreaker(b.cb.State())
 		return true
 	})
 	return m

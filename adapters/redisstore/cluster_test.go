@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -322,5 +323,50 @@ func TestClusterSlotMapWithinTimeout(t *testing.T) {
 				t.Fatal("the failures were not reported")
 			}
 		})
+	}
+}
+
+// TestNodeBreakersDropped checks that a master's breaker that no decision
+// has used for a whole sweep period of NodeStates (a master gone from the
+// Cluster, or whose address changed, with its breaker open) is dropped, so
+// that State does not report it open for good, while the breakers of the
+// masters decisions use stay.
+func TestNodeBreakersDropped(t *testing.T) {
+	client := newClusterClient(t, redistest.Cluster(t))
+	s := newStore(t, client, &Config{Breaker: &BreakerConfig{Failures: 1, OpenFor: time.Hour}})
+	s.lastSweep.Store(time.Now().UnixNano()) // a sweep period begins
+	p := mustPolicy(t, core.Rule{Name: "n", Limit: 10, Window: time.Minute})
+	take(t, s, time.Now(), p, "k", 1)
+	gone := "192.0.2.1:6379" // a master that left: its breaker open
+	s.nodeBreaker(gone).Execute(func() (struct{}, error) { return struct{}{}, errors.New("down") })
+	if st := s.State(); st != BreakerOpen {
+		t.Fatalf("State() = %v with the gone master's breaker open, want open", st)
+	}
+	sweep := func() map[string]BreakerState {
+		s.lastSweep.Store(time.Now().Add(-2 * breakerIdle).UnixNano()) // a sweep period has passed
+		return s.NodeStates()
+	}
+	c, err := client.MasterForKey(context.Background(), redisKey(s.prefix, "n", "", &core.Request{Key: "k"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := c.Options().Addr
+	if st := sweep(); st[gone] != BreakerOpen || st[live] != BreakerClosed {
+		t.Fatalf("after one sweep: %v, want the gone master's breaker still open beside %s's", st, live)
+	}
+	take(t, s, time.Now(), p, "k", 1) // the live master is used again
+	st := sweep()
+	if _, ok := st[gone]; ok || st[live] != BreakerClosed {
+		t.Fatalf("after a sweep period with no decision through it: %v, want the gone master's breaker dropped, %s's closed", st, live)
+	}
+	if got := s.State(); got != BreakerClosed {
+		t.Fatalf("State() = %v, want closed", got)
+	}
+	// Calls within one period sweep nothing.
+	s.nodeBreaker(gone)
+	for range 3 {
+		if _, ok := s.NodeStates()[gone]; !ok {
+			t.Fatal("a breaker used within the period was dropped")
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/limitry/ratelimit/core"
@@ -223,7 +224,9 @@ type Store struct {
 	breaker      *gobreaker.CircuitBreaker[struct{}] // the store's one breaker, unless perNode
 	perNode      bool                                // a Cluster: one breaker per master (nodeBreakers)
 	newBreaker   breakerFactory
-	nodeBreakers sync.Map      // master address -> *gobreaker.CircuitBreaker[struct{}]
+	nodeBreakers sync.Map      // master address -> *nodeBreaker
+	breakerGen   atomic.Uint64 // the sweeps of NodeStates so far (see nodeBreaker)
+	lastSweep    atomic.Int64  // Unix nanosecond of NodeStates' last sweep
 	deadlines    deadlines     // Done channels of the decisions' timeouts
 	gate         *gate         // the running calls; closed by Close
 	slots        chan struct{} // one per connection of a single-node client; nil: no pacing
