@@ -223,6 +223,17 @@
 // are grouped by their hash tag (equal tags always share a node), by the
 // same scheme.
 //
+// A Ring has no replicas: when go-redis's heartbeat finds a shard down, it
+// moves that shard's keys to the others, which hold no state for them, and
+// back once the shard is up again. The store does not decide a key moved
+// so (that would grant it a fresh quota): its batch fails with
+// ErrShardDown (the Fallback decides it, when there is one), as do the
+// in-flight slots of InFlight, while the keys of the shards that are up
+// decide as usual. A Ring has one circuit breaker for the whole store
+// (ErrShardDown does not count against it). Where a lost shard must not
+// mean lost state, use Redis Cluster or Sentinel, which fail over to a
+// replica.
+//
 // # Failures
 //
 // Each Take is bounded by Config.Timeout (50ms by default; twice that on a

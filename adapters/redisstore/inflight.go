@@ -59,8 +59,9 @@ type InFlight struct {
 	renew    time.Duration
 	timeout  time.Duration
 	clock    core.Clock
-	place    placement // which keys one script may take together
-	ctxBound bool      // the client bounds its I/O by the context's deadline
+	place    placement  // which keys one script may take together
+	ring     *ringGuard // a Ring's: keys moved off a shard that is down
+	ctxBound bool       // the client bounds its I/O by the context's deadline
 	idBase   string
 	seq      atomic.Uint64
 	lost     atomic.Uint64
@@ -189,6 +190,9 @@ func NewInFlight(client redis.UniversalClient, cfg *InFlightConfig) (*InFlight, 
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+	if r, ok := client.(*redis.Ring); ok {
+		f.ring = newRingGuard(r)
+	}
 	go f.renewer()
 	return f, nil
 }
@@ -220,6 +224,11 @@ func (f *InFlight) Acquire(ctx context.Context, reqs []core.SlotRequest, out []c
 	keys := make([]string, len(reqs))
 	for i := range reqs {
 		keys[i] = redisKey(f.prefix, escapeName(reqs[i].Name), "", &core.Request{Key: reqs[i].Key})
+	}
+	if f.ring != nil {
+		if err := f.ring.check(keys); err != nil {
+			return nil, fmt.Errorf("redisstore: in-flight acquire: %w", err)
+		}
 	}
 	seq := f.seq.Add(1)
 	id := f.idBase + strconv.FormatUint(seq, 10)

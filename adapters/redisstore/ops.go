@@ -82,9 +82,15 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 	s.keysOf(reqs, infos, keys[:len(reqs)])
 	var zero [core.MaxBatch]core.Decision
 	runs := s.opsRuns(modePeek, now, nowArg, reqs, infos, keys[:len(reqs)])
-	replies, err := s.opsBounded(ctx, func(ctx context.Context, ended func() bool) ([]string, error) {
-		return s.runOps(ctx, ended, runs)
-	})
+	var replies []string
+	if s.ring != nil {
+		err = s.ring.check(keys[:len(reqs)])
+	}
+	if err == nil {
+		replies, err = s.opsBounded(ctx, func(ctx context.Context, ended func() bool) ([]string, error) {
+			return s.runOps(ctx, ended, runs)
+		})
+	}
 	for g := 0; err == nil && g < len(runs); g++ {
 		if perr := parsePeek(replies[g], reqs, runs[g].idx, out, zero[:]); perr != nil {
 			err = fmt.Errorf("redisstore: %w", perr)

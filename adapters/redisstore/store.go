@@ -231,6 +231,7 @@ type Store struct {
 	gate         *gate         // the running calls; closed by Close
 	slots        chan struct{} // one per connection of a single-node client; nil: no pacing
 	pipe         *pipeliner    // nil: each call sent alone (Config.Pipeline)
+	ring         *ringGuard    // a Ring's: keys moved off a shard that is down
 	queueWait    time.Duration
 
 	// betweenPhases, if set (by tests), runs between the check and the
@@ -307,6 +308,9 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 		s.timeout = DefaultTimeout
 	}
 	s.place, s.ctxBound, s.poolArgs = clientPlacement(client)
+	if r, ok := client.(*redis.Ring); ok {
+		s.ring = newRingGuard(r)
+	}
 	if cl, ok := client.(*redis.Client); ok && cl.Options().PoolSize > 0 {
 		s.slots = make(chan struct{}, cl.Options().PoolSize)
 	}
@@ -450,6 +454,11 @@ func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs [
 		defer func() { <-s.slots }()
 	}
 	s.keysOf(reqs, infos, st.keys[:len(reqs)])
+	if s.ring != nil {
+		if err := s.ring.check(st.keys[:len(reqs)]); err != nil {
+			return err // before the breaker: the other shards answer
+		}
+	}
 	return s.throughBreaker(ctx, st.keys[:len(reqs)], func() error {
 		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)
 	})

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -269,6 +270,120 @@ func TestRing(t *testing.T) {
 		}
 		return s
 	})
+}
+
+// TestRingShardDown checks that when go-redis's heartbeat drops a stopped
+// shard from a Ring, and moves its keys to the other shard, which holds no
+// state for them, the keys of that shard fail with ErrShardDown (to the
+// Fallback, when there is one, and its Observer) instead of being granted
+// a fresh quota, that the other shard's keys keep deciding, and that once
+// the shard is back its keys decide there again.
+func TestRingShardDown(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	ring := redis.NewRing(&redis.RingOptions{
+		Addrs:              map[string]string{"a": a.Addr(), "b": b.Addr()},
+		HeartbeatFrequency: 20 * time.Millisecond,
+		DialerRetries:      1,
+		MaxRetries:         -1,
+	})
+	t.Cleanup(func() { ring.Close() })
+	var rec errorRecorder
+	s := newStore(t, ring, &Config{ClientTime: true, Timeout: 200 * time.Millisecond})
+	fb := newStore(t, ring, &Config{ClientTime: true, Timeout: 200 * time.Millisecond, Fallback: core.MustMemoryStore(nil), Observer: &rec})
+	fb.prefix = s.prefix // the same records
+	p := mustPolicy(t, core.Rule{Name: "q", Algorithm: core.FixedWindow, Limit: 3, Window: time.Hour})
+	now := time.Unix(1_800_000_000, 0)
+	var onA, onB string
+	for i := 0; onA == "" || onB == ""; i++ {
+		k := fmt.Sprintf("user%d", i)
+		if i == 1000 {
+			t.Fatal("no key on each shard")
+		}
+		for range 3 {
+			if !take(t, s, now, p, k, 1).Allowed {
+				t.Fatalf("key %q refused below its quota", k)
+			}
+		}
+		switch "1" {
+		case redistest.Do(t, a.Addr(), "EXISTS", s.prefix+"q:"+k):
+			onA = cmp.Or(onA, k)
+		case redistest.Do(t, b.Addr(), "EXISTS", s.prefix+"q:"+k):
+			onB = cmp.Or(onB, k)
+		}
+	}
+	b.Stop()
+	waitRing := func(live int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ring.Len() != live; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the Ring has %d live shards after 10s, want %d", ring.Len(), live)
+			}
+		}
+	}
+	waitRing(1)
+	var out [1]core.Decision
+	for i := range 5 {
+		err := s.Take(context.Background(), now, []core.Request{{Policy: p, Key: onB, Cost: 1}}, out[:])
+		if !errors.Is(err, ErrShardDown) || out[0].Allowed {
+			t.Fatalf("decision %d for %q, whose shard is down: %+v, %v; want ErrShardDown", i, onB, out[0], err)
+		}
+		if err := s.Peek(context.Background(), now, []core.Request{{Policy: p, Key: onB, Cost: 1}}, out[:]); !errors.Is(err, ErrShardDown) {
+			t.Fatalf("Peek for %q, whose shard is down: %v, want ErrShardDown", onB, err)
+		}
+		if d := take(t, s, now, p, onA, 1); d.Allowed {
+			t.Fatalf("%q, on the live shard, admitted above its quota: %+v", onA, d)
+		}
+	}
+	if s.State() != BreakerClosed {
+		t.Fatalf("breaker %v: ErrShardDown must not count against it", s.State())
+	}
+	// In-flight slots of a key homed on the stopped shard are not taken
+	// on the other (a fresh count there).
+	slots, err := NewInFlight(ring, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slots.Close()
+	var sd [1]core.SlotDecision
+	home := newRingGuard(ring).home
+	var slotA, slotB string
+	for i := 0; slotA == "" || slotB == ""; i++ {
+		k := fmt.Sprint("conn", i)
+		switch home.Get(hashtagKey(redisKey(slots.prefix, "c", "", &core.Request{Key: k}))) {
+		case "a":
+			slotA = cmp.Or(slotA, k)
+		case "b":
+			slotB = cmp.Or(slotB, k)
+		}
+	}
+	for _, k := range []string{slotA, slotB} {
+		release, err := slots.Acquire(context.Background(), []core.SlotRequest{{Name: "c", Key: k, Limit: 1}}, sd[:])
+		if k == slotB && !errors.Is(err, ErrShardDown) || k == slotA && (err != nil || release == nil) {
+			t.Fatalf("in-flight slot for %q: %v (release %v)", k, err, release != nil)
+		}
+		if release != nil {
+			release()
+		}
+	}
+	// With a Fallback: decided locally (a fresh local quota, reported),
+	// never on the other shard.
+	if d := take(t, fb, now, p, onB, 1); !d.Allowed {
+		t.Fatalf("with a Fallback: %+v, want the Fallback's admission", d)
+	}
+	rec.mu.Lock()
+	if len(rec.errs) != 1 || !errors.Is(rec.errs[0], ErrShardDown) {
+		t.Errorf("the Observer saw %v, want one ErrShardDown", rec.errs)
+	}
+	rec.mu.Unlock()
+	if n := redistest.Do(t, a.Addr(), "EXISTS", s.prefix+"q:"+onB); n != "0" {
+		t.Fatalf("%q was written on the other shard (EXISTS %s)", onB, n)
+	}
+	b.Restart(t) // without persistence: its records are gone
+	waitRing(2)
+	take(t, s, now, p, onB, 1)
+	if n := redistest.Do(t, b.Addr(), "EXISTS", s.prefix+"q:"+onB); n != "1" {
+		t.Fatalf("%q, its shard back, was not decided there (EXISTS %s)", onB, n)
+	}
 }
 
 // TestExpiryExact checks the exact millisecond expiry that a charge sets,
