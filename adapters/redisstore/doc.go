@@ -107,14 +107,12 @@
 // restarts at the change, and this holds when the algorithm itself
 // changes.
 //
-// Upgrading from the previous version of the store, whose records carry no
-// identity: a record without one is read as written under the policy that
-// meets it if it has that algorithm's shape, and as fresh otherwise (as
-// the previous version did); a sliding log without one counts all its
-// units at its newest entry's instant (never a credit, at most one Window
-// of over-counting) and is rewritten in the new form at its next charge.
-// Processes of both versions must not share a Prefix for longer than a
-// rollout: the previous version reads the new records as fresh.
+// A record without an identity (the store never writes one; another
+// program may) is read as written under the policy that meets it if it
+// has that algorithm's shape, and as fresh otherwise; a sliding log
+// without one counts all its units at its newest entry's instant (never a
+// credit, at most one Window of over-counting) and is rewritten with an
+// identity at its next charge.
 //
 // # Keys and expiry
 //

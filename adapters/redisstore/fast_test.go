@@ -52,7 +52,7 @@ func TestFullPath(t *testing.T) {
 	t.Run("IdentityCarryOver", TestIdentityCarryOver)
 	t.Run("IdentityNeverCredits", TestIdentityNeverCredits)
 	t.Run("IdentityTwoStores", TestIdentityTwoStores)
-	t.Run("IdentityUpgrade", TestIdentityUpgrade)
+	t.Run("IdentityUntagged", TestIdentityUntagged)
 	t.Run("ClockBack", TestClockBack)
 	t.Run("NeverSeenKeyWhole", TestNeverSeenKeyWhole)
 	t.Run("ExpiryExact", TestExpiryExact)
@@ -61,14 +61,14 @@ func TestFullPath(t *testing.T) {
 
 // TestFastPathMatchesFullPath replays a random trace of single requests
 // (token and leaky buckets and fixed windows, several policies sharing a
-// name so records change policy, clocks stepping back, records of the
-// previous version and foreign values) against two stores on one server:
+// name so records change policy, clocks stepping back, records without an
+// identity tag and foreign values) against two stores on one server:
 // one deciding on the fast path alone (falling back to the full script,
 // as the take script does, only when the fast path declines), the other
 // on the full path alone. Decisions and the records written must be
 // equal, and the fast path must have decided most requests of each
-// algorithm, refusals, stepped-back clocks and records of the previous
-// version included, while declining every record of another policy.
+// algorithm, refusals, stepped-back clocks and untagged records
+// included, while declining every record of another policy.
 func TestFastPathMatchesFullPath(t *testing.T) {
 	client := newClient(t, redistest.Server(t))
 	st := replayFastVsFull(t, client, storetest.T0, 7, 4000)
@@ -88,7 +88,7 @@ func TestFastPathMatchesFullPath(t *testing.T) {
 		t.Errorf("fast path: %d refusals, %d with the clock stepped back (want 50 or more each), %d foreign values (want 0)", st.refused, st.back, st.foreign)
 	}
 	if st.untagged < 10 {
-		t.Errorf("the fast path decided %d requests on records of the previous version (untagged), want 10 or more", st.untagged)
+		t.Errorf("the fast path decided %d requests on untagged records, want 10 or more", st.untagged)
 	}
 }
 
@@ -189,8 +189,8 @@ func replayFastVsFull(t *testing.T, client *redis.Client, base time.Time, seed u
 		}
 		p := policies[rng.IntN(len(policies))]
 		k := keys[rng.IntN(len(keys))]
-		// Now and then, the same record of the previous version (no
-		// tag), or a foreign value, under both stores.
+		// Now and then, the same record without an identity tag, or a
+		// foreign value, under both stores.
 		foreign, untagged := false, false
 		if x := rng.IntN(100); x < 3 {
 			var v string

@@ -110,10 +110,10 @@ func TestIdentityTwoStores(t *testing.T) {
 	}
 }
 
-// TestIdentityUpgrade reads records written by the previous version (no
-// identity tag) as written under the requesting policy, and a record of
+// TestIdentityUntagged reads records without an identity tag (written by
+// another program) as written under the requesting policy, and a record of
 // another algorithm's shape without a tag as fresh.
-func TestIdentityUpgrade(t *testing.T) {
+func TestIdentityUntagged(t *testing.T) {
 	client := newClient(t, redistest.Server(t))
 	s := newStore(t, client, &Config{ClientTime: true})
 	ctx := context.Background()

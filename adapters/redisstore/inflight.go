@@ -110,10 +110,8 @@ type InFlightConfig struct {
 	// policy and an in-flight layer of the same name and key would then
 	// share a Redis key). The default value is DefaultInFlightPrefix,
 	// "ratelimit:%inflight:", apart from every Store key under the Store's
-	// default prefix. (Earlier versions defaulted to
-	// "ratelimit:inflight:", which a rule named "inflight" reached; while
-	// a fleet runs both, each version counts only its own slots, so a key
-	// may hold up to twice its limit until the older processes are gone.)
+	// default prefix (a rule's name is escaped, and "%" only starts an
+	// escape, so not even a rule named "inflight" reaches it).
 	Prefix string
 
 	// Expiry is how long a slot stays held without renewal: the longest a

@@ -37,10 +37,8 @@ var _ ratelimit.ReplayStore = (*ReplayStore)(nil)
 type ReplayConfig struct {
 	// Prefix starts every key, followed by "%idem:", which no key of a
 	// Store's rule begins with (a rule's name is escaped, and "%" only
-	// starts an escape): the two may share a prefix. (Earlier versions
-	// wrote "idem:"; while a fleet runs both, a retry seen by the other
-	// version is decided and charged afresh, never replayed for free.) The
-	// default value is DefaultPrefix.
+	// starts an escape): the two may share a prefix. The default value is
+	// DefaultPrefix.
 	Prefix string
 	// Timeout bounds each call. The default value is DefaultTimeout.
 	Timeout time.Duration

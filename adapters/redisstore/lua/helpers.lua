@@ -105,8 +105,8 @@ end
 -- record reads what key holds: the GET reply v (a string state, or false
 -- for a missing key), the state's kind ('g', 'f', 'c' or 'l', the code of
 -- the algorithm module that wrote it; nil for a missing key or anything
--- else) and its identity tag ('' for a record of the previous version,
--- which had none).
+-- else) and its identity tag ('' for a record without one, which this
+-- store never writes).
 local function record(key)
   local v = redis.pcall('GET', key)
   if type(v) == 'string' then

@@ -20,8 +20,8 @@
 -- then decided as usual and written only with a charge: a refused request
 -- leaves the other policy's record as it was, with a retry time from it,
 -- and a conversion that dropped units above this policy's capacity is
--- refused (see load and convrefuse). A record without a tag (written by
--- the previous version) is read under the requesting policy if it has the
+-- refused (see load and convrefuse). A record without a tag (which this
+-- store never writes) is read under the requesting policy if it has the
 -- same algorithm's state, and as fresh otherwise.
 --
 -- The reply is an array of integers (Redis converts Lua numbers to
@@ -123,7 +123,7 @@ end
 -- Refused (or only checked): nothing is charged, and the requests that
 -- would have passed report their state without their cost. A refused take
 -- and a check still write the states of their own policy clamped after a
--- clock stepped back (and records of the previous version, rewritten), as
+-- clock stepped back (and records without a tag, rewritten), as
 -- the memory store's decision at cost 0 does: neither changes a decision
 -- at now, and the clamp's bound must hold from the first decision after
 -- the step, on whichever path (a request over capacity, a batch spanning

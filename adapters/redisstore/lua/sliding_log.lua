@@ -14,8 +14,8 @@
 -- the request; a charge drops the expired prefix with one LTRIM. Only
 -- entries recorded after now (a clock stepped back), which a charge moves
 -- to now, and a refund (Cluster batches spanning slots) touch the entries
--- after one. A list of the previous version (its first element the total,
--- without a tag; entries "t:n") is read as all its units recorded at its
+-- after one. A list without a tag (its first element the total; entries
+-- "t:n"), which this store never writes, is read as all its units recorded at its
 -- newest entry's instant (never a credit; at most one Window of
 -- over-counting) and rewritten in this form at the next charge.
 --
@@ -81,7 +81,7 @@ modules.swlog = function()
       end
       return st
     end
-    -- The previous version's list: all its units at its newest instant.
+    -- A list without a tag: all its units at its newest instant.
     local total = tonumber(smatch(head, '^(%d+)$'))
     local newest
     if len > 0 then
