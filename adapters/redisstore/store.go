@@ -968,12 +968,14 @@ var ErrCloseTimeout = errors.New("redisstore: calls still running when Close gav
 // return, and for the calls to Redis they gave up on at their deadline
 // (made only for clients without ContextTimeoutEnabled, see the package
 // documentation) to end. The wait is bounded by the store's Timeout (one
-// second if it has none): a Take bounds its own calls by Timeout, so it is
-// over by then, but a call abandoned by a client without
-// ContextTimeoutEnabled ends only on the client's ReadTimeout; if one is
-// still running when the wait ends, Close returns ErrCloseTimeout (the
-// call then ends on its own and touches nothing of the store's). Close
-// does not close the client, which the caller owns. Close is idempotent.
+// second if it has none): a Take bounds each of its calls by Timeout, so
+// one that is talking to Redis is usually over by then, but a Take may
+// run longer (one waiting for a connection, up to QueueTimeout; the steps
+// with a Timeout of their own, see Config.Timeout), and a call abandoned
+// by a client without ContextTimeoutEnabled ends only on the client's
+// ReadTimeout; if any is still running when the wait ends, Close returns
+// ErrCloseTimeout, and what is running ends on its own. Close does not
+// close the client, which the caller owns. Close is idempotent.
 func (s *Store) Close() error {
 	done := s.gate.close()
 	bound := s.timeout
