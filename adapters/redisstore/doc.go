@@ -227,10 +227,14 @@
 // so (that would grant it a fresh quota): its batch fails with
 // ErrShardDown (the Fallback decides it, when there is one), as do the
 // in-flight slots of InFlight, while the keys of the shards that are up
-// decide as usual. A Ring has one circuit breaker for the whole store
-// (ErrShardDown does not count against it). Where a lost shard must not
-// mean lost state, use Redis Cluster or Sentinel, which fail over to a
-// replica.
+// decide as usual. The store knows the shards the Ring was built with:
+// Ring.SetAddrs, which moves keys between shards without their state
+// whenever it adds or drops one, is reported to the Observer once
+// (ErrRingChanged), and from then on the store cannot tell a shard down
+// from one removed, so it decides every key where the Ring sends it. A
+// Ring has one circuit breaker for the whole store (ErrShardDown does not
+// count against it). Where a lost shard must not mean lost state, use
+// Redis Cluster or Sentinel, which fail over to a replica.
 //
 // # Failures
 //

@@ -224,7 +224,7 @@ func (f *InFlight) Acquire(ctx context.Context, reqs []core.SlotRequest, out []c
 		keys[i] = redisKey(f.prefix, escapeName(reqs[i].Name), "", &core.Request{Key: reqs[i].Key})
 	}
 	if f.ring != nil {
-		if err := f.ring.check(keys); err != nil {
+		if err := f.ring.check(keys); err != nil && !errors.Is(err, ErrRingChanged) {
 			return nil, fmt.Errorf("redisstore: in-flight acquire: %w", err)
 		}
 	}

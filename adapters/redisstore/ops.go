@@ -84,7 +84,10 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 	runs := s.opsRuns(modePeek, now, nowArg, reqs, infos, keys[:len(reqs)])
 	var replies []string
 	if s.ring != nil {
-		err = s.ring.check(keys[:len(reqs)])
+		if err = s.ring.check(keys[:len(reqs)]); errors.Is(err, ErrRingChanged) {
+			s.observe(reqs, err, 0)
+			err = nil
+		}
 	}
 	if err == nil {
 		replies, err = s.opsBounded(ctx, func(ctx context.Context, ended func() bool) ([]string, error) {

@@ -455,7 +455,9 @@ func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs [
 	}
 	s.keysOf(reqs, infos, st.keys[:len(reqs)])
 	if s.ring != nil {
-		if err := s.ring.check(st.keys[:len(reqs)]); err != nil {
+		if err := s.ring.check(st.keys[:len(reqs)]); errors.Is(err, ErrRingChanged) {
+			s.observe(reqs, err, 0)
+		} else if err != nil {
 			return err // before the breaker: the other shards answer
 		}
 	}

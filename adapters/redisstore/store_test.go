@@ -386,6 +386,103 @@ func TestRingShardDown(t *testing.T) {
 	}
 }
 
+// ringKeyOn returns a key of policy "q" of s whose record hashes to the
+// shard want among the shards names.
+func ringKeyOn(t *testing.T, s *Store, ring *redis.Ring, names []string, want string) string {
+	t.Helper()
+	h := ring.Options().NewConsistentHash(names)
+	for i := range 10000 {
+		k := fmt.Sprintf("user%d", i)
+		if h.Get(hashtagKey(s.prefix+"q:"+k)) == want {
+			return k
+		}
+	}
+	t.Fatalf("no key on %s", want)
+	return ""
+}
+
+// TestRingShardsSwap checks that the shards found down follow the shards
+// that are up: one shard back up and another down (the same number of
+// shards up) fails the keys of the second, not of the first.
+func TestRingShardsSwap(t *testing.T) {
+	a, b, c := redistest.Start(t), redistest.Start(t), redistest.Start(t)
+	ring := redis.NewRing(&redis.RingOptions{
+		Addrs:              map[string]string{"a": a.Addr(), "b": b.Addr(), "c": c.Addr()},
+		HeartbeatFrequency: 20 * time.Millisecond,
+		DialerRetries:      1,
+		MaxRetries:         -1,
+	})
+	t.Cleanup(func() { ring.Close() })
+	s := newStore(t, ring, &Config{ClientTime: true, Timeout: 200 * time.Millisecond})
+	p := mustPolicy(t, core.Rule{Name: "q", Algorithm: core.FixedWindow, Limit: 3, Window: time.Hour})
+	now := time.Unix(1_800_000_000, 0)
+	names := []string{"a", "b", "c"}
+	kb, kc := ringKeyOn(t, s, ring, names, "b"), ringKeyOn(t, s, ring, names, "c")
+	for range 3 {
+		take(t, s, now, p, kc, 1) // kc's quota spent on c
+	}
+	waitRing := func(live int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ring.Len() != live; time.Sleep(2 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the Ring has %d live shards after 10s, want %d", ring.Len(), live)
+			}
+		}
+	}
+	b.Stop()
+	waitRing(2)
+	take(t, s, now, p, kc, 1) // finds b down
+	b.Restart(t)
+	waitRing(3)
+	c.Stop()
+	waitRing(2)
+	var out [1]core.Decision
+	if err := s.Take(context.Background(), now, []core.Request{{Policy: p, Key: kc, Cost: 1}}, out[:]); !errors.Is(err, ErrShardDown) || out[0].Allowed {
+		t.Errorf("%q, over its quota, its shard c down: %+v, %v; want ErrShardDown", kc, out[0], err)
+	}
+	if err := s.Take(context.Background(), now, []core.Request{{Policy: p, Key: kb, Cost: 1}}, out[:]); err != nil {
+		t.Errorf("%q, its shard b up again: %v", kb, err)
+	}
+}
+
+// TestRingShardsChanged checks that when Ring.SetAddrs drops a shard or
+// adds one, the store reports ErrRingChanged once to its Observer and from
+// then on decides keys where the Ring sends them (none fails for good
+// with ErrShardDown).
+func TestRingShardsChanged(t *testing.T) {
+	for _, drop := range []bool{true, false} {
+		a, b, c := redistest.Start(t), redistest.Start(t), redistest.Start(t)
+		addrs := map[string]string{"a": a.Addr(), "b": b.Addr(), "c": c.Addr()}
+		if !drop {
+			delete(addrs, "c")
+		}
+		ring := redis.NewRing(&redis.RingOptions{Addrs: addrs})
+		t.Cleanup(func() { ring.Close() })
+		var rec errorRecorder
+		s := newStore(t, ring, &Config{ClientTime: true, Observer: &rec})
+		p := mustPolicy(t, core.Rule{Name: "q", Algorithm: core.FixedWindow, Limit: 3, Window: time.Hour})
+		now := time.Unix(1_800_000_000, 0)
+		k := ringKeyOn(t, s, ring, []string{"a", "b", "c"}, "c")
+		if drop {
+			ring.SetAddrs(map[string]string{"a": a.Addr(), "b": b.Addr()})
+		} else {
+			k = ringKeyOn(t, s, ring, []string{"a", "b"}, "b")
+			ring.SetAddrs(map[string]string{"a": a.Addr(), "b": b.Addr(), "c": c.Addr()})
+		}
+		var out [1]core.Decision
+		for i := range 3 {
+			if err := s.Take(context.Background(), now, []core.Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil || !out[0].Allowed {
+				t.Fatalf("drop %v: Take %d for %q, every shard of the Ring up: %+v, %v", drop, i, k, out[0], err)
+			}
+		}
+		rec.mu.Lock()
+		if len(rec.errs) != 1 || !errors.Is(rec.errs[0], ErrRingChanged) {
+			t.Errorf("drop %v: the Observer saw %v, want one ErrRingChanged", drop, rec.errs)
+		}
+		rec.mu.Unlock()
+	}
+}
+
 // TestExpiryExact checks the exact millisecond expiry that a charge sets,
 // on the single-request fast path and on the general (batch) path: the
 // state's life rounded up to a millisecond, plus the slack. It reads the
