@@ -27,3 +27,7 @@ var (
 	ParseIPEntryHostFull = parseIPEntryHostFull
 	ParseIPEntryHost     = parseIPEntryHost
 )
+
+// RedirectPath is redirectPath: whether pattern, what a ServeMux returned
+// for r, is the target of its trailing-slash redirect.
+var RedirectPath = redirectPath

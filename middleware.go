@@ -747,13 +747,19 @@ func (l *Limiter) observeRoomFull(reqs []core.Request) {
 // and a slash.
 func redirectPath(r *http.Request, pattern string) bool {
 	p := r.URL.Path
-	if pattern[0] != '/' || !strings.HasSuffix(pattern, "/") || strings.HasSuffix(p, "/") {
+	if pattern[0] != '/' || !strings.HasSuffix(pattern, "/") || p == "" || p[0] != '/' || strings.HasSuffix(p, "/") {
 		return false
 	}
-	if len(pattern) == len(p)+1 && strings.HasPrefix(pattern, p) {
-		return true
+	if len(pattern) == len(p)+1 {
+		return strings.HasPrefix(pattern, p)
 	}
-	return len(pattern) <= len(p)+1 && pattern == path.Clean("/"+p)+"/"
+	// A path with dot segments or repeated slashes is cleaned first (a
+	// clean one is as it is); Clean allocates only for those.
+	if len(pattern) > len(p) || !strings.Contains(p, "/.") && !strings.Contains(p, "//") {
+		return false
+	}
+	c := path.Clean(p)
+	return len(pattern) == len(c)+1 && strings.HasPrefix(pattern, c)
 }
 
 // patternPath returns the path of a ServeMux pattern, without its method

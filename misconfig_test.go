@@ -276,6 +276,40 @@ func TestRouteKeysBoundedRedirect(t *testing.T) {
 	}
 }
 
+// TestRedirectPath checks which patterns a ServeMux returns for its
+// trailing-slash redirects, and that telling them from the patterns of the
+// requests it serves allocates nothing for those.
+func TestRedirectPath(t *testing.T) {
+	for _, tc := range []struct {
+		target, pattern string
+		want            bool
+	}{
+		{"/users/u1", "/users/u1/", true},
+		{"/users/./u1", "/users/u1/", true},
+		{"/a//users/u1", "/a/users/u1/", true},
+		{"/x/../users/u1", "/users/u1/", true},
+		{"/users/u1", "/users/{id}/", false},
+		{"/users/u1/", "/users/u1/", false},
+		{"/api/users/12345", "/api/", false},
+		{"/index.html", "/", false},
+		{"/.well-known/x", "/", false},
+		{"/a//b", "/", false},
+		{"/users/u1", "GET /users/u1/", false},
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.URL.Path = tc.target
+		if got := ratelimit.RedirectPath(r, tc.pattern); got != tc.want {
+			t.Errorf("RedirectPath(%s, %q) = %v, want %v", tc.target, tc.pattern, got, tc.want)
+		}
+		if tc.want || strings.Contains(tc.target, "//") || strings.Contains(tc.target, "/.") {
+			continue
+		}
+		if n := testing.AllocsPerRun(100, func() { ratelimit.RedirectPath(r, tc.pattern) }); n != 0 {
+			t.Errorf("RedirectPath(%s, %q): %v allocations, want 0", tc.target, tc.pattern, n)
+		}
+	}
+}
+
 // some returns up to n keys of m.
 func some(m map[string]bool, n int) []string {
 	var ks []string
