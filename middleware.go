@@ -727,19 +727,12 @@ func (l *Limiter) routeRequest(r *http.Request) *http.Request {
 }
 
 // observeRoomFull reports a request refused for a full waiting room to the
-// Observer, as an error of its shaping layers' policies: no rule refused
-// it, and nothing was charged.
-func (l *Limiter) observeRoomFull(reqs []core.Request) {
-	if l.cfg.observer == nil {
-		return
+// Observer, as an error of its shaping layers' policies ps: no rule
+// refused it.
+func (l *Limiter) observeRoomFull(ps []*core.Policy) {
+	if l.cfg.observer != nil {
+		l.cfg.observer.ObserveError(core.ErrorEvent{Policies: ps, Err: ErrTooManyWaiting})
 	}
-	var ps []*core.Policy
-	for i := range reqs {
-		if reqs[i].Policy.MaxDelay() > 0 {
-			ps = append(ps, reqs[i].Policy)
-		}
-	}
-	l.cfg.observer.ObserveError(core.ErrorEvent{Policies: ps, Err: ErrTooManyWaiting})
 }
 
 // redirectPath reports whether pattern, what mux.Handler returned for r,
@@ -1032,15 +1025,19 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			if end := l.waitEnd.Load(); end > res.at {
 				res.Delay = max(res.Delay, untilNanos(end, res.at))
 			}
-			l.observeRoomFull(reqs[:n])
+			if l.cfg.observer != nil {
+				var ps []*core.Policy
+				for j := range reqs[:n] {
+					if reqs[j].Policy.MaxDelay() > 0 {
+						ps = append(ps, reqs[j].Policy)
+					}
+				}
+				l.observeRoomFull(ps)
+			}
 			return 0
 		}
 		res.reserved = true
-		for end := addNanos(res.at, max(rs.maxDelay, maxDelay)); ; {
-			if cur := l.waitEnd.Load(); cur >= end || l.waitEnd.CompareAndSwap(cur, end) {
-				break
-			}
-		}
+		l.noteWaitEnd(addNanos(res.at, max(rs.maxDelay, maxDelay)))
 		if l.slots == nil { // with slots, releaseOnPanic is deferred already
 			// A store or Observer that panics from here on must not keep
 			// the slot for good.
@@ -1307,10 +1304,12 @@ func keyPrefix(key string) (netip.Prefix, bool) {
 // ErrTooManyWaiting without waiting when [WithMaxWaiting] requests are
 // already waiting. (Admit and Handler take the waiting slot before charging,
 // so their full-room refusals charge nothing; after Decide, Wait can only
-// count the waiters afterwards.) In the last two cases the charge stays, and Wait turns
-// res into a refusal for [Limiter.Refuse]: Proceed false, Err set, and for
-// ErrTooManyWaiting the delaying layers marked Refused (Refuse then answers
-// 429 with Retry-After set to the delay; 503 for an ended context).
+// count the waiters afterwards.) In the last two cases the charge stays,
+// and Wait turns res into a refusal for [Limiter.Refuse]: Proceed false,
+// Err set, and for ErrTooManyWaiting the delaying layers marked Refused and
+// the refusal reported to the Observer (Refuse then answers 429 with
+// Retry-After set to the delay, or to when the requests waiting are served
+// if that is later; 503 for an ended context).
 //
 // The delay is waited on a real timer, whatever the Limiter's clock.
 func (l *Limiter) Wait(ctx context.Context, res *Result) error {
@@ -1332,9 +1331,15 @@ func (l *Limiter) wait(ctx context.Context, res *Result, layers []LayerResult) e
 		}
 		l.release(res)
 	case err == nil:
+		now := l.cl.NowUnixNano()
 		if l.waiting.Add(1) > int64(l.cfg.maxWaiting) {
 			err = ErrTooManyWaiting
+			if end := l.waitEnd.Load(); end > now {
+				// Not before the requests waiting now are served.
+				res.Delay = max(res.Delay, untilNanos(end, now))
+			}
 		} else {
+			l.noteWaitEnd(addNanos(now, d))
 			err = l.sleep(ctx, d)
 		}
 		l.waiting.Add(-1)
@@ -1344,14 +1349,29 @@ func (l *Limiter) wait(ctx context.Context, res *Result, layers []LayerResult) e
 		res.kind = outcomeCancelled
 		if errors.Is(err, ErrTooManyWaiting) {
 			res.kind = outcomeQueueFull
+			var ps []*core.Policy
 			for i := range layers {
 				if layers[i].Decision.Delay > 0 {
 					layers[i].Refused = true
+					if l.cfg.observer != nil {
+						ps = append(ps, layers[i].Decision.Policy)
+					}
 				}
 			}
+			l.observeRoomFull(ps)
 		}
 	}
 	return err
+}
+
+// noteWaitEnd raises waitEnd to end, the Unix nanosecond by which a
+// request taking a waiting-room slot has been served.
+func (l *Limiter) noteWaitEnd(end int64) {
+	for {
+		if cur := l.waitEnd.Load(); cur >= end || l.waitEnd.CompareAndSwap(cur, end) {
+			return
+		}
+	}
 }
 
 // waitTimer waits for d or until ctx ends.

@@ -346,14 +346,16 @@ func WithPartitionKey() Option { return func(c *config) { c.partitionKey = true 
 // [ErrTooManyWaiting], reported to the Observer's ObserveError under the
 // request's shaping policies). Admit and Handler take the waiting slot before
 // charging the request, so such a refusal charges nothing, and its
-// Retry-After is the longest MaxDelay of the shaping layers and of the
-// refused request's own policies, by when every request waiting now has
-// been served (a Resolver that picks shaping policies should list them, see
-// core.PolicyLister, so that their delays count for every request). After [Limiter.Decide],
-// [Limiter.Wait] can only count the waiters after the charge: its refusal
-// keeps the charge (the store cannot take one back) and its Retry-After is
-// the request's delay. n must be at least 1; the default value is
-// [DefaultMaxWaiting].
+// Retry-After is when every request waiting now has been served: the
+// longest MaxDelay of the shaping layers and of the refused request's own
+// policies, or later for requests decided under rules SetRules has since
+// replaced (a Resolver that picks shaping policies should list them, see
+// core.PolicyLister, so that their delays count for every request). After
+// [Limiter.Decide], [Limiter.Wait] can only count the waiters after the
+// charge: its refusal keeps the charge (the store cannot take one back) and
+// its Retry-After is the request's delay, or when the requests waiting
+// through Wait are served if that is later. n must be at least 1; the
+// default value is [DefaultMaxWaiting].
 func WithMaxWaiting(n int) Option {
 	return func(c *config) {
 		if n < 1 {

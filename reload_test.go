@@ -312,3 +312,70 @@ func TestSetRulesWaitingRoomRetryAfter(t *testing.T) {
 		t.Fatalf("full room after SetRules: %d Retry-After %ds, but the request holding the room waits %v", rec.Code, ra, waiting)
 	}
 }
+
+// TestSetRulesWaitRetryAfter checks that a request holding the waiting
+// room through Decide and Wait (the flow of framework adapters) counts
+// for the Retry-After of a full-room refusal after SetRules lowered
+// MaxDelay, as one of Admit does.
+func TestSetRulesWaitRetryAfter(t *testing.T) {
+	layers := []ratelimit.Layer{{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: time.Minute}}}
+	e := mwNew(t, layers, ratelimit.WithMaxWaiting(1))
+	entered := make(chan time.Duration)
+	release := make(chan struct{})
+	ratelimit.SetWaitFunc(e.l, func(ctx context.Context, d time.Duration) error {
+		entered <- d
+		<-release
+		return nil
+	})
+	if first := e.l.Decide(mwReq("192.0.2.1:1")); !first.Proceed || first.Delay != 0 {
+		t.Fatalf("first request: %+v", first)
+	}
+	res := e.l.Decide(mwReq("192.0.2.1:1"))
+	if !res.Proceed || res.Delay <= 0 {
+		t.Fatalf("second request: %+v, want a shaping delay", res)
+	}
+	done := make(chan error)
+	go func() { done <- e.l.Wait(context.Background(), &res) }()
+	waiting := <-entered // holds the room's one slot for 10s
+	if err := e.l.SetRules(map[string]core.Rule{"shape": {Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: 2 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.do(t, mwReq("192.0.2.1:1"))
+	close(release)
+	<-done
+	ra, _ := strconv.Atoi(rec.Header().Get(ratelimit.HeaderRetryAfter))
+	if rec.Code != http.StatusTooManyRequests || time.Duration(ra)*time.Second < waiting {
+		t.Fatalf("full room after SetRules: %d Retry-After %ds, but the request holding the room (Decide+Wait) waits %v", rec.Code, ra, waiting)
+	}
+}
+
+// TestWaitRoomFullObserved checks that Wait's refusal for a full waiting
+// room (Decide, then Wait) is reported to the Observer, as Admit's is.
+func TestWaitRoomFullObserved(t *testing.T) {
+	obs := &mwObserver{}
+	layers := []ratelimit.Layer{{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: time.Minute}}}
+	e := mwNew(t, layers, ratelimit.WithMaxWaiting(1), ratelimit.WithObserver(obs))
+	entered := make(chan time.Duration)
+	release := make(chan struct{})
+	ratelimit.SetWaitFunc(e.l, func(ctx context.Context, d time.Duration) error {
+		entered <- d
+		<-release
+		return nil
+	})
+	e.l.Decide(mwReq("192.0.2.1:1"))
+	r1, r2 := e.l.Decide(mwReq("192.0.2.1:1")), e.l.Decide(mwReq("192.0.2.1:1"))
+	done := make(chan error)
+	go func() { done <- e.l.Wait(context.Background(), &r1) }()
+	<-entered
+	err := e.l.Wait(context.Background(), &r2)
+	close(release)
+	<-done
+	if !errors.Is(err, ratelimit.ErrTooManyWaiting) {
+		t.Fatalf("Wait: %v, want ErrTooManyWaiting", err)
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.errs) != 1 || !errors.Is(obs.errs[0].Err, ratelimit.ErrTooManyWaiting) || len(obs.errs[0].Policies) != 1 {
+		t.Errorf("a request refused for a full waiting room (Wait): the Observer saw %v, want one ErrTooManyWaiting", obs.errs)
+	}
+}
