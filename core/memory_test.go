@@ -679,3 +679,49 @@ func TestMemoryConversionFromFastShapingBucket(t *testing.T) {
 		t.Fatalf("under 10/s: %+v, want refused (the shaping bucket's queue is far beyond 10)", d)
 	}
 }
+
+// TestPeekClampsUnderRequestPolicy: a Peek under a leaky bucket of the
+// record's Identity but less MaxDelay writes the state clamped under its
+// own policy, as its Take would, so that its RetryAfter holds: a request
+// at that time is admitted.
+func TestPeekClampsUnderRequestPolicy(t *testing.T) {
+	m := core.MustMemoryStore(nil)
+	shape := core.MustPolicy(core.Rule{Name: "n", Algorithm: core.LeakyBucket, Limit: 3, Window: 999 * time.Millisecond, Burst: 3, MaxDelay: time.Second})
+	meter := core.MustPolicy(core.Rule{Name: "n", Algorithm: core.LeakyBucket, Limit: 3, Window: 999 * time.Millisecond, Burst: 3})
+	t0 := time.Unix(1_800_000_000, 0)
+	var d [1]core.Decision
+	for range 2 { // the second is queued 999ms
+		if err := m.Take(context.Background(), t0, []core.Request{{Policy: shape, Key: "k", Cost: 3}}, d[:]); err != nil || !d[0].Allowed {
+			t.Fatalf("shaping take: %+v %v", d[0], err)
+		}
+	}
+	at := t0.Add(637867 * time.Microsecond)
+	req := []core.Request{{Policy: meter, Key: "k", Cost: 3}}
+	if err := m.Peek(context.Background(), at, req, d[:]); err != nil || d[0].Allowed {
+		t.Fatalf("peek: %+v %v, want refused", d[0], err)
+	}
+	var p [1]core.Decision
+	if err := m.Take(context.Background(), at.Add(d[0].RetryAfter), req, p[:]); err != nil || !p[0].Allowed {
+		t.Fatalf("at the peek's RetryAfter %v: %+v %v, want admitted", d[0].RetryAfter, p[0], err)
+	}
+}
+
+// TestSlidingLogRefundKeepsExpired: a refund that finds the charge gone
+// from the window (nothing to give back) leaves the log as it is, so that
+// a clock stepping back counts the charge again (dropping it would credit
+// it).
+func TestSlidingLogRefundKeepsExpired(t *testing.T) {
+	m := core.MustMemoryStore(nil)
+	p := core.MustPolicy(core.Rule{Name: "n", Algorithm: core.SlidingWindowLog, Limit: 3, Window: time.Second})
+	t0 := time.Unix(1_800_000_000, 0)
+	var d [1]core.Decision
+	if err := m.Take(context.Background(), t0, []core.Request{{Policy: p, Key: "k", Cost: 1}}, d[:]); err != nil || !d[0].Allowed {
+		t.Fatal(d[0], err)
+	}
+	if err := m.Refund(context.Background(), t0.Add(1345*time.Millisecond), []core.Request{{Policy: p, Key: "k", Cost: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Take(context.Background(), t0.Add(300*time.Millisecond), []core.Request{{Policy: p, Key: "k", Cost: 3}}, d[:]); err != nil || d[0].Allowed {
+		t.Fatalf("after the clock stepped back into the charge's window: %+v %v, want refused (the charge counts)", d[0], err)
+	}
+}

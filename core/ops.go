@@ -275,9 +275,12 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 				// nothing), so that the RetryAfter reported holds for
 				// the next decision, whose own clamp would otherwise
 				// start again from its later time. Only the state is
-				// written: a Peek does not renew the key in the LRU.
+				// written: a Peek does not renew the key in the LRU. It
+				// is clamped under the request's policy, as its Take
+				// would clamp it (policies of one Identity may differ in
+				// MaxDelay, and so in how far ahead a state may be).
 				s.cur = held[i]
-				s.cur.pol.alg.Decide(s.cur.pol, &s.cur.st, 0, now, true, &s.dec)
+				r.Policy.alg.Decide(r.Policy, &s.cur.st, 0, now, true, &s.dec)
 				held[i].st = s.cur.st
 				s.write(ref, sl, &s.cur.st)
 				s.cur = memEntry{}

@@ -200,18 +200,22 @@ func (slidingWindowLog) RefundCharge(p *Policy, s *State, cost, at, now int64) {
 
 // Refund removes up to cost units from the most recent entries of the
 // trailing window. Entries recorded after now (the clock stepped back)
-// count as made at now, as in Decide; expired entries are dropped.
+// count as made at now, as in Decide; expired entries are left as they
+// are (a clock stepping back would count them again, as the Redis store
+// does), to be dropped by the next committed decision.
 func (slidingWindowLog) Refund(p *Policy, s *State, cost, now int64) {
 	l := s.log
 	if l == nil || l.len == 0 {
 		return
 	}
-	l.drop(l.expired(now - p.window))
-	if l.len > 0 && l.newest() > now {
+	if l.newest() > now {
 		l.clampFuture(now, p.capacity)
 	}
 	for cost > 0 && l.len > 0 {
 		e := l.at(l.len - 1)
+		if e.t <= now-p.window {
+			break
+		}
 		k := min(e.n, cost)
 		e.n -= k
 		l.total -= k

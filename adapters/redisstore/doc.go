@@ -82,8 +82,12 @@
 // The clamped state is written back, even by a refusal (a batch refused
 // by another layer, a request over capacity, a batch spanning several
 // slots refused at its check), so the bound holds at every later
-// decision, counted from the first decision after the step. A key never seen is whole at every time the
-// store accepts.
+// decision, counted from the first decision after the step. A key never
+// seen is whole at every time the store accepts. One exception: a leaky
+// bucket's record met by a policy of another identity (see below) is read
+// from its raw arrival time, its MaxDelay not being stored with it, so
+// that after a step back of d it counts up to d's worth of units more in
+// use, and may refuse the key for up to d (it never credits).
 //
 // # Policy identity
 //

@@ -129,13 +129,13 @@ function refunders.c(alg, key, st, P, cost, at)
   elseif idx == st.A + 1 then
     prev = st.curr
   end
-  if prev == 0 and curr == 0 then
-    if st.rewrite or st.bad or st.prev > 0 or st.curr > 0 then
-      redis.call('DEL', key)
-    end
-    return
-  end
   if at == nil then
+    if prev == 0 and curr == 0 then
+      if st.rewrite or st.bad or st.prev > 0 or st.curr > 0 then
+        redis.call('DEL', key)
+      end
+      return
+    end
     local k = cost
     if k > curr then k = curr end
     curr = curr - k
@@ -146,7 +146,9 @@ function refunders.c(alg, key, st, P, cost, at)
     return
   end
   -- only the count of the window the charge went to, as the state holds it
-  -- (its own window's or the one before; a later window's holds none)
+  -- (its own window's or the one before; a later window's holds none),
+  -- whole at now or not: the counts a clock stepping back would read again
+  -- stay as they are
   local iat, sp, sc = floordiv(at, P.W), st.prev, st.curr
   if iat == st.A then
     sc = sc - cost

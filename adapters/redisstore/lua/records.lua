@@ -61,11 +61,13 @@ local function load(key, alg, kind, P)
     local ost = oalg.load(key, v)
     local od = oalg.decide(ost, oldP, 0, now)
     local used = oldP.cap - od.rem
-    if okind == 'g' and not ost.fresh and ost.A >= now then
+    if okind == 'g' and sbyte(rtag) == 107 and not ost.fresh and ost.A >= now then -- 'k'
       -- A shaping bucket's queue beyond its capacity is in use too. The
       -- tag does not carry MaxDelay (nor does an identity), so the units
       -- in use are read from the arrival time itself: ceil((TAT - now) x
-      -- L / W), which a clock stepped back can only make more.
+      -- L / W), which a clock stepped back can only make more. (A token
+      -- bucket's, 't', has no MaxDelay: its decision at cost 0 above
+      -- reads it clamped at now + tau, as the memory store does.)
       local q, r = muldiv(ost.A - now, oldP.L, ost.B, oldP.W)
       if r > 0 then q = q + 1 end
       if q > used then used = q end
@@ -101,7 +103,7 @@ local function convrefuse(key, st, P, cost, now, d, slack)
   local l = st.old
   local ost = l.alg.load(key, l.v)
   local wait, reset = 0, 0
-  if l.kind == 'g' then
+  if l.kind == 'g' and sbyte(l.P.tag) == 107 then -- 'k', a leaky bucket
     -- From the arrival time itself (see load), which a clamp would cut
     -- without the MaxDelay the tag does not carry: cost fits once TAT - t
     -- <= (P's capacity - cost) x W / L.
@@ -116,7 +118,12 @@ local function convrefuse(key, st, P, cost, now, d, slack)
     end
   else
     local z = l.alg.decide(ost, l.P, 0, now)
-    if z.clamped then l.alg.saveclamped(key, ost, l.P, now, z, slack) end
+    if z.clamped then
+      l.alg.saveclamped(key, ost, l.P, now, z, slack)
+      -- Read again: a sliding log's state reads its list lazily, and the
+      -- clamp rewrote it (the others decide on it as clamped anyway).
+      ost = l.alg.load(key, l.v)
+    end
     reset = z.reset
     local k = l.P.cap - P.cap + cost
     if k >= 1 then

@@ -1,0 +1,224 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+	"github.com/limitry/ratelimit/core/storetest"
+	"github.com/limitry/ratelimit/internal/redistest"
+)
+
+// sbBoth takes one request on both stores and returns their decisions.
+func sbBoth(t *testing.T, ms, rs core.Store, at time.Time, p *core.Policy, key string, cost int64) (core.Decision, core.Decision) {
+	t.Helper()
+	var w, g [1]core.Decision
+	req := []core.Request{{Policy: p, Key: key, Cost: cost}}
+	werr := ms.Take(context.Background(), at, req, w[:])
+	gerr := rs.Take(context.Background(), at, req, g[:])
+	t.Logf("T%+v %s cost %d:\n  memory %s %v\n  redis  %s %v", at.Sub(storetest.T0), p.Identity(), cost, sbDec(w[0]), werr, sbDec(g[0]), gerr)
+	return w[0], g[0]
+}
+
+func sbBothSame(t *testing.T, ms, rs core.Store, at time.Time, p *core.Policy, key string, cost int64) {
+	t.Helper()
+	w, g := sbBoth(t, ms, rs, at, p, key, cost)
+	sbSame(t, w, g)
+}
+
+func sbStores(t *testing.T) (*core.MemoryStore, *Store) {
+	client := newClient(t, redistest.Server(t))
+	return core.MustMemoryStore(nil), newStore(t, client, &Config{ClientTime: true})
+}
+
+func sbSame(t *testing.T, w, g core.Decision) {
+	t.Helper()
+	w.RetryAfter, w.ResetAfter, w.Delay = ceilMicro(w.RetryAfter), ceilMicro(w.ResetAfter), ceilMicro(w.Delay)
+	if w != g {
+		t.Errorf("stores disagree:\n  memory %s\n  redis  %s", sbDec(w), sbDec(g))
+	}
+}
+
+// A leaky bucket's record met by another policy after the clock stepped
+// back: the memory store reads the old bucket's units in use from its
+// arrival time clamped to now + refill time + MaxDelay, the Redis script,
+// which does not store MaxDelay with a record, from the raw arrival time
+// (records.lua load), as documented: it counts more units in use, never
+// fewer. A token bucket's record, which has no MaxDelay, reads alike in
+// both.
+func TestStepBackConvertBucketRemaining(t *testing.T) {
+	ms, rs := sbStores(t)
+	lb := mustPolicy(t, core.Rule{Name: "mix1", Algorithm: core.LeakyBucket, Limit: 3, Window: time.Second})
+	tb := mustPolicy(t, core.Rule{Name: "mix1", Algorithm: core.TokenBucket, Limit: 3, Window: time.Second, Burst: 7})
+	t0 := storetest.T0.Add(22713877 * time.Microsecond)
+	sbBothSame(t, ms, rs, t0, lb, "k1", 1) // TAT = t0 + 333.33ms, capacity 1
+	w, g := sbBoth(t, ms, rs, t0.Add(-1532981*time.Microsecond), tb, "k1", 1)
+	if g.Remaining > w.Remaining || g.Allowed && !w.Allowed {
+		t.Errorf("Redis credits what memory does not:\n  memory %s\n  redis  %s", sbDec(w), sbDec(g))
+	}
+	tb1 := mustPolicy(t, core.Rule{Name: "mix1", Algorithm: core.TokenBucket, Limit: 3, Window: time.Second})
+	sbBothSame(t, ms, rs, t0, tb1, "k2", 1)
+	sbBothSame(t, ms, rs, t0.Add(-1532981*time.Microsecond), tb, "k2", 1)
+}
+
+// The same, refusing: memory admits the converted request, Redis refuses it.
+func TestStepBackConvertBucketRefused(t *testing.T) {
+	ms, rs := sbStores(t)
+	tb := mustPolicy(t, core.Rule{Name: "mix1", Algorithm: core.TokenBucket, Limit: 1, Window: 999 * time.Millisecond})
+	fw := mustPolicy(t, core.Rule{Name: "mix1", Algorithm: core.FixedWindow, Limit: 3, Window: time.Second})
+	t0 := storetest.T0.Add(3338806402 * time.Microsecond)
+	sbBothSame(t, ms, rs, t0, tb, "k1", 1)
+	sbBothSame(t, ms, rs, t0.Add(-1601076*time.Microsecond), fw, "k1", 1)
+}
+
+// The same with a long step back: Redis locks the key out under the new
+// policy for about the length of the step (an hour), far beyond any
+// recovery time (the old bucket's refill time is 1s, the new window 1s),
+// which doc.go ("refuses a key for at most its policy's recovery time")
+// and core.Store promise; the memory store admits within 143ms.
+func TestStepBackConvertBucketLockout(t *testing.T) {
+	ms, rs := sbStores(t)
+	tb := mustPolicy(t, core.Rule{Name: "n", Algorithm: core.TokenBucket, Limit: 7, Window: time.Second})
+	fw := mustPolicy(t, core.Rule{Name: "n", Algorithm: core.FixedWindow, Limit: 7, Window: time.Second})
+	t0 := storetest.T0
+	sbBothSame(t, ms, rs, t0, tb, "k", 7) // empty: TAT = t0 + 1s
+	back := t0.Add(-time.Hour)
+	w, g := sbBoth(t, ms, rs, back, fw, "k", 1)
+	sbSame(t, w, g)
+	// Two recovery times later (2s), a request under fw must be admitted.
+	later := back.Add(2 * time.Second)
+	w, g = sbBoth(t, ms, rs, later, fw, "k", 1)
+	if !g.Allowed {
+		t.Errorf("redis refuses the key %v after a 1h step back (old refill 1s, new window 1s): %s", later.Sub(back), sbDec(g))
+	}
+	if !w.Allowed {
+		t.Errorf("memory refuses too: %s", sbDec(w))
+	}
+}
+
+// A sliding log record met by another sliding log policy of the same Name
+// after the clock stepped back, refused: the Redis script fails with a Lua
+// error ("bad argument #1 to 'smatch' (string expected, got boolean)"), a
+// backend failure that a fail-open Limiter serves unlimited. convrefuse
+// (records.lua:119-123) writes the old log clamped (saveclamped, which
+// rewrites the list) and then decides again on the same loaded state,
+// whose entry cache and length describe the list before the rewrite, so
+// LINDEX reads past the end (false).
+func TestStepBackConvertSlidingLog(t *testing.T) {
+	ms, rs := sbStores(t)
+	a := mustPolicy(t, core.Rule{Name: "mix3", Algorithm: core.SlidingWindowLog, Limit: 7, Window: time.Second})
+	b := mustPolicy(t, core.Rule{Name: "mix3", Algorithm: core.SlidingWindowLog, Limit: 1, Window: 999 * time.Millisecond})
+	t0 := storetest.T0
+	sbBothSame(t, ms, rs, t0, a, "k", 3)
+	sbBothSame(t, ms, rs, t0.Add(800*time.Millisecond), a, "k", 1) // an entry the step back puts in the future
+	var w, g [1]core.Decision
+	req := []core.Request{{Policy: b, Key: "k", Cost: 1}}
+	back := t0.Add(-100 * time.Millisecond)
+	werr := ms.Take(context.Background(), back, req, w[:])
+	gerr := rs.Take(context.Background(), back, req, g[:])
+	t.Logf("memory %s %v\nredis  %s %v", sbDec(w[0]), werr, sbDec(g[0]), gerr)
+	if gerr != nil || werr != nil {
+		t.Fatalf("redis: %v, memory: %v", gerr, werr)
+	}
+	sbSame(t, w[0], g[0])
+}
+
+// A refund (nothing to give back: the charge has left the window) at a
+// later time, then the clock steps back: the memory store's refund dropped
+// the expired entry, so after the step back the entry, inside the window
+// again, no longer counts; the Redis refund leaves the log as it is, and
+// the entry counts. Memory admits a full-capacity request Redis refuses.
+func TestStepBackAfterRefundSlidingLog(t *testing.T) {
+	ms, rs := sbStores(t)
+	swl := mustPolicy(t, core.Rule{Name: "n", Algorithm: core.SlidingWindowLog, Limit: 3, Window: time.Second})
+	t0 := storetest.T0
+	sbBothSame(t, ms, rs, t0, swl, "k", 1)
+	req := []core.Request{{Policy: swl, Key: "k", Cost: 1}}
+	at := t0.Add(1345 * time.Millisecond)
+	if err := ms.Refund(context.Background(), at, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.Refund(context.Background(), at, req); err != nil {
+		t.Fatal(err)
+	}
+	sbBothSame(t, ms, rs, t0.Add(300*time.Millisecond), swl, "k", 3)
+}
+
+// A sliding window counter refunded with a ChargedAt of a later window
+// (nothing to give back), at a time when the key is whole, then the clock
+// steps back and another counter policy of the same Name peeks: memory
+// still reads the unit of the previous window (the refund left the state
+// alone), Redis does not (its refund dropped or rewrote the record).
+func TestStepBackAfterRefundSlidingCounter(t *testing.T) {
+	ms, rs := sbStores(t)
+	a := mustPolicy(t, core.Rule{Name: "mix3", Algorithm: core.SlidingWindowCounter, Limit: 7, Window: time.Second})
+	b := mustPolicy(t, core.Rule{Name: "mix3", Algorithm: core.SlidingWindowCounter, Limit: 3, Window: 999 * time.Millisecond})
+	sbBothSame(t, ms, rs, sbAt(46316291686), a, "k1", 1)
+	req := []core.Request{{Policy: a, Key: "k1", Cost: 1, ChargedAt: storetest.T0.Add(46317887497000)}}
+	at := sbAt(46318253512)
+	if err := ms.Refund(context.Background(), at, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.Refund(context.Background(), at, req); err != nil {
+		t.Fatal(err)
+	}
+	var w, g [1]core.Decision
+	preq := []core.Request{{Policy: b, Key: "k1", Cost: 1}}
+	werr := ms.Peek(context.Background(), sbAt(46317467380), preq, w[:])
+	gerr := rs.Peek(context.Background(), sbAt(46317467380), preq, g[:])
+	t.Logf("peek: memory %s %v\n redis %s %v", sbDec(w[0]), werr, sbDec(g[0]), gerr)
+	sbSame(t, w[0], g[0])
+}
+
+// Two leaky buckets of one Name and Identity, one shaping (MaxDelay 1s),
+// one not: the shaping one builds a queue; a Peek under the other reports
+// a RetryAfter read from the queue clamped to its own now + tau (as the
+// README says the one with less MaxDelay clamps the queue), but writes
+// nothing in the memory store, so there at now + RetryAfter the same
+// request is still refused: Retry-After early (the Redis peek writes the
+// clamp and is right; a Take writes it in both stores). Memory:
+// core/ops.go:272-283 clamps under the record's policy (s.cur.pol, the
+// shaping one, whose bound now + tau + MaxDelay the queue does not pass),
+// not the request's.
+func TestPeekSharedIdentityRetryAfter(t *testing.T) {
+	for _, viaTake := range []bool{false, true} {
+		ms, rs := sbStores(t)
+		shape := mustPolicy(t, core.Rule{Name: "n", Algorithm: core.LeakyBucket, Limit: 3, Window: 999 * time.Millisecond, Burst: 3, MaxDelay: time.Second})
+		meter := mustPolicy(t, core.Rule{Name: "n", Algorithm: core.LeakyBucket, Limit: 3, Window: 999 * time.Millisecond, Burst: 3})
+		t0 := storetest.T0
+		sbBothSame(t, ms, rs, t0, shape, "k", 3)
+		sbBothSame(t, ms, rs, t0, shape, "k", 3) // delayed 999ms: TAT = t0 + 1.998s
+		at := t0.Add(637867 * time.Microsecond)
+		req := []core.Request{{Policy: meter, Key: "k", Cost: 3}}
+		for i, st := range []interface {
+			core.Store
+			core.Peeker
+		}{ms, rs} {
+			var d [1]core.Decision
+			var err error
+			if viaTake {
+				err = st.Take(context.Background(), at, req, d[:])
+			} else {
+				err = st.Peek(context.Background(), at, req, d[:])
+			}
+			if err != nil || d[0].Allowed {
+				t.Fatalf("store %d: %s %v", i, sbDec(d[0]), err)
+			}
+			var p [1]core.Decision
+			st.Peek(context.Background(), at.Add(d[0].RetryAfter), req, p[:])
+			t.Logf("viaTake=%v store %d: refused %s; at +RetryAfter: %s", viaTake, i, sbDec(d[0]), sbDec(p[0]))
+			if !p[0].Allowed {
+				t.Errorf("viaTake=%v store %d (0 memory, 1 redis): RetryAfter %v early: at +RetryAfter %s", viaTake, i, d[0].RetryAfter, sbDec(p[0]))
+			}
+		}
+	}
+}
+
+func sbDec(d core.Decision) string {
+	return fmt.Sprintf("{ok=%v lim=%d rem=%d retry=%v reset=%v delay=%v}", d.Allowed, d.Limit, d.Remaining, d.RetryAfter, d.ResetAfter, d.Delay)
+}
+
+// sbAt is storetest.T0 plus us microseconds.
+func sbAt(us int64) time.Time { return storetest.T0.Add(time.Duration(us) * time.Microsecond) }
