@@ -222,3 +222,32 @@ func sbDec(d core.Decision) string {
 
 // sbAt is storetest.T0 plus us microseconds.
 func sbAt(us int64) time.Time { return storetest.T0.Add(time.Duration(us) * time.Microsecond) }
+
+// A sliding counter refunded by charge at a time when it is whole (its
+// counts all from past windows): the Redis record is kept for the
+// ClientTime slack, as one that became whole with time is, so that after
+// the clock steps back its counts are read again, as the memory store
+// reads them (deleting it credited them).
+func TestStepBackAfterRefundWholeCounter(t *testing.T) {
+	ms, rs := sbStores(t)
+	a := mustPolicy(t, core.Rule{Name: "mix3", Algorithm: core.SlidingWindowCounter, Limit: 7, Window: time.Second})
+	b := mustPolicy(t, core.Rule{Name: "mix3", Algorithm: core.SlidingWindowCounter, Limit: 3, Window: 999 * time.Millisecond})
+	sbBothSame(t, ms, rs, sbAt(46316291686), a, "k1", 1)
+	sbBothSame(t, ms, rs, sbAt(46317887497), a, "k1", 1)
+	req := []core.Request{{Policy: a, Key: "k1", Cost: 1, ChargedAt: sbAt(46317887497)}}
+	at := sbAt(46318253512) // the key is whole then
+	if err := ms.Refund(context.Background(), at, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.Refund(context.Background(), at, req); err != nil {
+		t.Fatal(err)
+	}
+	var w, g [1]core.Decision
+	preq := []core.Request{{Policy: b, Key: "k1", Cost: 1}}
+	werr := ms.Peek(context.Background(), sbAt(46317467380), preq, w[:])
+	gerr := rs.Peek(context.Background(), sbAt(46317467380), preq, g[:])
+	if werr != nil || gerr != nil {
+		t.Fatal(werr, gerr)
+	}
+	sbSame(t, w[0], g[0])
+}

@@ -46,13 +46,18 @@ local function ceilms(us)
 end
 
 -- keep stores value at key for life microseconds (rounded up to whole
--- milliseconds) plus slack milliseconds, or deletes the key when its state
--- already equals a fresh one. One SET with PX: value and expiry are written
--- together.
+-- milliseconds) plus slack milliseconds. A state that already equals a
+-- fresh one is deleted on the server's clock (slack 1), and kept for the
+-- slack in ClientTime mode, as a state that became whole with time is: a
+-- caller's clock behind now would read its units again. One SET with PX:
+-- value and expiry are written together.
 local function keep(key, value, life, slack)
   if life <= 0 then
-    redis.call('DEL', key)
-    return
+    if slack <= 1 then
+      redis.call('DEL', key)
+      return
+    end
+    life = 0
   end
   redis.call('SET', key, value, 'PX', fmt(ceilms(life) + slack))
 end
