@@ -199,17 +199,15 @@ func (slidingWindowLog) RefundCharge(p *Policy, s *State, cost, at, now int64) {
 }
 
 // Refund removes up to cost units from the most recent entries of the
-// trailing window. Entries recorded after now (the clock stepped back)
-// count as made at now, as in Decide; expired entries are left as they
-// are (a clock stepping back would count them again, as the Redis store
-// does), to be dropped by the next committed decision.
+// trailing window. Entries recorded after now (the clock stepped back) keep
+// their times until a charge moves them, and expired entries are left as
+// they are (a clock stepping back would count them again), as the Redis
+// store leaves them: the next committed decision clamps the one and drops
+// the other.
 func (slidingWindowLog) Refund(p *Policy, s *State, cost, now int64) {
 	l := s.log
 	if l == nil || l.len == 0 {
 		return
-	}
-	if l.newest() > now {
-		l.clampFuture(now, p.capacity)
 	}
 	for cost > 0 && l.len > 0 {
 		e := l.at(l.len - 1)

@@ -251,3 +251,38 @@ func TestStepBackAfterRefundWholeCounter(t *testing.T) {
 	}
 	sbSame(t, w[0], g[0])
 }
+
+// A sliding log refunded by a clock that stepped back behind its entries
+// leaves them where they are in both stores (the memory store moved them
+// to the refund's time), so that later decisions agree.
+func TestStepBackRefundSlidingLogFuture(t *testing.T) {
+	ms, rs := sbStores(t)
+	p := mustPolicy(t, core.Rule{Name: "swl", Algorithm: core.SlidingWindowLog, Limit: 3, Window: time.Second})
+	t0 := storetest.T0
+	sbBothSame(t, ms, rs, t0, p, "k", 3)
+	back := t0.Add(-time.Hour)
+	req := []core.Request{{Policy: p, Key: "k", Cost: 1}}
+	for _, s := range []core.Refunder{ms, rs} {
+		if err := s.Refund(context.Background(), back, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sbBothSame(t, ms, rs, back.Add(1500*time.Millisecond), p, "k", 1)
+}
+
+// A refund under a sliding log of another policy's record that holds
+// nothing at the refund replaces it with nothing in both stores (Redis
+// kept the old record), so that after a clock step back neither reads it.
+func TestStepBackAfterConvertedEmptyRefund(t *testing.T) {
+	ms, rs := sbStores(t)
+	tb := mustPolicy(t, core.Rule{Name: "mix2", Algorithm: core.TokenBucket, Limit: 7, Window: time.Millisecond, Burst: 1})
+	swl := mustPolicy(t, core.Rule{Name: "mix2", Algorithm: core.SlidingWindowLog, Limit: 3, Window: time.Hour})
+	sbBothSame(t, ms, rs, sbAt(254607470), tb, "k1", 1)
+	req := []core.Request{{Policy: swl, Key: "k1", Cost: 1}}
+	for _, s := range []core.Refunder{ms, rs} {
+		if err := s.Refund(context.Background(), sbAt(256201405), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sbBothSame(t, ms, rs, sbAt(-989008582), swl, "k1", 1)
+}

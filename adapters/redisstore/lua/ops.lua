@@ -168,7 +168,10 @@ end
 -- only from the entry of the charge's instant, while it is in the log.
 function refunders.l(alg, key, st, P, cost, at)
   if st.len == 0 then
-    if st.bad then redis.call('DEL', key) end
+    -- nothing in use: a record of another shape, or another policy's
+    -- converted to nothing, is replaced by nothing, as the other
+    -- algorithms' refunds and the memory store replace it
+    if st.bad or st.rewrite then redis.call('DEL', key) end
     return
   end
   if at ~= nil then
