@@ -231,14 +231,17 @@
 // so (that would grant it a fresh quota): its batch fails with
 // ErrShardDown (the Fallback decides it, when there is one), as do the
 // in-flight slots of InFlight, while the keys of the shards that are up
-// decide as usual. The store knows the shards the Ring was built with:
-// Ring.SetAddrs, which moves keys between shards without their state
-// whenever it adds or drops one, is reported to the Observer once
-// (ErrRingChanged), and from then on the store cannot tell a shard down
-// from one removed, so it decides every key where the Ring sends it. A
-// Ring has one circuit breaker for the whole store (ErrShardDown does not
-// count against it). Where a lost shard must not mean lost state, use
-// Redis Cluster or Sentinel, which fail over to a replica.
+// decide as usual. The store knows the shards the Ring was built with, and
+// checks each key's routing against them. Ring.SetAddrs, which moves keys
+// between shards without their state whenever it changes them, is reported
+// to the Observer once (ErrRingChanged) when the store meets it (a shard
+// added, one dropped, two shards' addresses swapped), and from then on the
+// store decides every key where the Ring sends it. One change goes unseen:
+// a shard dropped that the store never saw up (down since before the store
+// was built) keeps failing its keys with ErrShardDown; build the store at
+// startup. A Ring has one circuit breaker for the whole store (ErrShardDown
+// does not count against it). Where a lost shard must not mean lost state,
+// use Redis Cluster or Sentinel, which fail over to a replica.
 //
 // # Failures
 //

@@ -445,41 +445,68 @@ func TestRingShardsSwap(t *testing.T) {
 	}
 }
 
-// TestRingShardsChanged checks that when Ring.SetAddrs drops a shard or
-// adds one, the store reports ErrRingChanged once to its Observer and from
-// then on decides keys where the Ring sends them (none fails for good
-// with ErrShardDown).
+// TestRingShardsChanged checks that when Ring.SetAddrs changes the shards
+// (drops one that is up, or one that is down, adds one, or swaps two
+// shards' addresses), the store reports ErrRingChanged once to its
+// Observer and from then on decides keys where the Ring sends them (none
+// fails for good with ErrShardDown).
 func TestRingShardsChanged(t *testing.T) {
-	for _, drop := range []bool{true, false} {
-		a, b, c := redistest.Start(t), redistest.Start(t), redistest.Start(t)
-		addrs := map[string]string{"a": a.Addr(), "b": b.Addr(), "c": c.Addr()}
-		if !drop {
-			delete(addrs, "c")
-		}
-		ring := redis.NewRing(&redis.RingOptions{Addrs: addrs})
-		t.Cleanup(func() { ring.Close() })
-		var rec errorRecorder
-		s := newStore(t, ring, &Config{ClientTime: true, Observer: &rec})
-		p := mustPolicy(t, core.Rule{Name: "q", Algorithm: core.FixedWindow, Limit: 3, Window: time.Hour})
-		now := time.Unix(1_800_000_000, 0)
-		k := ringKeyOn(t, s, ring, []string{"a", "b", "c"}, "c")
-		if drop {
-			ring.SetAddrs(map[string]string{"a": a.Addr(), "b": b.Addr()})
-		} else {
-			k = ringKeyOn(t, s, ring, []string{"a", "b"}, "b")
-			ring.SetAddrs(map[string]string{"a": a.Addr(), "b": b.Addr(), "c": c.Addr()})
-		}
-		var out [1]core.Decision
-		for i := range 3 {
-			if err := s.Take(context.Background(), now, []core.Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil || !out[0].Allowed {
-				t.Fatalf("drop %v: Take %d for %q, every shard of the Ring up: %+v, %v", drop, i, k, out[0], err)
+	for _, change := range []string{"drop", "drop down", "add", "swap"} {
+		t.Run(change, func(t *testing.T) {
+			a, b, c := redistest.Start(t), redistest.Start(t), redistest.Start(t)
+			addrs := map[string]string{"a": a.Addr(), "b": b.Addr(), "c": c.Addr()}
+			if change == "add" || change == "swap" {
+				delete(addrs, "c")
 			}
-		}
-		rec.mu.Lock()
-		if len(rec.errs) != 1 || !errors.Is(rec.errs[0], ErrRingChanged) {
-			t.Errorf("drop %v: the Observer saw %v, want one ErrRingChanged", drop, rec.errs)
-		}
-		rec.mu.Unlock()
+			ring := redis.NewRing(&redis.RingOptions{Addrs: addrs, HeartbeatFrequency: 20 * time.Millisecond, DialerRetries: 1, MaxRetries: -1})
+			t.Cleanup(func() { ring.Close() })
+			var rec errorRecorder
+			s := newStore(t, ring, &Config{ClientTime: true, Timeout: 200 * time.Millisecond, Observer: &rec})
+			p := mustPolicy(t, core.Rule{Name: "q", Algorithm: core.FixedWindow, Limit: 3, Window: time.Hour})
+			now := time.Unix(1_800_000_000, 0)
+			var k string
+			var out [1]core.Decision
+			switch change {
+			case "drop":
+				k = ringKeyOn(t, s, ring, []string{"a", "b", "c"}, "c")
+				ring.SetAddrs(map[string]string{"a": a.Addr(), "b": b.Addr()})
+			case "drop down":
+				k = ringKeyOn(t, s, ring, []string{"a", "b", "c"}, "c")
+				take(t, s, now, p, k, 1) // the store sees c up
+				c.Stop()
+				for deadline := time.Now().Add(10 * time.Second); ring.Len() != 2; time.Sleep(2 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("c never marked down")
+					}
+				}
+				if err := s.Take(context.Background(), now, []core.Request{{Policy: p, Key: k, Cost: 1}}, out[:]); !errors.Is(err, ErrShardDown) {
+					t.Fatalf("c down: %v, want ErrShardDown", err)
+				}
+				ring.SetAddrs(map[string]string{"a": a.Addr(), "b": b.Addr()})
+			case "add":
+				k = ringKeyOn(t, s, ring, []string{"a", "b"}, "b")
+				ring.SetAddrs(map[string]string{"a": a.Addr(), "b": b.Addr(), "c": c.Addr()})
+			case "swap":
+				k = ringKeyOn(t, s, ring, []string{"a", "b"}, "b")
+				ring.SetAddrs(map[string]string{"a": b.Addr(), "b": a.Addr()})
+			}
+			for i := range 3 {
+				if err := s.Take(context.Background(), now, []core.Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
+					t.Fatalf("Take %d for %q after SetAddrs: %+v, %v", i, k, out[0], err)
+				}
+			}
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			var changed int
+			for _, err := range rec.errs {
+				if errors.Is(err, ErrRingChanged) {
+					changed++
+				}
+			}
+			if changed != 1 {
+				t.Errorf("the Observer saw %v, want one ErrRingChanged", rec.errs)
+			}
+		})
 	}
 }
 
