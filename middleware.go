@@ -318,9 +318,10 @@ type Limiter struct {
 
 	waiting atomic.Int64
 	// waitEnd is the latest Unix nanosecond by which a request that took
-	// a waiting-room slot has been served: its decision's time plus the
-	// longest MaxDelay its rules could give it, under whatever rules it was
-	// decided (SetRules may have lowered MaxDelay since).
+	// a waiting-room slot has been served: through Admit, its decision's
+	// time plus the longest MaxDelay its rules could give it, under
+	// whatever rules it was decided (SetRules may have lowered MaxDelay
+	// since); through Wait, when its delay ends.
 	waitEnd atomic.Int64
 	sleep   func(ctx context.Context, d time.Duration) error // replaced in tests
 
