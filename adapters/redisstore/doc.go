@@ -234,14 +234,18 @@
 // decide as usual. The store knows the shards the Ring was built with, and
 // checks each key's routing against them. Ring.SetAddrs, which moves keys
 // between shards without their state whenever it changes them, is reported
-// to the Observer once (ErrRingChanged) when the store meets it (a shard
-// added, one dropped, two shards' addresses swapped), and from then on the
-// store decides every key where the Ring sends it. One change goes unseen:
-// a shard dropped that the store never saw up (down since before the store
-// was built) keeps failing its keys with ErrShardDown; build the store at
-// startup. A Ring has one circuit breaker for the whole store (ErrShardDown
-// does not count against it). Where a lost shard must not mean lost state,
-// use Redis Cluster or Sentinel, which fail over to a replica.
+// to the Observer once (ErrRingChanged) when the store meets a shard added
+// or dropped, and from then on the store decides every key where the Ring
+// sends it. Two changes go unseen: renaming shards or swapping their
+// addresses (which moves keys as a shard that flaps down and up does, and
+// cannot be told from it), and dropping a shard the store never saw up
+// (down since before the store was built), whose keys keep failing with
+// ErrShardDown; build the store at startup, and change a Ring's shards by
+// adding and dropping them. InFlight applies the same check and, having no
+// Observer, reports nothing (the Store on the same Ring does). A Ring has
+// one circuit breaker for the whole store (ErrShardDown does not count
+// against it). Where a lost shard must not mean lost state, use Redis
+// Cluster or Sentinel, which fail over to a replica.
 //
 // # Failures
 //

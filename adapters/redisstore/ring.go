@@ -18,8 +18,8 @@ import (
 var ErrShardDown = errors.New("redisstore: the key's Ring shard is down")
 
 // ErrRingChanged is reported to the Observer, once, when the store finds
-// that the shards of a Ring it uses changed (Ring.SetAddrs added a shard,
-// dropped one, or swapped shards' addresses): the Ring then moves keys
+// that the shards of a Ring it uses changed (Ring.SetAddrs added a shard or
+// dropped one; see the package documentation): the Ring then moves keys
 // between shards without their state, and the store, which knows the
 // shards the Ring was built with, can no longer tell a shard that is down
 // from one removed, so it stops failing keys with ErrShardDown and decides
@@ -36,6 +36,7 @@ type ringGuard struct {
 	addrOf  map[string]string    // shard name -> address
 	home    redis.ConsistentHash // over every shard, as the Ring hashes when all are up
 	clients sync.Map             // shard name -> its *redis.Client, for the shards seen up
+	seen    atomic.Int64         // shards in clients
 	added   atomic.Bool          // SetAddrs created a shard
 	off     atomic.Bool          // the shards changed: the guard lets every key through
 }
@@ -48,11 +49,7 @@ func newRingGuard(r *redis.Ring) *ringGuard {
 		g.nameOf[addr] = name
 		g.addrOf[name] = addr
 	}
-	for _, c := range r.GetShardClients() {
-		if name, ok := g.nameOf[c.Options().Addr]; ok {
-			g.clients.Store(name, c)
-		}
-	}
+	g.see()
 	g.home = o.NewConsistentHash(g.names)
 	r.OnNewNode(func(*redis.Client) { g.added.Store(true) })
 	return g
@@ -70,6 +67,9 @@ func (g *ringGuard) check(keys []string) error {
 	if g.added.Load() {
 		return g.changed()
 	}
+	if g.seen.Load() < int64(len(g.names)) {
+		g.see()
+	}
 	for _, k := range keys {
 		name := g.home.Get(hashtagKey(k))
 		c, err := g.ring.GetShardClientForKey(k)
@@ -78,9 +78,6 @@ func (g *ringGuard) check(keys []string) error {
 		}
 		addr := c.Options().Addr
 		if addr == g.addrOf[name] {
-			if _, ok := g.clients.Load(name); !ok {
-				g.clients.Store(name, c)
-			}
 			continue
 		}
 		if _, ok := g.nameOf[addr]; !ok {
@@ -93,17 +90,26 @@ func (g *ringGuard) check(keys []string) error {
 			return g.changed()
 		}
 		if g.ring.Len() >= len(g.names) {
-			// Every shard up, and the key elsewhere: SetAddrs renamed
-			// shards or swapped their addresses, unless a shard came back
-			// up between the two reads.
-			if c, err := g.ring.GetShardClientForKey(k); err == nil && c.Options().Addr != g.addrOf[name] {
-				return g.changed()
-			}
+			// Every shard up now, though the key was sent elsewhere: the
+			// shard came back up meanwhile (or SetAddrs swapped shards'
+			// addresses, which a flapping shard cannot be told from).
 			continue
 		}
 		return fmt.Errorf("%w: shard %q: its keys would be decided on another shard, without their state", ErrShardDown, name)
 	}
 	return nil
+}
+
+// see records the clients of the shards up, until it has seen every
+// shard's: SetAddrs closes the client of a shard it drops.
+func (g *ringGuard) see() {
+	for _, c := range g.ring.GetShardClients() {
+		if name, ok := g.nameOf[c.Options().Addr]; ok {
+			if _, loaded := g.clients.LoadOrStore(name, c); !loaded {
+				g.seen.Add(1)
+			}
+		}
+	}
 }
 
 // changed turns the guard off and returns ErrRingChanged the first time.

@@ -446,16 +446,17 @@ func TestRingShardsSwap(t *testing.T) {
 }
 
 // TestRingShardsChanged checks that when Ring.SetAddrs changes the shards
-// (drops one that is up, or one that is down, adds one, or swaps two
-// shards' addresses), the store reports ErrRingChanged once to its
-// Observer and from then on decides keys where the Ring sends them (none
-// fails for good with ErrShardDown).
+// (drops one that is up, or one that is down, or adds one), the store
+// reports ErrRingChanged once to its Observer and from then on decides
+// keys where the Ring sends them (none fails for good with ErrShardDown).
+// (Swapping two shards' addresses cannot be told from a flapping shard, and
+// goes unseen, as the package documentation says.)
 func TestRingShardsChanged(t *testing.T) {
-	for _, change := range []string{"drop", "drop down", "add", "swap"} {
+	for _, change := range []string{"drop", "drop down", "add"} {
 		t.Run(change, func(t *testing.T) {
 			a, b, c := redistest.Start(t), redistest.Start(t), redistest.Start(t)
 			addrs := map[string]string{"a": a.Addr(), "b": b.Addr(), "c": c.Addr()}
-			if change == "add" || change == "swap" {
+			if change == "add" {
 				delete(addrs, "c")
 			}
 			ring := redis.NewRing(&redis.RingOptions{Addrs: addrs, HeartbeatFrequency: 20 * time.Millisecond, DialerRetries: 1, MaxRetries: -1})
@@ -486,9 +487,6 @@ func TestRingShardsChanged(t *testing.T) {
 			case "add":
 				k = ringKeyOn(t, s, ring, []string{"a", "b"}, "b")
 				ring.SetAddrs(map[string]string{"a": a.Addr(), "b": b.Addr(), "c": c.Addr()})
-			case "swap":
-				k = ringKeyOn(t, s, ring, []string{"a", "b"}, "b")
-				ring.SetAddrs(map[string]string{"a": b.Addr(), "b": a.Addr()})
 			}
 			for i := range 3 {
 				if err := s.Take(context.Background(), now, []core.Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
