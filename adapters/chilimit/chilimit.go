@@ -14,10 +14,21 @@
 // quota. A request chi matches no route for (a 404, or a 405 for a method
 // the route does not serve) is not keyed by route: route layers do not apply
 // to it, and chi answers it. The exceptions count more, never less: a
-// request that chi's rewriting middleware (CleanPath, StripSlashes,
-// URLFormat, GetHead) would route, wherever that middleware runs, is keyed
-// by the route it would reach, so a HEAD counts with GET and /login/ or
-// /login.json with /login even where no such middleware serves them. So one
+// request that matches no route as it is, but would once chi's rewriting
+// middleware (CleanPath, StripSlashes, URLFormat, GetHead) rewrote it, is
+// keyed by the route it would reach, wherever that middleware runs, so a
+// HEAD counts with GET and /login/ or /login.json with /login even where no
+// such middleware serves them. A path that matches a route as it is (a
+// catch-all "/*", a parameter such as /users/{id}) is keyed by that route:
+// put the rewriting middleware before the limiter (or in a router the
+// limiter is mounted below) where a rewrite can turn such a path into
+// another route (POST /login/ into POST /login beside a catch-all, or
+// /users/me.json into /users/me beside /users/{id}). A sub-router mounted
+// behind a plain middleware (r.Mount("/admin", auth(admin))) is opaque to
+// chi's route tree, and its requests are keyed by the mount's pattern,
+// "/admin/*": give the middleware to the sub-router (admin.Use(auth)) or to
+// a group (r.Group with r.Use(auth), then r.Mount), so that chi sees its
+// routes. So one
 // Limiter mounted with a top-level r.Use
 // holds per-IP, per-user and per-route layers, decided and charged in one
 // atomic batch:
@@ -67,6 +78,7 @@ import (
 	"net/http"
 	stdpath "path"
 	"strings"
+	"sync"
 
 	"github.com/go-chi/chi/v5"
 
@@ -172,8 +184,11 @@ func WithResult() Option { return func(o *options) { o.result = true } }
 // as chi's rewriting middleware would leave it (cleaned, without its
 // trailing slash, without its extension) and a HEAD as a GET, so that a
 // rewrite that runs later (in a sub-router's own r.Use, or after the
-// limiter) does not hide the route chi serves. Rewrites of other kinds must
-// run before the limiter. Inside a mount, if no form of the URL ends with
+// limiter) does not hide the route chi serves; a path that matches a route
+// as it is keeps that route (see the package documentation). Rewrites of
+// other kinds must run before the limiter. A mount point's own path
+// (/users and /users/ for r.Route("/users", ...)) gets the sub-router's
+// "/" route, "/users/", as chi serves both. Inside a mount, if no form of the URL ends with
 // the rest of the path chi routes, RouteOf cannot tell the route, and says
 // so (ok false: a route layer fails loudly rather than skip the request).
 func RouteOf(r *http.Request) (route string, ok bool) {
@@ -215,7 +230,7 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 	fc := chi.NewRouteContext()
 	if rest == "" || strings.HasSuffix(path, rest) {
 		// The usual case, before any variant is built.
-		if pattern := rctx.Routes.Find(fc, method, path); pattern != "" {
+		if pattern := find(rctx.Routes, fc, method, path); pattern != "" {
 			return routeKey(rctx, fc, method, path, pattern), true, true
 		}
 	}
@@ -226,8 +241,7 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 				continue
 			}
 			agrees = true
-			fc.Reset()
-			if pattern := rctx.Routes.Find(fc, m, p); pattern != "" {
+			if pattern := find(rctx.Routes, fc, m, p); pattern != "" {
 				return routeKey(rctx, fc, m, p, pattern), true, true
 			}
 		}
@@ -289,11 +303,79 @@ func routeKey(rctx *chi.Context, fc *chi.Context, method, path, pattern string) 
 	if method == probe {
 		probe = http.MethodConnect
 	}
-	fc.Reset()
-	if rctx.Routes.Find(fc, probe, path) == pattern {
+	if find(rctx.Routes, fc, probe, path) == pattern {
 		return pattern
 	}
 	return method + " " + pattern
+}
+
+// find returns the pattern chi serves method and path with, as Mux.Find
+// does, except for a mount point's own path: chi's Mount registers
+// "/users" and "/users/" as stubs that hand the request to the sub-router,
+// which routes "/" (r.Route("/users", ...) with r.Get("/", ...)); Find
+// stops at the stubs, and find goes on into the sub-router, so that both
+// paths get the sub-router's route, "/users/".
+func find(routes chi.Routes, fc *chi.Context, method, path string) string {
+	fc.Reset()
+	pattern := routes.Find(fc, method, path)
+	if pattern == "" || path != pattern && path+"/" != pattern && path != pattern+"/" {
+		return pattern // a stub's pattern is the path itself
+	}
+	sub := mountOf(routes, strings.TrimSuffix(pattern, "/"))
+	if sub == nil {
+		return pattern
+	}
+	fc.Reset()
+	if sp := sub.Find(fc, method, "/"); sp != "" {
+		return strings.TrimSuffix(pattern, "/") + sp
+	}
+	return ""
+}
+
+// mountKey and mountVal are an entry of mounts.
+type (
+	mountKey struct {
+		routes chi.Routes
+		base   string
+	}
+	mountVal struct{ sub chi.Routes }
+)
+
+// mounts remembers mountAt's answers, so that a request whose pattern is
+// its path (every static route) walks the router's routes once per
+// pattern, not once per request. It holds a pattern per static route of
+// each router, at most.
+var mounts sync.Map
+
+// mountOf is mountAt, remembered in mounts.
+func mountOf(routes chi.Routes, base string) chi.Routes {
+	k := mountKey{routes, base}
+	if v, ok := mounts.Load(k); ok {
+		return v.(mountVal).sub
+	}
+	sub := mountAt(routes, base)
+	mounts.Store(k, mountVal{sub})
+	return sub
+}
+
+// mountAt returns the sub-router mounted at base ("/users" for
+// r.Mount("/users", sub)) in routes or in a router mounted in it, or nil.
+func mountAt(routes chi.Routes, base string) chi.Routes {
+	for _, rt := range routes.Routes() {
+		if rt.SubRoutes == nil {
+			continue
+		}
+		prefix := strings.TrimSuffix(rt.Pattern, "/*")
+		if prefix == base {
+			return rt.SubRoutes
+		}
+		if strings.HasPrefix(base, prefix+"/") {
+			if sub := mountAt(rt.SubRoutes, base[len(prefix):]); sub != nil {
+				return sub
+			}
+		}
+	}
+	return nil
 }
 
 // New builds a Limiter from layers and opts with [ratelimit.New] and returns

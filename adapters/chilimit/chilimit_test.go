@@ -552,3 +552,35 @@ func TestMiddlewareNilLimiterPanics(t *testing.T) {
 	}()
 	chilimit.Middleware(nil)
 }
+
+// TestRouteKeyMountIndex checks that a sub-router's "/" route, which chi
+// serves for the mount point with and without its trailing slash
+// (r.Route("/users", ...) with r.Post("/", ...)), has one route key for
+// both, at the top level and under a mount, and that its methods keep
+// their own.
+func TestRouteKeyMountIndex(t *testing.T) {
+	for _, nested := range []bool{false, true} {
+		obs := &keys{}
+		l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+			Key:  ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+			Rule: core.Rule{Name: "route", Limit: 1, Window: time.Minute},
+		}}, ratelimit.WithLogger(nil))
+		r := chi.NewRouter()
+		r.Use(chilimit.Middleware(l))
+		users := func(r chi.Router) {
+			r.Get("/", ok)
+			r.Post("/", ok)
+		}
+		base := "/users"
+		if nested {
+			base = "/api/users"
+			r.Route("/api", func(r chi.Router) { r.Route("/users", users) })
+		} else {
+			r.Route("/users", users)
+		}
+		codes := []int{do(r, "POST", base, peer).Code, do(r, "POST", base+"/", peer).Code, do(r, "GET", base, peer).Code}
+		if want := []int{200, 429, 200}; !slices.Equal(codes, want) {
+			t.Errorf("nested %v: POST %s, POST %s/, GET %s (limit 1 per route): %v, want %v; keys %q", nested, base, base, base, codes, want, obs.list())
+		}
+	}
+}
