@@ -109,9 +109,12 @@ type TransportConfig struct {
 // A shaping rule (a LeakyBucket with MaxDelay) admits a request on
 // condition that it is sent no sooner than Decision.Delay from now: the
 // Transport waits that delay, under the same bounds. A request admitted
-// with a delay it may not wait (FailFast, MaxWait, a deadline, or its
-// context ending) is not sent and fails as above; its charge is refunded
-// when the Limiter's store can refund (both of this module's stores can).
+// with a delay it may not wait (FailFast, MaxWait, a deadline) is not sent
+// and fails as above, and its charge is refunded when the Limiter's store
+// can refund (both of this module's stores can); one whose context ends
+// while it waits fails too but keeps its charge, as the middleware's
+// requests do, since requests booked behind it meanwhile would otherwise
+// let the next one take a slot already taken.
 //
 // A store failure fails the request with an error wrapping
 // [ErrStoreFailure]: the Transport never sends unlimited.
@@ -408,15 +411,23 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 			}
 			if d.Allowed {
 				// A shaping rule admitted the request on condition that
-				// it is sent no sooner than Delay from now.
-				cause := t.wait(ctx, waited, d.Delay)
+				// it is sent no sooner than Delay from now. One that may
+				// not wait gives its charge back at once; one whose
+				// context ends while it waits keeps it: requests booked
+				// behind it meanwhile would otherwise have the next one
+				// take a slot already taken (a bucket gives back its
+				// latest units, not this request's).
+				cause := t.mayWait(ctx, waited, d.Delay)
 				if cause == nil {
-					return nil
+					if cause = t.sleep(ctx, d.Delay); cause == nil {
+						return nil
+					}
+				} else {
+					t.giveBack(ctx, key, d)
+					if cause == errNoWait {
+						cause = nil
+					}
 				}
-				if cause == errNoWait {
-					cause = nil
-				}
-				t.giveBack(ctx, key, d)
 				return &OutboundLimitError{Key: key, Wait: d.Delay, Decision: d, Err: cause}
 			}
 			dec, wait = d, d.RetryAfter
@@ -449,13 +460,24 @@ var errNoWait = errors.New("ratelimit: the request may not wait")
 // MaxWait forbid the wait; context.DeadlineExceeded when the context's
 // deadline comes first; the context's error when it ends during the sleep.
 func (t *Transport) wait(ctx context.Context, waited, d time.Duration) error {
+	if err := t.mayWait(ctx, waited, d); err != nil {
+		return err
+	}
+	return t.sleep(ctx, d)
+}
+
+// mayWait returns nil when the request, having waited waited already, may
+// wait d more: errNoWait when FailFast or MaxWait forbid it,
+// context.DeadlineExceeded when the context's deadline comes first, and
+// the context's error when it has ended.
+func (t *Transport) mayWait(ctx context.Context, waited, d time.Duration) error {
 	switch dl, hasDeadline := ctx.Deadline(); {
 	case t.failFast || (t.maxWait > 0 && waited+d > t.maxWait):
 		return errNoWait
 	case hasDeadline && time.Until(dl) < d:
 		return context.DeadlineExceeded
 	}
-	return t.sleep(ctx, d)
+	return ctx.Err()
 }
 
 // giveBack refunds the charge of a request that was admitted with a

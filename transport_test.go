@@ -973,3 +973,63 @@ func TestTransportPauseBefore1970(t *testing.T) {
 		}
 	}
 }
+
+type trGiveUpMark struct{}
+
+// TestTransportShapingGiveUpKeepsCharge: a shaped request whose context
+// ends while it waits keeps its charge, so that a request scheduled behind
+// it meanwhile keeps its slot to itself: no two requests are sent less
+// than a second apart under a 1-per-second shaping rule.
+func TestTransportShapingGiveUpKeepsCharge(t *testing.T) {
+	clk := core.NewFakeClock(trT0)
+	lim := core.Must(core.New(core.Rule{Name: "partner", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: 10 * time.Second}, core.WithClock(clk)))
+	var sends []time.Duration // send time of each request sent, from trT0
+	base := trFunc(func(r *http.Request) (*http.Response, error) { return trResp(200), nil })
+	tr, err := ratelimit.NewTransport(lim, &ratelimit.TransportConfig{Base: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://api.example.com/", nil)
+		_, err := tr.RoundTrip(req)
+		return err
+	}
+	var last time.Duration
+	ratelimit.SetTransportSleep(tr, func(ctx context.Context, d time.Duration) error {
+		if ctx.Value(trGiveUpMark{}) != nil {
+			last = 0
+			// B: while it waits its delay, C is scheduled behind it;
+			// then B's caller gives up.
+			if err := get(context.Background()); err != nil {
+				t.Errorf("C: %v", err)
+			}
+			sends = append(sends, clk.Now().Sub(trT0)+last) // C's send time
+			return context.Canceled
+		}
+		last = d
+		return nil // the clock stays: the send is at now + d
+	})
+	// A: sent at once.
+	if err := get(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	sends = append(sends, 0)
+	// B: admitted with a 1s delay, gives up during it (after C was scheduled at 2s).
+	if err := get(context.WithValue(context.Background(), trGiveUpMark{}, true)); err == nil {
+		t.Fatal("B was sent")
+	}
+	// D: scheduled now.
+	var dDelay time.Duration
+	ratelimit.SetTransportSleep(tr, func(ctx context.Context, d time.Duration) error { dDelay = d; return nil })
+	if err := get(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	sends = append(sends, clk.Now().Sub(trT0)+dDelay)
+	t.Logf("sends %v", sends)
+	slices.Sort(sends)
+	for i := 1; i < len(sends); i++ {
+		if sends[i]-sends[i-1] < time.Second {
+			t.Fatalf("send times %v under a 1/s shaping rule: two requests %v apart", sends, sends[i]-sends[i-1])
+		}
+	}
+}
