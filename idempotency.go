@@ -129,7 +129,12 @@ type IdempotencyConfig struct {
 // claim to expire after MaxWait.
 //
 // A shaped request (a LeakyBucket layer with MaxDelay) waits its delay the
-// first time only. Requests without a key go through the Limiter unchanged.
+// first time only: the claim is held for MaxWait plus the longest MaxDelay
+// the Limiter knows of, so a Resolver that picks shaping policies should
+// list them (core.PolicyLister), as for WithMaxWaiting; a delay beyond that
+// hold lets a retry that arrives during it take the claim again, and be
+// decided and charged again (never replayed for free). Requests without a
+// key go through the Limiter unchanged.
 // The Limiter's WithRefund does not apply through the filter: a refunded
 // charge would leave a replayable record behind, so a request keeps its
 // charge whatever its status (it errs towards limiting).
