@@ -18,20 +18,21 @@
 // middleware (CleanPath, StripSlashes, URLFormat, GetHead) rewrote it, is
 // keyed by the route it would reach, wherever that middleware runs, so a
 // HEAD counts with GET and /login/ or /login.json with /login even where no
-// such middleware serves them. A path that matches a route as it is (a
-// catch-all "/*", a parameter such as /users/{id}) is keyed by that route:
-// put the rewriting middleware before the limiter (or in a router the
-// limiter is mounted below) where a rewrite can turn such a path into
-// another route (POST /login/ into POST /login beside a catch-all, or
-// /users/me.json into /users/me beside /users/{id}). A sub-router mounted
-// behind a plain middleware (r.Mount("/admin", auth(admin))) is opaque to
-// chi's route tree, and its requests are keyed by the mount's pattern,
-// "/admin/*": give the middleware to the sub-router (admin.Use(auth)) or to
-// a group (r.Group with r.Use(auth), then r.Mount), so that chi sees its
-// routes. So one
-// Limiter mounted with a top-level r.Use
-// holds per-IP, per-user and per-route layers, decided and charged in one
-// atomic batch:
+// such middleware serves them. CleanPath, StripSlashes and URLFormat later
+// in the same r.Use as the limiter (after it) are applied first, so that a
+// path they turn into another route (POST /login/ into POST /login beside a
+// catch-all, /users/me.json into /users/me beside /users/{id}) is keyed by
+// the route chi serves. In a mounted sub-router's own r.Use, where the
+// limiter cannot see them, they are applied only to a path that matches no
+// route as it is: there, a path that a catch-all or a parameter matches
+// keeps that route, so put such middleware before the limiter. A
+// sub-router mounted behind a plain middleware (r.Mount("/admin",
+// auth(admin))) is opaque to chi's route tree, and its requests are keyed
+// by the mount's pattern, "/admin/*": give the middleware to the
+// sub-router (admin.Use(auth)) or to a group (r.Group with r.Use(auth),
+// then r.Mount), so that chi sees its routes. So one Limiter mounted with
+// a top-level r.Use holds per-IP, per-user and per-route layers, decided
+// and charged in one atomic batch:
 //
 //	ip := ratelimit.MustClientIP()
 //	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
@@ -77,10 +78,13 @@ package chilimit
 import (
 	"net/http"
 	stdpath "path"
+	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/limitry/ratelimit"
 )
@@ -109,7 +113,7 @@ func Middleware(l *ratelimit.Limiter, opts ...Option) func(http.Handler) http.Ha
 		}
 		opt(&o)
 	}
-	return func(next http.Handler) http.Handler {
+	mw := func(next http.Handler) http.Handler {
 		if next == nil {
 			panic("chilimit: middleware applied to a nil http.Handler")
 		}
@@ -152,6 +156,8 @@ func Middleware(l *ratelimit.Limiter, opts ...Option) func(http.Handler) http.Ha
 			}
 		})
 	}
+	selfOnce.Do(func() { selfPC.Store(reflect.ValueOf(mw).Pointer()) })
+	return mw
 }
 
 // Option configures the middleware.
@@ -184,8 +190,9 @@ func WithResult() Option { return func(o *options) { o.result = true } }
 // as chi's rewriting middleware would leave it (cleaned, without its
 // trailing slash, without its extension) and a HEAD as a GET, so that a
 // rewrite that runs later (in a sub-router's own r.Use, or after the
-// limiter) does not hide the route chi serves; a path that matches a route
-// as it is keeps that route (see the package documentation). Rewrites of
+// limiter) does not hide the route chi serves; chi's rewriting middleware
+// after the limiter in the root router's r.Use is applied first (see the
+// package documentation). Rewrites of
 // other kinds must run before the limiter. A mount point's own path
 // (/users and /users/ for r.Route("/users", ...)) gets the sub-router's
 // "/" route, "/users/", as chi serves both. Inside a mount, if no form of the URL ends with
@@ -223,11 +230,23 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 	if method == "" {
 		method = r.Method
 	}
+	fc := chi.NewRouteContext()
+	if len(rctx.RoutePatterns) == 0 {
+		// Before routing, in the root router's r.Use: chi's rewriting
+		// middleware later in that stack rewrites the path chi routes.
+		path = laterRewrites(rctx.Routes).apply(path)
+	} else if rest != "" {
+		// Routed, with the path a rewrite left (CleanPath at the top,
+		// the limiter in r.With): it is the route chi matched when chi
+		// finds it from the root as that route.
+		if pattern := find(rctx.Routes, fc, method, rest); pattern != "" && pattern == rctx.RoutePattern() {
+			return routeKey(rctx, fc, method, rest, pattern), true, true
+		}
+	}
 	methods := []string{method}
 	if method == http.MethodHead {
 		methods = append(methods, http.MethodGet) // as GetHead serves it
 	}
-	fc := chi.NewRouteContext()
 	if rest == "" || strings.HasSuffix(path, rest) {
 		// The usual case, before any variant is built.
 		if pattern := find(rctx.Routes, fc, method, path); pattern != "" {
@@ -248,6 +267,61 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 	}
 	return "", agrees, true
 }
+
+// rewrites is a set of chi's path-rewriting middleware, in the order chi
+// runs them.
+type rewrites []func(string) string
+
+// apply returns path as the rewrites leave it.
+func (rw rewrites) apply(path string) string {
+	for _, f := range rw {
+		path = f(path)
+	}
+	return path
+}
+
+var (
+	// selfPC is the code of the middleware Middleware returns, the same
+	// for every Limiter: it finds the limiter in a router's stack.
+	selfPC   atomic.Uintptr
+	selfOnce sync.Once
+	// rewriters are chi's middleware that rewrite the path chi routes,
+	// by their code, with the rewrite each makes.
+	rewriters = map[uintptr]func(string) string{
+		reflect.ValueOf(middleware.CleanPath).Pointer():    cleanPath,
+		reflect.ValueOf(middleware.StripSlashes).Pointer(): stripSlash,
+		reflect.ValueOf(middleware.URLFormat).Pointer():    stripExt,
+	}
+	// laters remembers laterRewrites' answer per router: chi refuses
+	// middleware added after a router's first route.
+	laters sync.Map
+)
+
+// laterRewrites returns the rewriting middleware that routes' own stack
+// runs after the first limiter in it, in order: those have not run yet
+// when the limiter decides, and will rewrite the path chi routes.
+func laterRewrites(routes chi.Routes) rewrites {
+	if v, ok := laters.Load(routes); ok {
+		return v.(rewrites)
+	}
+	var rw rewrites
+	self := false
+	for _, m := range routes.Middlewares() {
+		pc := reflect.ValueOf(m).Pointer()
+		if !self {
+			self = pc == selfPC.Load()
+			continue
+		}
+		if f := rewriters[pc]; f != nil {
+			rw = append(rw, f)
+		}
+	}
+	laters.Store(routes, rw)
+	return rw
+}
+
+// cleanPath cleans a path as middleware.CleanPath does.
+func cleanPath(p string) string { return stdpath.Clean(p) }
 
 // pathVariants returns path, then the paths chi's rewriting middleware
 // would route instead (CleanPath, StripSlashes, URLFormat, alone and

@@ -584,3 +584,55 @@ func TestRouteKeyMountIndex(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteKeyLaterRewrites checks that a rewrite chi's middleware makes
+// after the limiter (later in the same r.Use) is keyed by the route chi
+// then serves, also where the path as it came matches another route (a
+// catch-all, a parameter), and that a rewrite made before the limiter is
+// (CleanPath at the top, the limiter in r.With on a route).
+func TestRouteKeyLaterRewrites(t *testing.T) {
+	served := func(name string, got *[]string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) { *got = append(*got, name) }
+	}
+	layer := func(route string) *ratelimit.Limiter {
+		return limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
+			Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+			Rule:   core.Rule{Name: "route", Limit: 1, Window: time.Minute},
+			Routes: []string{route},
+		}}, ratelimit.WithLogger(nil))
+	}
+	check := func(name string, r http.Handler, method string, paths []string, got *[]string, wantServed string) {
+		t.Helper()
+		var codes []int
+		for _, p := range paths {
+			codes = append(codes, do(r, method, p, peer).Code)
+		}
+		if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
+			t.Errorf("%s: %s %q (limit 1): %v, want %v; served %q", name, method, paths, codes, want, *got)
+		}
+		if len(*got) != 1 || (*got)[0] != wantServed {
+			t.Errorf("%s: served %q, want one %s", name, *got, wantServed)
+		}
+	}
+
+	var got []string
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(layer("GET /users/me")), middleware.URLFormat)
+	r.Get("/users/me", served("me", &got))
+	r.Get("/users/{id}", served("id", &got))
+	check("URLFormat after the limiter", r, "GET", []string{"/users/me.json", "/users/me.json", "/users/me.xml"}, &got, "me")
+
+	got = nil
+	r = chi.NewRouter()
+	r.Use(chilimit.Middleware(layer("POST /login")), middleware.StripSlashes)
+	r.Post("/login", served("login", &got))
+	r.Handle("/*", served("spa", &got))
+	check("StripSlashes after the limiter", r, "POST", []string{"/login/", "/login/", "/login"}, &got, "login")
+
+	got = nil
+	r = chi.NewRouter()
+	r.Use(middleware.CleanPath)
+	r.With(chilimit.Middleware(layer("POST /login"))).Post("/login", served("login", &got))
+	r.Handle("/*", served("spa", &got))
+	check("CleanPath before the limiter in r.With", r, "POST", []string{"//login", "/x/../login", "/login"}, &got, "login")
+}
