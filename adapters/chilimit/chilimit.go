@@ -234,7 +234,9 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 	if len(rctx.RoutePatterns) == 0 {
 		// Before routing, in the root router's r.Use: chi's rewriting
 		// middleware later in that stack rewrites the path chi routes.
-		path = laterRewrites(rctx.Routes).apply(path)
+		if rp := laterRewrites(rctx.Routes).apply(r, rctx.RoutePath); rp != "" {
+			path = rp
+		}
 	} else if rest != "" {
 		// Routed, with the path a rewrite left (CleanPath at the top,
 		// the limiter in r.With): it is the route chi matched when chi
@@ -268,16 +270,51 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 	return "", agrees, true
 }
 
-// rewrites is a set of chi's path-rewriting middleware, in the order chi
-// runs them.
-type rewrites []func(string) string
+// rewrite is one of chi's path-rewriting middleware.
+type rewrite uint8
 
-// apply returns path as the rewrites leave it.
-func (rw rewrites) apply(path string) string {
-	for _, f := range rw {
-		path = f(path)
+const (
+	rewriteClean rewrite = iota + 1 // middleware.CleanPath
+	rewriteStrip                    // middleware.StripSlashes
+	rewriteExt                      // middleware.URLFormat
+)
+
+// rewrites are chi's path-rewriting middleware, in the order chi runs
+// them.
+type rewrites []rewrite
+
+// apply returns the route path (chi's RoutePath) the rewrites leave for r,
+// starting from rp, the route path so far ("" for none): as chi's own
+// middleware do, CleanPath cleaning the URL's path only while no route
+// path is set, StripSlashes and URLFormat rewriting the route path or, if
+// none is set, the URL's decoded path. "" means none is set.
+func (rw rewrites) apply(r *http.Request, rp string) string {
+	for _, k := range rw {
+		p := rp
+		if p == "" {
+			p = r.URL.Path
+		}
+		switch k {
+		case rewriteClean:
+			if rp == "" {
+				if r.URL.RawPath != "" {
+					p = r.URL.RawPath
+				}
+				rp = stdpath.Clean(p)
+			}
+		case rewriteStrip:
+			if len(p) > 1 && p[len(p)-1] == '/' {
+				rp = p[:len(p)-1]
+			}
+		case rewriteExt:
+			if strings.IndexByte(p, '.') > 0 {
+				if q := stripExt(p); q != p {
+					rp = q
+				}
+			}
+		}
 	}
-	return path
+	return rp
 }
 
 var (
@@ -286,42 +323,41 @@ var (
 	selfPC   atomic.Uintptr
 	selfOnce sync.Once
 	// rewriters are chi's middleware that rewrite the path chi routes,
-	// by their code, with the rewrite each makes.
-	rewriters = map[uintptr]func(string) string{
-		reflect.ValueOf(middleware.CleanPath).Pointer():    cleanPath,
-		reflect.ValueOf(middleware.StripSlashes).Pointer(): stripSlash,
-		reflect.ValueOf(middleware.URLFormat).Pointer():    stripExt,
+	// by their code.
+	rewriters = map[uintptr]rewrite{
+		reflect.ValueOf(middleware.CleanPath).Pointer():    rewriteClean,
+		reflect.ValueOf(middleware.StripSlashes).Pointer(): rewriteStrip,
+		reflect.ValueOf(middleware.URLFormat).Pointer():    rewriteExt,
 	}
-	// laters remembers laterRewrites' answer per router: chi refuses
-	// middleware added after a router's first route.
-	laters sync.Map
 )
 
 // laterRewrites returns the rewriting middleware that routes' own stack
-// runs after the first limiter in it, in order: those have not run yet
-// when the limiter decides, and will rewrite the path chi routes.
+// runs after the last limiter in it, in order: those have not run yet when
+// that limiter decides, and will rewrite the path chi routes. (With two
+// limiters in one stack, the first cannot tell itself from the second:
+// the rewrites between them are tried for it only as pathVariants are.)
+// It reads the stack afresh, a few comparisons, and allocates only for a
+// stack with such middleware after a limiter.
 func laterRewrites(routes chi.Routes) rewrites {
-	if v, ok := laters.Load(routes); ok {
-		return v.(rewrites)
+	mws := routes.Middlewares()
+	self := selfPC.Load()
+	last := -1
+	for i, m := range mws {
+		if reflect.ValueOf(m).Pointer() == self {
+			last = i
+		}
 	}
 	var rw rewrites
-	self := false
-	for _, m := range routes.Middlewares() {
-		pc := reflect.ValueOf(m).Pointer()
-		if !self {
-			self = pc == selfPC.Load()
-			continue
-		}
-		if f := rewriters[pc]; f != nil {
-			rw = append(rw, f)
+	if last < 0 {
+		return nil
+	}
+	for _, m := range mws[last+1:] {
+		if k := rewriters[reflect.ValueOf(m).Pointer()]; k != 0 {
+			rw = append(rw, k)
 		}
 	}
-	laters.Store(routes, rw)
 	return rw
 }
-
-// cleanPath cleans a path as middleware.CleanPath does.
-func cleanPath(p string) string { return stdpath.Clean(p) }
 
 // pathVariants returns path, then the paths chi's rewriting middleware
 // would route instead (CleanPath, StripSlashes, URLFormat, alone and
@@ -385,15 +421,15 @@ func routeKey(rctx *chi.Context, fc *chi.Context, method, path, pattern string) 
 
 // find returns the pattern chi serves method and path with, as Mux.Find
 // does, except for a mount point's own path: chi's Mount registers
-// "/users" and "/users/" as stubs that hand the request to the sub-router,
-// which routes "/" (r.Route("/users", ...) with r.Get("/", ...)); Find
-// stops at the stubs, and find goes on into the sub-router, so that both
-// paths get the sub-router's route, "/users/".
+// "/users" and "/users/" (for r.Mount("/users", sub), r.Route("/users",
+// ...)) as stubs that hand the request to the sub-router, which routes "/";
+// Find stops at the stubs, and find goes on into the sub-router, so that
+// both paths get the sub-router's route, "/users/".
 func find(routes chi.Routes, fc *chi.Context, method, path string) string {
 	fc.Reset()
 	pattern := routes.Find(fc, method, path)
-	if pattern == "" || path != pattern && path+"/" != pattern && path != pattern+"/" {
-		return pattern // a stub's pattern is the path itself
+	if pattern == "" {
+		return ""
 	}
 	sub := mountOf(routes, strings.TrimSuffix(pattern, "/"))
 	if sub == nil {
@@ -406,20 +442,27 @@ func find(routes chi.Routes, fc *chi.Context, method, path string) string {
 	return ""
 }
 
-// mountKey and mountVal are an entry of mounts.
-type (
-	mountKey struct {
-		routes chi.Routes
-		base   string
-	}
-	mountVal struct{ sub chi.Routes }
+// mountKey is the key of an entry of mounts.
+type mountKey struct {
+	routes chi.Routes
+	base   string
+}
+
+// mountVal is an entry of mounts: the sub-router, or nil.
+type mountVal struct{ sub chi.Routes }
+
+// mounts remembers mountAt's answers by router and pattern, so that a
+// request walks its router's routes once per pattern, not once per
+// request. It is emptied when it holds maxMounts entries (nmounts), so
+// that routers built and dropped over a process's life (one per tenant,
+// say) are not kept.
+var (
+	mounts  sync.Map
+	nmounts atomic.Int64
 )
 
-// mounts remembers mountAt's answers, so that a request whose pattern is
-// its path (every static route) walks the router's routes once per
-// pattern, not once per request. It holds a pattern per static route of
-// each router, at most.
-var mounts sync.Map
+// maxMounts bounds mounts.
+const maxMounts = 4096
 
 // mountOf is mountAt, remembered in mounts.
 func mountOf(routes chi.Routes, base string) chi.Routes {
@@ -428,28 +471,40 @@ func mountOf(routes chi.Routes, base string) chi.Routes {
 		return v.(mountVal).sub
 	}
 	sub := mountAt(routes, base)
+	if nmounts.Add(1) > maxMounts {
+		mounts.Clear()
+		nmounts.Store(1)
+	}
 	mounts.Store(k, mountVal{sub})
 	return sub
 }
 
 // mountAt returns the sub-router mounted at base ("/users" for
-// r.Mount("/users", sub)) in routes or in a router mounted in it, or nil.
+// r.Mount("/users", sub); "/{tenant}/users" for one with a parameter) in
+// routes or in a router mounted in it, when base is served by Mount's stubs
+// (no route of its own is registered at base): nil otherwise, as for a
+// router mounted at "/users/" beside a route "/users" of its own.
 func mountAt(routes chi.Routes, base string) chi.Routes {
+	var sub chi.Routes
 	for _, rt := range routes.Routes() {
 		if rt.SubRoutes == nil {
+			if rt.Pattern == base || rt.Pattern == base+"/" {
+				return nil // a route of its own (chi hides Mount's stubs)
+			}
 			continue
 		}
 		prefix := strings.TrimSuffix(rt.Pattern, "/*")
 		if prefix == base {
-			return rt.SubRoutes
+			sub = rt.SubRoutes
+			continue
 		}
 		if strings.HasPrefix(base, prefix+"/") {
-			if sub := mountAt(rt.SubRoutes, base[len(prefix):]); sub != nil {
-				return sub
+			if s := mountAt(rt.SubRoutes, base[len(prefix):]); s != nil {
+				return s
 			}
 		}
 	}
-	return nil
+	return sub
 }
 
 // New builds a Limiter from layers and opts with [ratelimit.New] and returns

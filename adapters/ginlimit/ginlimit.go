@@ -27,9 +27,10 @@
 // engine.HandleContext runs the whole chain again for the request it
 // forwards, so the forwarded request is decided, and charged, again (under
 // the route it is forwarded to): forwarding never skips a limit, and costs
-// a client two units, and two in-flight slots of a concurrency layer (the
-// forwarding pass holds its slot while the forwarded one is decided, so an
-// InFlight of 1 refuses every forwarded request). Gin answers its own redirects (RedirectTrailingSlash,
+// a client two units, and two in-flight slots of a concurrency layer keyed
+// alike in both passes (per client, not per route: the forwarding pass
+// holds its slot while the forwarded one is decided, so such an InFlight of
+// 1 refuses every forwarded request). Gin answers its own redirects (RedirectTrailingSlash,
 // RedirectFixedPath) without running any middleware: they are not charged;
 // the request a client then sends to the new path is.
 //
