@@ -109,12 +109,13 @@ type TransportConfig struct {
 // A shaping rule (a LeakyBucket with MaxDelay) admits a request on
 // condition that it is sent no sooner than Decision.Delay from now: the
 // Transport waits that delay, under the same bounds. A request admitted
-// with a delay it may not wait (FailFast, MaxWait, a deadline) is not sent
-// and fails as above, and its charge is refunded when the Limiter's store
-// can refund (both of this module's stores can); one whose context ends
-// while it waits fails too but keeps its charge, as the middleware's
-// requests do, since requests booked behind it meanwhile would otherwise
-// let the next one take a slot already taken.
+// with a delay it may not wait (FailFast, MaxWait, a deadline, or its
+// context ending) is not sent and fails as above, and keeps its charge, as
+// the middleware's requests do: a refund gives back a bucket's latest
+// units, not this request's, so that with a request booked behind it
+// meanwhile (by this process or another) the next one would take a slot
+// already taken. So each such attempt books a slot: give callers that may
+// not wait a rule without MaxDelay (a meter refuses without charging).
 //
 // A store failure fails the request with an error wrapping
 // [ErrStoreFailure]: the Transport never sends unlimited.
@@ -411,22 +412,18 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 			}
 			if d.Allowed {
 				// A shaping rule admitted the request on condition that
-				// it is sent no sooner than Delay from now. One that may
-				// not wait gives its charge back at once; one whose
-				// context ends while it waits keeps it: requests booked
-				// behind it meanwhile would otherwise have the next one
-				// take a slot already taken (a bucket gives back its
-				// latest units, not this request's).
-				cause := t.mayWait(ctx, waited, d.Delay)
+				// it is sent no sooner than Delay from now. One that is
+				// not sent keeps its charge: a bucket gives back its
+				// latest units, not this request's, so that with a
+				// request booked behind it meanwhile (by this process or
+				// another) a refund would let the next one take a slot
+				// already taken.
+				cause := t.wait(ctx, waited, d.Delay)
 				if cause == nil {
-					if cause = t.sleep(ctx, d.Delay); cause == nil {
-						return nil
-					}
-				} else {
-					t.giveBack(ctx, key, d)
-					if cause == errNoWait {
-						cause = nil
-					}
+					return nil
+				}
+				if cause == errNoWait {
+					cause = nil
 				}
 				return &OutboundLimitError{Key: key, Wait: d.Delay, Decision: d, Err: cause}
 			}
@@ -460,32 +457,13 @@ var errNoWait = errors.New("ratelimit: the request may not wait")
 // MaxWait forbid the wait; context.DeadlineExceeded when the context's
 // deadline comes first; the context's error when it ends during the sleep.
 func (t *Transport) wait(ctx context.Context, waited, d time.Duration) error {
-	if err := t.mayWait(ctx, waited, d); err != nil {
-		return err
-	}
-	return t.sleep(ctx, d)
-}
-
-// mayWait returns nil when the request, having waited waited already, may
-// wait d more: errNoWait when FailFast or MaxWait forbid it,
-// context.DeadlineExceeded when the context's deadline comes first, and
-// the context's error when it has ended.
-func (t *Transport) mayWait(ctx context.Context, waited, d time.Duration) error {
 	switch dl, hasDeadline := ctx.Deadline(); {
 	case t.failFast || (t.maxWait > 0 && waited+d > t.maxWait):
 		return errNoWait
 	case hasDeadline && time.Until(dl) < d:
 		return context.DeadlineExceeded
 	}
-	return ctx.Err()
-}
-
-// giveBack refunds the charge of a request that was admitted with a
-// shaping delay but is not sent, when the Limiter's store can refund; a
-// store that cannot keeps the charge (the quota is spent early, never
-// exceeded).
-func (t *Transport) giveBack(ctx context.Context, key string, d core.Decision) {
-	_ = t.limiter.Refund(context.WithoutCancel(ctx), []core.Request{{Policy: d.Policy, Key: key, Cost: 1}})
+	return t.sleep(ctx, d)
 }
 
 // addNanos returns the Unix nanosecond ns + d, for d >= 0, saturated at

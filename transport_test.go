@@ -874,7 +874,8 @@ func TestTransportRealTimer(t *testing.T) {
 
 // A shaping LeakyBucket admits a request on condition that it waits
 // Decision.Delay: the Transport holds each request for it, and a request
-// that may not wait is not sent and gives its charge back.
+// that may not wait is not sent and keeps its charge (a refund would give
+// back a later request's slot).
 func TestTransportShapingDelay(t *testing.T) {
 	rule := core.Rule{Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: 10 * time.Second}
 	e := trNew(t, rule, nil)
@@ -894,21 +895,26 @@ func TestTransportShapingDelay(t *testing.T) {
 	if _, err := ff.get(context.Background(), "https://api.example.com/"); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
+	for i := range 3 {
 		_, err := ff.get(context.Background(), "https://api.example.com/")
 		var le *ratelimit.OutboundLimitError
-		if !errors.As(err, &le) || le.Wait != time.Second || !le.Decision.Allowed {
-			t.Fatalf("FailFast, a request admitted with a delay: %v, want an OutboundLimitError for 1s of delay", err)
+		if want := time.Duration(i+1) * time.Second; !errors.As(err, &le) || le.Wait != want || !le.Decision.Allowed {
+			t.Fatalf("FailFast, a request admitted with a delay: %v, want an OutboundLimitError for %v of delay (each attempt keeps its slot)", err, want)
 		}
 	}
 	if n := ff.base.sent(); n != 1 {
 		t.Errorf("FailFast sent %d, want 1", n)
 	}
-	// Nothing was charged for the three that were not sent: one second on,
-	// the next request goes at once.
-	ff.clk.Advance(time.Second)
+	// The three that were not sent keep their slots: three seconds on, a
+	// request is still delayed (and books a slot); five seconds on, it goes
+	// at once.
+	ff.clk.Advance(3 * time.Second)
+	if _, err := ff.get(context.Background(), "https://api.example.com/"); err == nil {
+		t.Error("three seconds on, with three slots booked after the one sent: sent, want a delay")
+	}
+	ff.clk.Advance(2 * time.Second)
 	if _, err := ff.get(context.Background(), "https://api.example.com/"); err != nil {
-		t.Errorf("a second after the only request sent: %v, want it sent at once", err)
+		t.Errorf("five seconds on: %v, want it sent at once", err)
 	}
 }
 
@@ -1025,6 +1031,89 @@ func TestTransportShapingGiveUpKeepsCharge(t *testing.T) {
 		t.Fatal(err)
 	}
 	sends = append(sends, clk.Now().Sub(trT0)+dDelay)
+	t.Logf("sends %v", sends)
+	slices.Sort(sends)
+	for i := 1; i < len(sends); i++ {
+		if sends[i]-sends[i-1] < time.Second {
+			t.Fatalf("send times %v under a 1/s shaping rule: two requests %v apart", sends, sends[i]-sends[i-1])
+		}
+	}
+}
+
+// trHookStore wraps a MemoryStore and runs after, once, right after a Take
+// returns: what another goroutine (or another process on a shared Redis
+// store) does between this Take and what the caller does next.
+type trHookStore struct {
+	*core.MemoryStore
+	after func()
+}
+
+func (s *trHookStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	err := s.MemoryStore.Take(ctx, now, reqs, out)
+	if f := s.after; f != nil {
+		s.after = nil
+		f()
+	}
+	return err
+}
+
+// TestTransportShapingNoWaitKeepsCharge: B is admitted with a 1s delay
+// its deadline (0.5s) forbids; between B's charge and its failure, C
+// (another goroutine, or another process on a shared store) is booked
+// behind B at +2s. B keeps its charge, so D is booked at +3s: no two
+// requests are sent less than a second apart under a 1-per-second
+// shaping rule.
+func TestTransportShapingNoWaitKeepsCharge(t *testing.T) {
+	clk := core.NewFakeClock(trT0)
+	mem, err := core.NewMemoryStore(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &trHookStore{MemoryStore: mem}
+	lim := core.Must(core.New(core.Rule{Name: "partner", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: 10 * time.Second}, core.WithClock(clk), core.WithStore(st)))
+	base := trFunc(func(r *http.Request) (*http.Response, error) { return trResp(200), nil })
+	tr, err := ratelimit.NewTransport(lim, &ratelimit.TransportConfig{Base: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var delay time.Duration
+	ratelimit.SetTransportSleep(tr, func(ctx context.Context, d time.Duration) error { delay = d; return nil })
+	get := func(ctx context.Context) (time.Duration, error) {
+		delay = 0
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://api.example.com/", nil)
+		_, err := tr.RoundTrip(req)
+		return clk.Now().Sub(trT0) + delay, err
+	}
+	var sends []time.Duration
+	// A: sent at once.
+	if at, err := get(context.Background()); err != nil {
+		t.Fatal(err)
+	} else {
+		sends = append(sends, at)
+	}
+	// B: a 0.5s deadline; admitted with a 1s delay. Right after B's charge,
+	// C is booked (behind B).
+	st.after = func() {
+		at, err := get(context.Background())
+		if err != nil {
+			t.Errorf("C: %v", err)
+			return
+		}
+		sends = append(sends, at)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if _, err := get(ctx); err == nil {
+		t.Fatal("B was sent")
+	} else {
+		t.Logf("B: %v", err)
+	}
+	// D: booked now.
+	if at, err := get(context.Background()); err != nil {
+		t.Fatal(err)
+	} else {
+		sends = append(sends, at)
+	}
 	t.Logf("sends %v", sends)
 	slices.Sort(sends)
 	for i := 1; i < len(sends); i++ {
