@@ -18,14 +18,17 @@
 // middleware (CleanPath, StripSlashes, URLFormat, GetHead) rewrote it, is
 // keyed by the route it would reach, wherever that middleware runs, so a
 // HEAD counts with GET and /login/ or /login.json with /login even where no
-// such middleware serves them. CleanPath, StripSlashes and URLFormat later
-// in the same r.Use as the limiter (after it) are applied first, so that a
-// path they turn into another route (POST /login/ into POST /login beside a
-// catch-all, /users/me.json into /users/me beside /users/{id}) is keyed by
-// the route chi serves. In a mounted sub-router's own r.Use, where the
-// limiter cannot see them, they are applied only to a path that matches no
-// route as it is: there, a path that a catch-all or a parameter matches
-// keeps that route, so put such middleware before the limiter. A
+// such middleware serves them. CleanPath, StripSlashes, URLFormat and
+// GetHead in the root router's r.Use are applied first, as chi applies
+// them (those after the last limiter of that stack, or all of them for a
+// limiter in r.With or in a mounted router), so that a path they turn into
+// another route (POST /login/ into POST /login beside a catch-all,
+// /users/me.json into /users/me beside /users/{id}) is keyed by the route
+// chi serves. In a mounted sub-router's own r.Use, where the limiter
+// cannot see them, and between two limiters of one stack (for the first),
+// they are applied only to a path that matches no route as it is: there, a
+// path that a catch-all or a parameter matches keeps that route, so put
+// such middleware before the limiter. A
 // sub-router mounted behind a plain middleware (r.Mount("/admin",
 // auth(admin))) is opaque to chi's route tree, and its requests are keyed
 // by the mount's pattern, "/admin/*": give the middleware to the
@@ -234,10 +237,18 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 	if len(rctx.RoutePatterns) == 0 {
 		// Before routing, in the root router's r.Use: chi's rewriting
 		// middleware later in that stack rewrites the path chi routes.
-		if rp := laterRewrites(rctx.Routes).apply(r, rctx.RoutePath); rp != "" {
+		var rp string
+		if rp, method = stackRewrites(rctx.Routes, false).apply(r, rctx.Routes, rctx.RoutePath, method); rp != "" {
 			path = rp
 		}
-	} else if rest != "" {
+	} else {
+		// Routed (the limiter in r.With, or in a mounted router): the root
+		// router's rewriting middleware have all run, from the URL's path.
+		if rp, _ := stackRewrites(rctx.Routes, true).apply(r, rctx.Routes, "", method); rp != "" {
+			path = rp
+		}
+	}
+	if len(rctx.RoutePatterns) > 0 && rest != "" {
 		// Routed, with the path a rewrite left (CleanPath at the top,
 		// the limiter in r.With): it is the route chi matched when chi
 		// finds it from the root as that route.
@@ -277,24 +288,40 @@ const (
 	rewriteClean rewrite = iota + 1 // middleware.CleanPath
 	rewriteStrip                    // middleware.StripSlashes
 	rewriteExt                      // middleware.URLFormat
+	rewriteHead                     // middleware.GetHead
 )
 
 // rewrites are chi's path-rewriting middleware, in the order chi runs
 // them.
 type rewrites []rewrite
 
-// apply returns the route path (chi's RoutePath) the rewrites leave for r,
-// starting from rp, the route path so far ("" for none): as chi's own
-// middleware do, CleanPath cleaning the URL's path only while no route
-// path is set, StripSlashes and URLFormat rewriting the route path or, if
-// none is set, the URL's decoded path. "" means none is set.
-func (rw rewrites) apply(r *http.Request, rp string) string {
+// apply returns the route path (chi's RoutePath) and method the rewrites
+// leave for r in routes, starting from rp, the route path so far ("" for
+// none), and method: as chi's own middleware do, CleanPath cleaning the
+// URL's path only while no route path is set, StripSlashes and URLFormat
+// rewriting the route path or, if none is set, the URL's decoded path,
+// GetHead routing a HEAD that has no route of its own as a GET, from the
+// route path or the URL's raw path. "" means no route path is set.
+func (rw rewrites) apply(r *http.Request, routes chi.Routes, rp, method string) (string, string) {
 	for _, k := range rw {
 		p := rp
 		if p == "" {
 			p = r.URL.Path
 		}
 		switch k {
+		case rewriteHead:
+			if r.Method == http.MethodHead {
+				hp := rp
+				if hp == "" {
+					hp = r.URL.RawPath
+					if hp == "" {
+						hp = r.URL.Path
+					}
+				}
+				if !routes.Match(chi.NewRouteContext(), http.MethodHead, hp) {
+					rp, method = hp, http.MethodGet
+				}
+			}
 		case rewriteClean:
 			if rp == "" {
 				if r.URL.RawPath != "" {
@@ -314,7 +341,7 @@ func (rw rewrites) apply(r *http.Request, rp string) string {
 			}
 		}
 	}
-	return rp
+	return rp, method
 }
 
 var (
@@ -328,29 +355,32 @@ var (
 		reflect.ValueOf(middleware.CleanPath).Pointer():    rewriteClean,
 		reflect.ValueOf(middleware.StripSlashes).Pointer(): rewriteStrip,
 		reflect.ValueOf(middleware.URLFormat).Pointer():    rewriteExt,
+		reflect.ValueOf(middleware.GetHead).Pointer():      rewriteHead,
 	}
 )
 
-// laterRewrites returns the rewriting middleware that routes' own stack
-// runs after the last limiter in it, in order: those have not run yet when
-// that limiter decides, and will rewrite the path chi routes. (With two
-// limiters in one stack, the first cannot tell itself from the second:
-// the rewrites between them are tried for it only as pathVariants are.)
-// It reads the stack afresh, a few comparisons, and allocates only for a
-// stack with such middleware after a limiter.
-func laterRewrites(routes chi.Routes) rewrites {
+// stackRewrites returns the rewriting middleware of routes' own stack, in
+// order: all of them, or those after the last limiter in it, which have
+// not run yet when that limiter decides, and will rewrite the path chi
+// routes. (With two limiters in one stack, the first cannot tell itself
+// from the second: the rewrites between them are tried for it only as
+// pathVariants are.) It reads the stack afresh, a few comparisons, and
+// allocates only for a stack with such middleware.
+func stackRewrites(routes chi.Routes, all bool) rewrites {
 	mws := routes.Middlewares()
-	self := selfPC.Load()
 	last := -1
-	for i, m := range mws {
-		if reflect.ValueOf(m).Pointer() == self {
-			last = i
+	if !all {
+		self := selfPC.Load()
+		for i, m := range mws {
+			if reflect.ValueOf(m).Pointer() == self {
+				last = i
+			}
+		}
+		if last < 0 {
+			return nil
 		}
 	}
 	var rw rewrites
-	if last < 0 {
-		return nil
-	}
 	for _, m := range mws[last+1:] {
 		if k := rewriters[reflect.ValueOf(m).Pointer()]; k != 0 {
 			rw = append(rw, k)
@@ -431,7 +461,7 @@ func find(routes chi.Routes, fc *chi.Context, method, path string) string {
 	if pattern == "" {
 		return ""
 	}
-	sub := mountOf(routes, strings.TrimSuffix(pattern, "/"))
+	sub := mountOf(routes, pattern, method)
 	if sub == nil {
 		return pattern
 	}
@@ -444,18 +474,19 @@ func find(routes chi.Routes, fc *chi.Context, method, path string) string {
 
 // mountKey is the key of an entry of mounts.
 type mountKey struct {
-	routes chi.Routes
-	base   string
+	routes          chi.Routes
+	pattern, method string
 }
 
 // mountVal is an entry of mounts: the sub-router, or nil.
 type mountVal struct{ sub chi.Routes }
 
-// mounts remembers mountAt's answers by router and pattern, so that a
-// request walks its router's routes once per pattern, not once per
+// mounts remembers mountAt's answers by router, pattern and method, so
+// that a request walks its router's routes once per pattern, not once per
 // request. It is emptied when it holds maxMounts entries (nmounts), so
 // that routers built and dropped over a process's life (one per tenant,
-// say) are not kept.
+// say) are not kept. (A Mount added at a path requests already reached,
+// after they did, is seen once the cache has been emptied.)
 var (
 	mounts  sync.Map
 	nmounts atomic.Int64
@@ -465,12 +496,12 @@ var (
 const maxMounts = 4096
 
 // mountOf is mountAt, remembered in mounts.
-func mountOf(routes chi.Routes, base string) chi.Routes {
-	k := mountKey{routes, base}
+func mountOf(routes chi.Routes, pattern, method string) chi.Routes {
+	k := mountKey{routes, pattern, method}
 	if v, ok := mounts.Load(k); ok {
 		return v.(mountVal).sub
 	}
-	sub := mountAt(routes, base)
+	sub := mountAt(routes, pattern, method)
 	if nmounts.Add(1) > maxMounts {
 		mounts.Clear()
 		nmounts.Store(1)
@@ -479,17 +510,19 @@ func mountOf(routes chi.Routes, base string) chi.Routes {
 	return sub
 }
 
-// mountAt returns the sub-router mounted at base ("/users" for
-// r.Mount("/users", sub); "/{tenant}/users" for one with a parameter) in
-// routes or in a router mounted in it, when base is served by Mount's stubs
-// (no route of its own is registered at base): nil otherwise, as for a
-// router mounted at "/users/" beside a route "/users" of its own.
-func mountAt(routes chi.Routes, base string) chi.Routes {
+// mountAt returns the sub-router that Mount's stub at pattern ("/users" or
+// "/users/" for r.Mount("/users", sub); "/{tenant}/users" for one with a
+// parameter) hands method's requests to, in routes or in a router mounted
+// in it: nil when pattern is no such stub, or when a route of its own
+// serves method there (chi hides Mount's stubs from Routes, not the routes
+// registered at the same pattern, which chi serves for their methods).
+func mountAt(routes chi.Routes, pattern, method string) chi.Routes {
+	base := strings.TrimSuffix(pattern, "/")
 	var sub chi.Routes
 	for _, rt := range routes.Routes() {
 		if rt.SubRoutes == nil {
-			if rt.Pattern == base || rt.Pattern == base+"/" {
-				return nil // a route of its own (chi hides Mount's stubs)
+			if rt.Pattern == pattern && (rt.Handlers[method] != nil || rt.Handlers["*"] != nil) {
+				return nil // a route of its own for method
 			}
 			continue
 		}
@@ -499,7 +532,7 @@ func mountAt(routes chi.Routes, base string) chi.Routes {
 			continue
 		}
 		if strings.HasPrefix(base, prefix+"/") {
-			if s := mountAt(rt.SubRoutes, base[len(prefix):]); s != nil {
+			if s := mountAt(rt.SubRoutes, pattern[len(prefix):], method); s != nil {
 				return s
 			}
 		}
