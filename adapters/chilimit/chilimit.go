@@ -33,7 +33,10 @@
 // auth(admin))) is opaque to chi's route tree, and its requests are keyed
 // by the mount's pattern, "/admin/*": give the middleware to the
 // sub-router (admin.Use(auth)) or to a group (r.Group with r.Use(auth),
-// then r.Mount), so that chi sees its routes. So one Limiter mounted with
+// then r.Mount), so that chi sees its routes. Register routes before
+// serving: the lookup remembers which paths are mount points (up to 4,096
+// of them), so a Mount added at a path requests have already reached is
+// seen only once that memory turns over. So one Limiter mounted with
 // a top-level r.Use holds per-IP, per-user and per-route layers, decided
 // and charged in one atomic batch:
 //
