@@ -283,69 +283,53 @@ func TestTiersAlternatingCreditNothing(t *testing.T) {
 	}
 }
 
+// holdWaitDelay makes l's shaping waits block until release is closed,
+// sending each wait's delay on entered first.
+func holdWaitDelay(l *ratelimit.Limiter) (entered chan time.Duration, release chan struct{}) {
+	entered, release = make(chan time.Duration), make(chan struct{})
+	ratelimit.SetWaitFunc(l, func(_ context.Context, d time.Duration) error {
+		entered <- d
+		<-release
+		return nil
+	})
+	return entered, release
+}
+
 // TestSetRulesWaitingRoomRetryAfter checks that a request refused for a
 // full waiting room after SetRules lowered MaxDelay is told to retry once
 // the request waiting under the old rule has been served, not after the
-// new rule's shorter MaxDelay.
+// new rule's shorter MaxDelay, whether that request holds the room through
+// Admit or through Decide and Wait (the flow of framework adapters).
 func TestSetRulesWaitingRoomRetryAfter(t *testing.T) {
-	layers := []ratelimit.Layer{{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: time.Minute}}}
-	e := mwNew(t, layers, ratelimit.WithMaxWaiting(1))
-	entered := make(chan time.Duration)
-	release := make(chan struct{})
-	ratelimit.SetWaitFunc(e.l, func(ctx context.Context, d time.Duration) error {
-		entered <- d
-		<-release
-		return nil
-	})
-	e.do(t, mwReq("192.0.2.1:1")) // served at once
-	done := make(chan struct{})
-	go func() { e.do(t, mwReq("192.0.2.1:1")); close(done) }()
-	waiting := <-entered // 10s: the room's one slot is held that long
-	if err := e.l.SetRules(map[string]core.Rule{"shape": {Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: 2 * time.Second}}); err != nil {
-		t.Fatal(err)
-	}
-	rec := e.do(t, mwReq("192.0.2.1:1"))
-	close(release)
-	<-done
-	ra, _ := strconv.Atoi(rec.Header().Get(ratelimit.HeaderRetryAfter))
-	if rec.Code != http.StatusTooManyRequests || time.Duration(ra)*time.Second < waiting {
-		t.Fatalf("full room after SetRules: %d Retry-After %ds, but the request holding the room waits %v", rec.Code, ra, waiting)
-	}
-}
-
-// TestSetRulesWaitRetryAfter checks that a request holding the waiting
-// room through Decide and Wait (the flow of framework adapters) counts
-// for the Retry-After of a full-room refusal after SetRules lowered
-// MaxDelay, as one of Admit does.
-func TestSetRulesWaitRetryAfter(t *testing.T) {
-	layers := []ratelimit.Layer{{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: time.Minute}}}
-	e := mwNew(t, layers, ratelimit.WithMaxWaiting(1))
-	entered := make(chan time.Duration)
-	release := make(chan struct{})
-	ratelimit.SetWaitFunc(e.l, func(ctx context.Context, d time.Duration) error {
-		entered <- d
-		<-release
-		return nil
-	})
-	if first := e.l.Decide(mwReq("192.0.2.1:1")); !first.Proceed || first.Delay != 0 {
-		t.Fatalf("first request: %+v", first)
-	}
-	res := e.l.Decide(mwReq("192.0.2.1:1"))
-	if !res.Proceed || res.Delay <= 0 {
-		t.Fatalf("second request: %+v, want a shaping delay", res)
-	}
-	done := make(chan error)
-	go func() { done <- e.l.Wait(context.Background(), &res) }()
-	waiting := <-entered // holds the room's one slot for 10s
-	if err := e.l.SetRules(map[string]core.Rule{"shape": {Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: 2 * time.Second}}); err != nil {
-		t.Fatal(err)
-	}
-	rec := e.do(t, mwReq("192.0.2.1:1"))
-	close(release)
-	<-done
-	ra, _ := strconv.Atoi(rec.Header().Get(ratelimit.HeaderRetryAfter))
-	if rec.Code != http.StatusTooManyRequests || time.Duration(ra)*time.Second < waiting {
-		t.Fatalf("full room after SetRules: %d Retry-After %ds, but the request holding the room (Decide+Wait) waits %v", rec.Code, ra, waiting)
+	for _, viaWait := range []bool{false, true} {
+		layers := []ratelimit.Layer{{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: time.Minute}}}
+		e := mwNew(t, layers, ratelimit.WithMaxWaiting(1))
+		entered, release := holdWaitDelay(e.l)
+		done := make(chan struct{})
+		if viaWait {
+			if first := e.l.Decide(mwReq("192.0.2.1:1")); !first.Proceed || first.Delay != 0 {
+				t.Fatalf("first request: %+v", first)
+			}
+			res := e.l.Decide(mwReq("192.0.2.1:1"))
+			if !res.Proceed || res.Delay <= 0 {
+				t.Fatalf("second request: %+v, want a shaping delay", res)
+			}
+			go func() { e.l.Wait(context.Background(), &res); close(done) }()
+		} else {
+			e.do(t, mwReq("192.0.2.1:1")) // served at once
+			go func() { e.do(t, mwReq("192.0.2.1:1")); close(done) }()
+		}
+		waiting := <-entered // 10s: the room's one slot is held that long
+		if err := e.l.SetRules(map[string]core.Rule{"shape": {Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: 2 * time.Second}}); err != nil {
+			t.Fatal(err)
+		}
+		rec := e.do(t, mwReq("192.0.2.1:1"))
+		close(release)
+		<-done
+		ra, _ := strconv.Atoi(rec.Header().Get(ratelimit.HeaderRetryAfter))
+		if rec.Code != http.StatusTooManyRequests || time.Duration(ra)*time.Second < waiting {
+			t.Fatalf("through Wait %v: full room after SetRules: %d Retry-After %ds, but the request holding the room waits %v", viaWait, rec.Code, ra, waiting)
+		}
 	}
 }
 
@@ -355,13 +339,7 @@ func TestWaitRoomFullObserved(t *testing.T) {
 	obs := &mwObserver{}
 	layers := []ratelimit.Layer{{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: 10 * time.Second, MaxDelay: time.Minute}}}
 	e := mwNew(t, layers, ratelimit.WithMaxWaiting(1), ratelimit.WithObserver(obs))
-	entered := make(chan time.Duration)
-	release := make(chan struct{})
-	ratelimit.SetWaitFunc(e.l, func(ctx context.Context, d time.Duration) error {
-		entered <- d
-		<-release
-		return nil
-	})
+	entered, release := holdWaitDelay(e.l)
 	e.l.Decide(mwReq("192.0.2.1:1"))
 	r1, r2 := e.l.Decide(mwReq("192.0.2.1:1")), e.l.Decide(mwReq("192.0.2.1:1"))
 	done := make(chan error)
