@@ -63,7 +63,8 @@ func TestStepBackConvertBucketRemaining(t *testing.T) {
 	sbBothSame(t, ms, rs, t0.Add(-1532981*time.Microsecond), tb, "k2", 1)
 }
 
-// The same, refusing: memory admits the converted request, Redis refuses it.
+// The same, where the converted request fits: both stores admit it (Redis
+// refused it, reading the old bucket unclamped).
 func TestStepBackConvertBucketRefused(t *testing.T) {
 	ms, rs := sbStores(t)
 	tb := mustPolicy(t, core.Rule{Name: "mix1", Algorithm: core.TokenBucket, Limit: 1, Window: 999 * time.Millisecond})
@@ -73,11 +74,10 @@ func TestStepBackConvertBucketRefused(t *testing.T) {
 	sbBothSame(t, ms, rs, t0.Add(-1601076*time.Microsecond), fw, "k1", 1)
 }
 
-// The same with a long step back: Redis locks the key out under the new
-// policy for about the length of the step (an hour), far beyond any
-// recovery time (the old bucket's refill time is 1s, the new window 1s),
-// which doc.go ("refuses a key for at most its policy's recovery time")
-// and core.Store promise; the memory store admits within 143ms.
+// The same with a long step back (an hour): both stores admit within the
+// recovery time (the old bucket's refill time is 1s, the new window 1s), as
+// doc.go and core.Store promise; Redis locked the key out for about the
+// length of the step.
 func TestStepBackConvertBucketLockout(t *testing.T) {
 	ms, rs := sbStores(t)
 	tb := mustPolicy(t, core.Rule{Name: "n", Algorithm: core.TokenBucket, Limit: 7, Window: time.Second})
@@ -99,13 +99,10 @@ func TestStepBackConvertBucketLockout(t *testing.T) {
 }
 
 // A sliding log record met by another sliding log policy of the same Name
-// after the clock stepped back, refused: the Redis script fails with a Lua
-// error ("bad argument #1 to 'smatch' (string expected, got boolean)"), a
-// backend failure that a fail-open Limiter serves unlimited. convrefuse
-// (records.lua:119-123) writes the old log clamped (saveclamped, which
-// rewrites the list) and then decides again on the same loaded state,
-// whose entry cache and length describe the list before the rewrite, so
-// LINDEX reads past the end (false).
+// after the clock stepped back, refused: both stores refuse alike. (Redis
+// failed with a Lua error, which a fail-open Limiter serves unlimited:
+// convrefuse decided again on the log it had just clamped, from a stale
+// cache of its entries.)
 func TestStepBackConvertSlidingLog(t *testing.T) {
 	ms, rs := sbStores(t)
 	a := mustPolicy(t, core.Rule{Name: "mix3", Algorithm: core.SlidingWindowLog, Limit: 7, Window: time.Second})
@@ -126,10 +123,10 @@ func TestStepBackConvertSlidingLog(t *testing.T) {
 }
 
 // A refund (nothing to give back: the charge has left the window) at a
-// later time, then the clock steps back: the memory store's refund dropped
-// the expired entry, so after the step back the entry, inside the window
-// again, no longer counts; the Redis refund leaves the log as it is, and
-// the entry counts. Memory admits a full-capacity request Redis refuses.
+// later time, then the clock steps back: both stores leave the expired
+// entry in the log, so that after the step back it counts again (the
+// memory store's refund dropped it, and admitted a full-capacity request
+// Redis refused).
 func TestStepBackAfterRefundSlidingLog(t *testing.T) {
 	ms, rs := sbStores(t)
 	swl := mustPolicy(t, core.Rule{Name: "n", Algorithm: core.SlidingWindowLog, Limit: 3, Window: time.Second})
@@ -137,20 +134,15 @@ func TestStepBackAfterRefundSlidingLog(t *testing.T) {
 	sbBothSame(t, ms, rs, t0, swl, "k", 1)
 	req := []core.Request{{Policy: swl, Key: "k", Cost: 1}}
 	at := t0.Add(1345 * time.Millisecond)
-	if err := ms.Refund(context.Background(), at, req); err != nil {
-		t.Fatal(err)
-	}
-	if err := rs.Refund(context.Background(), at, req); err != nil {
-		t.Fatal(err)
-	}
+	sbRefund(t, ms, rs, at, req)
 	sbBothSame(t, ms, rs, t0.Add(300*time.Millisecond), swl, "k", 3)
 }
 
 // A sliding window counter refunded with a ChargedAt of a later window
 // (nothing to give back), at a time when the key is whole, then the clock
-// steps back and another counter policy of the same Name peeks: memory
-// still reads the unit of the previous window (the refund left the state
-// alone), Redis does not (its refund dropped or rewrote the record).
+// steps back and another counter policy of the same Name peeks: both
+// stores still read the unit of the previous window (Redis's refund
+// deleted the record).
 func TestStepBackAfterRefundSlidingCounter(t *testing.T) {
 	ms, rs := sbStores(t)
 	a := mustPolicy(t, core.Rule{Name: "mix3", Algorithm: core.SlidingWindowCounter, Limit: 7, Window: time.Second})
@@ -158,12 +150,7 @@ func TestStepBackAfterRefundSlidingCounter(t *testing.T) {
 	sbBothSame(t, ms, rs, sbAt(46316291686), a, "k1", 1)
 	req := []core.Request{{Policy: a, Key: "k1", Cost: 1, ChargedAt: storetest.T0.Add(46317887497000)}}
 	at := sbAt(46318253512)
-	if err := ms.Refund(context.Background(), at, req); err != nil {
-		t.Fatal(err)
-	}
-	if err := rs.Refund(context.Background(), at, req); err != nil {
-		t.Fatal(err)
-	}
+	sbRefund(t, ms, rs, at, req)
 	var w, g [1]core.Decision
 	preq := []core.Request{{Policy: b, Key: "k1", Cost: 1}}
 	werr := ms.Peek(context.Background(), sbAt(46317467380), preq, w[:])
@@ -175,13 +162,10 @@ func TestStepBackAfterRefundSlidingCounter(t *testing.T) {
 // Two leaky buckets of one Name and Identity, one shaping (MaxDelay 1s),
 // one not: the shaping one builds a queue; a Peek under the other reports
 // a RetryAfter read from the queue clamped to its own now + tau (as the
-// README says the one with less MaxDelay clamps the queue), but writes
-// nothing in the memory store, so there at now + RetryAfter the same
-// request is still refused: Retry-After early (the Redis peek writes the
-// clamp and is right; a Take writes it in both stores). Memory:
-// core/ops.go:272-283 clamps under the record's policy (s.cur.pol, the
-// shaping one, whose bound now + tau + MaxDelay the queue does not pass),
-// not the request's.
+// README says the one with less MaxDelay clamps the queue), and writes
+// that clamp, so that at now + RetryAfter the same request is admitted, in
+// both stores, by a Peek as by a Take (the memory store clamped under the
+// record's policy, and its RetryAfter was early).
 func TestPeekSharedIdentityRetryAfter(t *testing.T) {
 	for _, viaTake := range []bool{false, true} {
 		ms, rs := sbStores(t)
@@ -220,6 +204,16 @@ func sbDec(d core.Decision) string {
 	return fmt.Sprintf("{ok=%v lim=%d rem=%d retry=%v reset=%v delay=%v}", d.Allowed, d.Limit, d.Remaining, d.RetryAfter, d.ResetAfter, d.Delay)
 }
 
+// sbRefund refunds reqs at at in both stores.
+func sbRefund(t *testing.T, ms, rs core.Refunder, at time.Time, reqs []core.Request) {
+	t.Helper()
+	for _, s := range []core.Refunder{ms, rs} {
+		if err := s.Refund(context.Background(), at, reqs); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // sbAt is storetest.T0 plus us microseconds.
 func sbAt(us int64) time.Time { return storetest.T0.Add(time.Duration(us) * time.Microsecond) }
 
@@ -236,12 +230,7 @@ func TestStepBackAfterRefundWholeCounter(t *testing.T) {
 	sbBothSame(t, ms, rs, sbAt(46317887497), a, "k1", 1)
 	req := []core.Request{{Policy: a, Key: "k1", Cost: 1, ChargedAt: sbAt(46317887497)}}
 	at := sbAt(46318253512) // the key is whole then
-	if err := ms.Refund(context.Background(), at, req); err != nil {
-		t.Fatal(err)
-	}
-	if err := rs.Refund(context.Background(), at, req); err != nil {
-		t.Fatal(err)
-	}
+	sbRefund(t, ms, rs, at, req)
 	var w, g [1]core.Decision
 	preq := []core.Request{{Policy: b, Key: "k1", Cost: 1}}
 	werr := ms.Peek(context.Background(), sbAt(46317467380), preq, w[:])
@@ -253,8 +242,8 @@ func TestStepBackAfterRefundWholeCounter(t *testing.T) {
 }
 
 // A sliding log refunded by a clock that stepped back behind its entries
-// leaves them where they are in both stores (the memory store moved them
-// to the refund's time), so that later decisions agree.
+// leaves them where they are in both stores, so that later decisions agree
+// (the memory store moved them to the refund's time).
 func TestStepBackRefundSlidingLogFuture(t *testing.T) {
 	ms, rs := sbStores(t)
 	p := mustPolicy(t, core.Rule{Name: "swl", Algorithm: core.SlidingWindowLog, Limit: 3, Window: time.Second})
@@ -262,11 +251,7 @@ func TestStepBackRefundSlidingLogFuture(t *testing.T) {
 	sbBothSame(t, ms, rs, t0, p, "k", 3)
 	back := t0.Add(-time.Hour)
 	req := []core.Request{{Policy: p, Key: "k", Cost: 1}}
-	for _, s := range []core.Refunder{ms, rs} {
-		if err := s.Refund(context.Background(), back, req); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sbRefund(t, ms, rs, back, req)
 	sbBothSame(t, ms, rs, back.Add(1500*time.Millisecond), p, "k", 1)
 }
 
@@ -279,10 +264,6 @@ func TestStepBackAfterConvertedEmptyRefund(t *testing.T) {
 	swl := mustPolicy(t, core.Rule{Name: "mix2", Algorithm: core.SlidingWindowLog, Limit: 3, Window: time.Hour})
 	sbBothSame(t, ms, rs, sbAt(254607470), tb, "k1", 1)
 	req := []core.Request{{Policy: swl, Key: "k1", Cost: 1}}
-	for _, s := range []core.Refunder{ms, rs} {
-		if err := s.Refund(context.Background(), sbAt(256201405), req); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sbRefund(t, ms, rs, sbAt(256201405), req)
 	sbBothSame(t, ms, rs, sbAt(-989008582), swl, "k1", 1)
 }
