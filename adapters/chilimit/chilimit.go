@@ -197,13 +197,13 @@ func WithResult() Option { return func(o *options) { o.result = true } }
 // trailing slash, without its extension) and a HEAD as a GET, so that a
 // rewrite that runs later (in a sub-router's own r.Use, or after the
 // limiter) does not hide the route chi serves; chi's rewriting middleware
-// after the limiter in the root router's r.Use is applied first (see the
-// package documentation). Rewrites of
-// other kinds must run before the limiter. A mount point's own path
-// (/users and /users/ for r.Route("/users", ...)) gets the sub-router's
-// "/" route, "/users/", as chi serves both. Inside a mount, if no form of the URL ends with
-// the rest of the path chi routes, RouteOf cannot tell the route, and says
-// so (ok false: a route layer fails loudly rather than skip the request).
+// in the root router's r.Use is applied first (see the package
+// documentation). Rewrites of other kinds must run before the limiter. A
+// mount point's own path (/users and /users/ for r.Route("/users", ...))
+// gets the sub-router's "/" route, "/users/", as chi serves both. Inside a
+// mount, if no form of the URL ends with the rest of the path chi routes,
+// RouteOf cannot tell the route, and says so (ok false: a route layer fails
+// loudly rather than skip the request).
 func RouteOf(r *http.Request) (route string, ok bool) {
 	route, ok, _ = routeOf(r)
 	return route, ok
@@ -241,22 +241,22 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 		// Before routing, in the root router's r.Use: chi's rewriting
 		// middleware later in that stack rewrites the path chi routes.
 		var rp string
-		if rp, method = stackRewrites(rctx.Routes, false).apply(r, rctx.Routes, rctx.RoutePath, method); rp != "" {
+		if rp, method = rewriteRoute(r, rctx.Routes, false, rctx.RoutePath, method); rp != "" {
 			path = rp
 		}
 	} else {
 		// Routed (the limiter in r.With, or in a mounted router): the root
 		// router's rewriting middleware have all run, from the URL's path.
-		if rp, _ := stackRewrites(rctx.Routes, true).apply(r, rctx.Routes, "", method); rp != "" {
+		if rp, _ := rewriteRoute(r, rctx.Routes, true, "", method); rp != "" {
 			path = rp
 		}
-	}
-	if len(rctx.RoutePatterns) > 0 && rest != "" {
-		// Routed, with the path a rewrite left (CleanPath at the top,
-		// the limiter in r.With): it is the route chi matched when chi
-		// finds it from the root as that route.
-		if pattern := find(rctx.Routes, fc, method, rest); pattern != "" && pattern == rctx.RoutePattern() {
-			return routeKey(rctx, fc, method, rest, pattern), true, true
+		// With the path a rewrite left (CleanPath at the top, the limiter
+		// in r.With), the route is the one chi matched when chi finds it
+		// from the root as that route.
+		if rest != "" {
+			if pattern := find(rctx.Routes, fc, method, rest); pattern != "" && pattern == rctx.RoutePattern() {
+				return routeKey(rctx, fc, method, rest, pattern), true, true
+			}
 		}
 	}
 	methods := []string{method}
@@ -294,19 +294,52 @@ const (
 	rewriteHead                     // middleware.GetHead
 )
 
-// rewrites are chi's path-rewriting middleware, in the order chi runs
-// them.
-type rewrites []rewrite
+var (
+	// selfPC is the code of the middleware Middleware returns, the same
+	// for every Limiter: it finds the limiter in a router's stack.
+	selfPC   atomic.Uintptr
+	selfOnce sync.Once
+	// rewriters are chi's middleware that rewrite the path chi routes,
+	// by their code.
+	rewriters = map[uintptr]rewrite{
+		reflect.ValueOf(middleware.CleanPath).Pointer():    rewriteClean,
+		reflect.ValueOf(middleware.StripSlashes).Pointer(): rewriteStrip,
+		reflect.ValueOf(middleware.URLFormat).Pointer():    rewriteExt,
+		reflect.ValueOf(middleware.GetHead).Pointer():      rewriteHead,
+	}
+)
 
-// apply returns the route path (chi's RoutePath) and method the rewrites
-// leave for r in routes, starting from rp, the route path so far ("" for
-// none), and method: as chi's own middleware do, CleanPath cleaning the
-// URL's path only while no route path is set, StripSlashes and URLFormat
-// rewriting the route path or, if none is set, the URL's decoded path,
-// GetHead routing a HEAD that has no route of its own as a GET, from the
-// route path or the URL's raw path. "" means no route path is set.
-func (rw rewrites) apply(r *http.Request, routes chi.Routes, rp, method string) (string, string) {
-	for _, k := range rw {
+// rewriteRoute returns the route path (chi's RoutePath, "" for none) and
+// method that the rewriting middleware of routes' own stack leave for r,
+// starting from rp and method: all of them, or (all false) those after the
+// last limiter in the stack, which have not run yet when it decides. (With
+// two limiters in one stack, the first cannot tell itself from the second:
+// the rewrites between them are tried for it only as pathVariants are.)
+// Each acts as chi's own does: CleanPath cleans the URL's path only while
+// no route path is set, StripSlashes and URLFormat rewrite the route path
+// or, if none is set, the URL's decoded path, and GetHead routes a HEAD
+// that has no route of its own as a GET, from the route path or the URL's
+// raw path. It reads the stack afresh, a few comparisons, allocating
+// nothing.
+func rewriteRoute(r *http.Request, routes chi.Routes, all bool, rp, method string) (string, string) {
+	mws := routes.Middlewares()
+	if !all {
+		last, self := -1, selfPC.Load()
+		for i, m := range mws {
+			if reflect.ValueOf(m).Pointer() == self {
+				last = i
+			}
+		}
+		if last < 0 {
+			return rp, method
+		}
+		mws = mws[last+1:]
+	}
+	for _, m := range mws {
+		k := rewriters[reflect.ValueOf(m).Pointer()]
+		if k == 0 {
+			continue
+		}
 		p := rp
 		if p == "" {
 			p = r.URL.Path
@@ -345,51 +378,6 @@ func (rw rewrites) apply(r *http.Request, routes chi.Routes, rp, method string) 
 		}
 	}
 	return rp, method
-}
-
-var (
-	// selfPC is the code of the middleware Middleware returns, the same
-	// for every Limiter: it finds the limiter in a router's stack.
-	selfPC   atomic.Uintptr
-	selfOnce sync.Once
-	// rewriters are chi's middleware that rewrite the path chi routes,
-	// by their code.
-	rewriters = map[uintptr]rewrite{
-		reflect.ValueOf(middleware.CleanPath).Pointer():    rewriteClean,
-		reflect.ValueOf(middleware.StripSlashes).Pointer(): rewriteStrip,
-		reflect.ValueOf(middleware.URLFormat).Pointer():    rewriteExt,
-		reflect.ValueOf(middleware.GetHead).Pointer():      rewriteHead,
-	}
-)
-
-// stackRewrites returns the rewriting middleware of routes' own stack, in
-// order: all of them, or those after the last limiter in it, which have
-// not run yet when that limiter decides, and will rewrite the path chi
-// routes. (With two limiters in one stack, the first cannot tell itself
-// from the second: the rewrites between them are tried for it only as
-// pathVariants are.) It reads the stack afresh, a few comparisons, and
-// allocates only for a stack with such middleware.
-func stackRewrites(routes chi.Routes, all bool) rewrites {
-	mws := routes.Middlewares()
-	last := -1
-	if !all {
-		self := selfPC.Load()
-		for i, m := range mws {
-			if reflect.ValueOf(m).Pointer() == self {
-				last = i
-			}
-		}
-		if last < 0 {
-			return nil
-		}
-	}
-	var rw rewrites
-	for _, m := range mws[last+1:] {
-		if k := rewriters[reflect.ValueOf(m).Pointer()]; k != 0 {
-			rw = append(rw, k)
-		}
-	}
-	return rw
 }
 
 // pathVariants returns path, then the paths chi's rewriting middleware

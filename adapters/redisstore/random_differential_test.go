@@ -275,7 +275,7 @@ func sameErrKind(a, b error) bool {
 
 // rdReplay replays ops against fresh stores and returns the first failure.
 // model enables the quota model checks (traces whose clock never steps back).
-type rdStats struct{ takes, peeks, refunds, resets, refused, probes, modelChecks, converted int }
+type rdStats struct{ takes, peeks, refunds, resets, refused, probes, modelChecks int }
 
 var rdLast rdStats
 
