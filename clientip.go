@@ -252,7 +252,14 @@ func IPv4Prefix(bits int) IPOption {
 // canonical: an IPv4 client is keyed by its address ("192.0.2.1"), or by its
 // network when [IPv4Prefix] is below 32 ("192.0.2.0/24"); an IPv6 client by
 // its network, /64 by default ("2001:db8:1:2::/64", see [IPv6Prefix]), or its
-// address at /128. IPv4 clients never share an IPv6 bucket.
+// address at /128. IPv4 clients never share an IPv6 bucket: an address in
+// the well-known prefix of IPv4/IPv6 translators, 64:ff9b::/96 (RFC 6052,
+// an IPv4 client of an IPv6-only server behind a stateless translator), is
+// keyed by the IPv4 address it embeds, as that client would be over IPv4.
+// A translator using a network-specific prefix is keyed as an IPv6 network
+// like any other: all its IPv4 clients share one bucket unless [IPv6Prefix]
+// is 128 (or the translator's addresses are mapped by a key function of
+// your own).
 //
 // The work per request is bounded: at most [MaxForwardedEntries] entries and
 // [MaxForwardedBytes] bytes of the header are examined, from the right; if the
@@ -400,6 +407,23 @@ func (c *ipConfig) isTrusted(a netip.Addr) bool {
 	return false
 }
 
+// nat64Embedded returns the IPv4 address embedded in a, when a is in the
+// well-known prefix of IPv4/IPv6 translators, 64:ff9b::/96 (RFC 6052): an
+// IPv4 client of an IPv6-only server behind a stateless translator (RFC
+// 7755) reaches it as 64:ff9b::192.0.2.1, and is keyed as 192.0.2.1, as it
+// would be over IPv4, so that IPv4 clients never share the translator's
+// /64. Network-specific prefixes are not recognised.
+func nat64Embedded(a netip.Addr) (netip.Addr, bool) {
+	if !a.Is6() {
+		return a, false
+	}
+	b := a.As16()
+	if b[0] != 0x00 || b[1] != 0x64 || b[2] != 0xff || b[3] != 0x9b || [8]byte(b[4:12]) != [8]byte{} {
+		return a, false
+	}
+	return netip.AddrFrom4([4]byte(b[12:16])), true
+}
+
 // keyOf returns the canonical key of a client address.
 func (c *ipConfig) keyOf(a netip.Addr) string { return c.keyOfText(a, "") }
 
@@ -407,6 +431,9 @@ func (c *ipConfig) keyOf(a netip.Addr) string { return c.keyOfText(a, "") }
 // when the key is the whole address and text is already its canonical
 // form, the key is text itself, and nothing is allocated.
 func (c *ipConfig) keyOfText(a netip.Addr, text string) string {
+	if v4, ok := nat64Embedded(a); ok {
+		a, text = v4, ""
+	}
 	bits := c.v6Bits
 	if a.Is4() {
 		bits = c.v4Bits

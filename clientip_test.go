@@ -212,6 +212,31 @@ func TestClientIPPrefixes(t *testing.T) {
 			t.Fatalf("mapped %q != plain %q", a, v4)
 		}
 	})
+	t.Run("nat64 well-known prefix keyed by the ipv4 client", func(t *testing.T) {
+		fn := mustKF(t)
+		a := key(t, fn, "[64:ff9b::192.0.2.1]:1")
+		b := key(t, fn, "[64:ff9b::cb00:7107]:1")
+		if a != "192.0.2.1" || b != "203.0.113.7" {
+			t.Fatalf("keys %q %q, want 192.0.2.1 and 203.0.113.7", a, b)
+		}
+		if v4 := key(t, mustKF(t, ratelimit.IPv4Prefix(24)), "[64:ff9b::192.0.2.1]:1"); v4 != "192.0.2.0/24" {
+			t.Fatalf("IPv4Prefix(24): %q, want 192.0.2.0/24", v4)
+		}
+		fwd, err := mustKF(t, ratelimit.TrustedProxyCIDRs("10.0.0.0/8"))(newReq(t, "10.0.0.1:1", xff("64:ff9b::198.51.100.9")))
+		if err != nil || fwd != "198.51.100.9" {
+			t.Fatalf("forwarded: %q, %v; want 198.51.100.9", fwd, err)
+		}
+		// Only the well-known /96: its neighbours stay IPv6 networks.
+		for remote, want := range map[string]string{
+			"[64:ff9b:1::192.0.2.1]:1": "64:ff9b:1::/64",
+			"[64:ff9b::1:c000:201]:1":  "64:ff9b::/64",
+			"[2001:db8::192.0.2.1]:1":  "2001:db8::/64",
+		} {
+			if got := key(t, fn, remote); got != want {
+				t.Errorf("%s: %q, want %q", remote, got, want)
+			}
+		}
+	})
 	t.Run("v4-mapped through trusted proxy do not collapse", func(t *testing.T) {
 		fn := mustKF(t, ratelimit.TrustedProxyCIDRs("10.0.0.0/8"))
 		a, errA := fn(newReq(t, "10.0.0.1:1", xff("::ffff:192.0.2.1")))
