@@ -392,7 +392,12 @@ type allowList struct {
 // no layers, more than core.MaxBatch layers, a layer without Key, an invalid
 // Rule (the error wraps core.ErrInvalidRule), two layers with the same name
 // (including the policies a layer's Resolver lists, see core.PolicyLister),
-// or an invalid option. Errors start with one "ratelimit: " and name the
+// a policy the store cannot decide (core.PolicyChecker: a custom algorithm
+// on a Redis store, say; the error wraps core.ErrUnsupportedPolicy), or an
+// invalid option. A policy a Resolver returns without listing it is met
+// only at request time: if the store cannot decide it, the request is
+// answered as a configuration error (500, see [ErrConfig]), never served
+// fail-open. Errors start with one "ratelimit: " and name the
 // layer as it was given: by its Rule.Name, or by its index when unnamed.
 //
 // Unless [WithStore] is given, the Limiter keeps its state in a new
@@ -423,6 +428,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		named bool
 	}
 	names := make(map[string]owner, len(layers))
+	var listed []*core.Policy // the policies Resolvers list, for the store's check
 	claim := func(i int, named bool, p *core.Policy, via string) error {
 		o, dup := names[p.Name()]
 		if !dup {
@@ -461,6 +467,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 					return nil, err
 				}
 				l.resolverDelay = max(l.resolverDelay, rp.MaxDelay())
+				listed = append(listed, rp)
 			}
 		}
 		var routes []string
@@ -502,6 +509,9 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		}
 		store = m
 	}
+	if err := l.checkPolicies(store, policies, listed); err != nil {
+		return nil, err
+	}
 	if err := checkRefund(&cfg, store); err != nil {
 		return nil, err
 	}
@@ -526,6 +536,25 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		}
 	}
 	return l, nil
+}
+
+// checkPolicies returns the error of the first policy store cannot decide
+// (core.PolicyChecker): of the rate layers' policies, by layer, then of
+// those their Resolvers list. A concurrency layer's policy is never sent to
+// store.
+func (l *Limiter) checkPolicies(store core.Store, policies, listed []*core.Policy) error {
+	for i, p := range policies {
+		if l.layers[i].inFlight > 0 {
+			continue
+		}
+		if err := core.CheckPolicies(store, p); err != nil {
+			return prefixed("layer "+l.layers[i].desc, err)
+		}
+	}
+	if err := core.CheckPolicies(store, listed...); err != nil {
+		return prefixed("a policy a Resolver lists", err)
+	}
+	return nil
 }
 
 // layerDesc names layer i in the user's words: its Rule.Name, quoted, or its
@@ -1083,7 +1112,10 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		l.release(res)
 		switch {
 		case l.gone(res, r.Context()):
-		case errors.Is(err, core.ErrDuplicateRequest):
+		case errors.Is(err, core.ErrDuplicateRequest), errors.Is(err, core.ErrUnsupportedPolicy):
+			// A policy the store cannot decide (one a Resolver picked
+			// without listing it): a configuration error, never served
+			// fail-open.
 			l.configError(res, nil, err)
 		case errors.Is(err, core.ErrStoreFull):
 			// Fail-open would serve exactly the keys KeepActive exists

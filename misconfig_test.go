@@ -917,3 +917,83 @@ func BenchmarkNestedMux(b *testing.B) {
 		outer.ServeHTTP(w, req)
 	}
 }
+
+// pickyStore is a MemoryStore that, as a Redis store does for custom
+// algorithms, cannot decide some valid policies: those of Limit 13.
+type pickyStore struct{ *core.MemoryStore }
+
+func (s pickyStore) CheckPolicy(p *core.Policy) error {
+	if p.Limit() == 13 {
+		return fmt.Errorf("picky store: policy %q: %w", p.Name(), core.ErrUnsupportedPolicy)
+	}
+	return nil
+}
+
+func (s pickyStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	for _, r := range reqs {
+		if err := s.CheckPolicy(r.Policy); err != nil {
+			return err
+		}
+	}
+	return s.MemoryStore.Take(ctx, now, reqs, out)
+}
+
+// TestPolicyTheStoreCannotDecide checks that a policy the store cannot
+// decide (core.PolicyChecker) is refused by New, for a layer's rule and
+// for a policy its Resolver lists, and by SetRules, which keeps the rules
+// in force; and that one a Resolver returns without listing it is answered
+// as a configuration error, never served fail-open.
+func TestPolicyTheStoreCannotDecide(t *testing.T) {
+	store := ratelimit.WithStore(pickyStore{core.MustMemoryStore(nil)})
+	ip := ratelimit.MustClientIP()
+	tiers, err := core.Tiers(func(context.Context, string) string { return "pro" }, map[string]core.Rule{"pro": core.PerMinute(13).Named("pro")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for want, layers := range map[string][]ratelimit.Layer{
+		`ratelimit: layer "api": picky store: policy "api"`:               {{Key: ip, Rule: core.PerMinute(13).Named("api")}},
+		`ratelimit: a policy a Resolver lists: picky store: policy "pro"`: {{Key: ip, Rule: core.PerMinute(5).Named("users"), Resolver: tiers}},
+	} {
+		if _, err := ratelimit.New(layers, store); err == nil || !errors.Is(err, core.ErrUnsupportedPolicy) || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("New: %v, want %q... wrapping core.ErrUnsupportedPolicy", err, want)
+		}
+	}
+
+	// SetRules: refused, and the rule in force still limits.
+	e := mwNew(t, []ratelimit.Layer{{Key: ip, Rule: core.PerMinute(2).Named("api")}}, store)
+	if err := e.l.SetRules(map[string]core.Rule{"api": core.PerMinute(13)}); !errors.Is(err, core.ErrUnsupportedPolicy) || !strings.HasPrefix(err.Error(), `ratelimit: SetRules: layer "api": picky store`) {
+		t.Fatalf("SetRules to a rule the store cannot decide: %v", err)
+	}
+	if got := e.l.Rules()["api"]; got.Limit != 2 {
+		t.Fatalf("rules after the refused SetRules: %+v", got)
+	}
+	codes := ""
+	for range 3 {
+		codes += fmt.Sprint(e.do(t, mwReq("192.0.2.1:1")).Code, " ")
+	}
+	if codes != "200 200 429 " {
+		t.Fatalf("after the refused SetRules: %s", codes)
+	}
+
+	// A Resolver returning, unlisted, a policy the store cannot decide.
+	logs, logOpt := newLogBuf()
+	var er errRecorder
+	pro := core.MustPolicy(core.PerMinute(13).Named("pro"))
+	res := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return pro, nil })
+	e = mwNew(t, []ratelimit.Layer{{Key: ip, Rule: core.PerMinute(5).Named("users"), Resolver: res}}, store, logOpt, er.option())
+	for range 3 {
+		if rec := e.do(t, mwReq("192.0.2.1:1")); rec.Code != http.StatusInternalServerError {
+			t.Fatalf("status %d, want 500", rec.Code)
+		}
+	}
+	if e.served.Load() != 0 {
+		t.Fatalf("served %d", e.served.Load())
+	}
+	errs := er.all()
+	if len(errs) != 3 || !errors.Is(errs[0], ratelimit.ErrConfig) || !errors.Is(errs[0], core.ErrUnsupportedPolicy) || errors.Is(errs[0], ratelimit.ErrStoreFailure) {
+		t.Fatalf("error handler saw %v", errs)
+	}
+	if logs.count("configuration error at request time") != 1 || logs.count("fail-open") != 0 {
+		t.Fatalf("logs:\n%s", logs)
+	}
+}

@@ -42,8 +42,10 @@ type RulesObserver interface {
 //
 // SetRules validates everything first and changes nothing on an error: a
 // name that is no layer's, a Rule whose Name is set and differs from its
-// layer's (renaming would orphan the layer's state), or an invalid Rule
-// (the error wraps core.ErrInvalidRule). It is safe to call concurrently
+// layer's (renaming would orphan the layer's state), an invalid Rule
+// (the error wraps core.ErrInvalidRule), or a Rule the store cannot decide
+// (core.PolicyChecker; the error wraps core.ErrUnsupportedPolicy, as for a
+// custom algorithm on a Redis store). It is safe to call concurrently
 // with requests and with itself.
 func (l *Limiter) SetRules(rules map[string]core.Rule) error {
 	l.reloadMu.Lock()
@@ -74,6 +76,9 @@ func (l *Limiter) SetRules(rules map[string]core.Rule) error {
 		}
 		p, err := core.NewPolicy(r)
 		if err != nil {
+			return prefixed("SetRules: layer "+l.layers[i].desc, err)
+		}
+		if err := core.CheckPolicies(l.cl.Store(), p); err != nil {
 			return prefixed("SetRules: layer "+l.layers[i].desc, err)
 		}
 		policies[i] = p

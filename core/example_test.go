@@ -2,6 +2,7 @@ package core_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -163,4 +164,27 @@ func ExamplePolicy_Identity() {
 	// fixed_window;l=10;w=600000000000;c=10
 	// under the old rule: 2 of 5
 	// under the new rule: 6 of 10
+}
+
+// microsStore stands for a store that decides only windows of whole
+// microseconds, as the Redis store does: it says so through
+// core.PolicyChecker, so that Limiters refuse other rules when built.
+type microsStore struct{ *core.MemoryStore }
+
+func (microsStore) CheckPolicy(p *core.Policy) error {
+	if p.Window()%time.Microsecond != 0 {
+		return fmt.Errorf("micros store: policy %q: %w", p.Name(), core.ErrUnsupportedPolicy)
+	}
+	return nil
+}
+
+func ExamplePolicyChecker() {
+	store := core.WithStore(microsStore{core.MustMemoryStore(nil)})
+	_, err := core.New(core.Rule{Name: "api", Limit: 10, Window: time.Second / 3}, store)
+	fmt.Println(err, errors.Is(err, core.ErrUnsupportedPolicy))
+	_, err = core.New(core.Rule{Name: "api", Limit: 10, Window: time.Second}, store)
+	fmt.Println(err)
+	// Output:
+	// micros store: policy "api": ratelimit: the store cannot decide this policy true
+	// <nil>
 }

@@ -112,8 +112,9 @@ func WithResolver(r Resolver) Option { return func(l *Limiter) { l.resolver = r 
 func WithDryRun() Option { return func(l *Limiter) { l.dryRun = true } }
 
 // New returns a Limiter whose Allow and AllowN decide under rule. It returns
-// an error wrapping ErrInvalidRule for an invalid rule; nothing is checked
-// later at request time.
+// an error wrapping ErrInvalidRule for an invalid rule, and one wrapping
+// ErrUnsupportedPolicy when the store cannot decide it (PolicyChecker);
+// nothing is checked later at request time.
 func New(rule Rule, opts ...Option) (*Limiter, error) {
 	p, err := NewPolicy(rule)
 	if err != nil {
@@ -124,7 +125,9 @@ func New(rule Rule, opts ...Option) (*Limiter, error) {
 
 // NewWithPolicy is like New for an existing Policy. A nil policy makes a
 // Limiter for Take only; its Allow and AllowN return an error unless a
-// Resolver supplies a policy.
+// Resolver supplies a policy. It returns an error wrapping
+// ErrUnsupportedPolicy when the store cannot decide p or a policy the
+// Resolver lists (PolicyChecker, PolicyLister).
 func NewWithPolicy(p *Policy, opts ...Option) (*Limiter, error) {
 	l := &Limiter{policy: p}
 	for _, o := range opts {
@@ -136,6 +139,14 @@ func NewWithPolicy(p *Policy, opts ...Option) (*Limiter, error) {
 			return nil, err
 		}
 		l.store = m
+	}
+	if err := CheckPolicies(l.store, p); err != nil {
+		return nil, err
+	}
+	if pl, ok := l.resolver.(PolicyLister); ok {
+		if err := CheckPolicies(l.store, pl.Policies()...); err != nil {
+			return nil, err
+		}
 	}
 	if l.clock == nil {
 		l.clock = SystemClock()

@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -195,5 +196,42 @@ func TestLimiterShortOutput(t *testing.T) {
 		if ok, err := l.Take(ctx, reqs, out); !ok || err != nil || out[0].Remaining != 9 || out[1].Remaining != 9 {
 			t.Fatalf("%T: after the short calls: %v %v %+v, want nothing charged before", s, ok, err, out)
 		}
+	}
+}
+
+// pickyStore is a MemoryStore that cannot decide policies of Limit 13.
+type pickyStore struct{ *core.MemoryStore }
+
+func (pickyStore) CheckPolicy(p *core.Policy) error {
+	if p.Limit() == 13 {
+		return fmt.Errorf("picky store: %q: %w", p.Name(), core.ErrUnsupportedPolicy)
+	}
+	return nil
+}
+
+// TestLimiterPolicyTheStoreCannotDecide checks that New refuses a rule
+// the store cannot decide (PolicyChecker), and NewWithPolicy one its
+// Resolver lists, while CheckPolicies skips stores that cannot tell.
+func TestLimiterPolicyTheStoreCannotDecide(t *testing.T) {
+	store := core.WithStore(pickyStore{core.MustMemoryStore(nil)})
+	if _, err := core.New(core.PerMinute(13), store); !errors.Is(err, core.ErrUnsupportedPolicy) {
+		t.Fatalf("New: %v", err)
+	}
+	if _, err := core.New(core.PerMinute(12), store); err != nil {
+		t.Fatalf("New of a rule the store decides: %v", err)
+	}
+	tiers, err := core.Tiers(func(context.Context, string) string { return "pro" }, map[string]core.Rule{"pro": core.PerMinute(13).Named("pro")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := core.NewWithPolicy(nil, store, core.WithResolver(tiers)); !errors.Is(err, core.ErrUnsupportedPolicy) {
+		t.Fatalf("NewWithPolicy with a Resolver listing it: %v", err)
+	}
+	p13 := core.MustPolicy(core.PerMinute(13))
+	if err := core.CheckPolicies(core.MustMemoryStore(nil), p13); err != nil {
+		t.Fatalf("CheckPolicies on a store that decides every policy: %v", err)
+	}
+	if err := core.CheckPolicies(pickyStore{}, nil, core.MustPolicy(core.PerMinute(1)), p13); !errors.Is(err, core.ErrUnsupportedPolicy) {
+		t.Fatalf("CheckPolicies: %v", err)
 	}
 }

@@ -85,6 +85,46 @@ type Store interface {
 	Take(ctx context.Context, now time.Time, reqs []Request, out []Decision) error
 }
 
+// PolicyChecker is implemented by Stores that cannot decide every valid
+// Policy, such as a Redis store, which decides the built-in algorithms
+// alone. CheckPolicy returns nil when the store can decide p, and
+// otherwise the error (wrapping ErrUnsupportedPolicy) its Take would return
+// for p. Limiters ask at construction, for their policy and those their
+// Resolver lists (PolicyLister), and the root package's Limiter again when
+// its rules change, so that a policy the store cannot decide is refused
+// there rather than failing every request; a store wrapping another passes
+// the question on. CheckPolicies asks for a list.
+type PolicyChecker interface {
+	// CheckPolicy reports whether the store can decide p: nil, or an
+	// error wrapping ErrUnsupportedPolicy that names p.
+	CheckPolicy(p *Policy) error
+}
+
+// ErrUnsupportedPolicy is wrapped by the error of a Store that cannot
+// decide a valid Policy (see PolicyChecker): a configuration error, never
+// a backend failure, which the HTTP middleware answers with 500 and never
+// serves fail-open.
+var ErrUnsupportedPolicy = errors.New("ratelimit: the store cannot decide this policy")
+
+// CheckPolicies returns the first error store's CheckPolicy reports for
+// one of policies (nil ones are skipped), or nil when store is not a
+// PolicyChecker or can decide them all.
+func CheckPolicies(store Store, policies ...*Policy) error {
+	pc, ok := store.(PolicyChecker)
+	if !ok {
+		return nil
+	}
+	for _, p := range policies {
+		if p == nil {
+			continue
+		}
+		if err := pc.CheckPolicy(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // MaxBatch is the largest number of requests in one Store.Take batch.
 const MaxBatch = 16
 

@@ -19,7 +19,13 @@
 // all of them only if all were admitted; for a refused batch the admitted
 // requests report their Remaining without their cost, as core.MemoryStore
 // does. A policy with another Algorithm is refused with
-// ErrUnsupportedAlgorithm before Redis is contacted.
+// ErrUnsupportedAlgorithm before Redis is contacted. Both that error and
+// ErrUnsupportedRule wrap core.ErrUnsupportedPolicy, and Store.CheckPolicy
+// (core.PolicyChecker, passed on by LeaseStore and RefusalCache) returns
+// them ahead of any request: ratelimit.New, core.New and SetRules refuse a
+// rule the store cannot decide, and the HTTP middleware answers one that
+// a Resolver picks unlisted as a configuration error (500), never as a
+// store failure served fail-open.
 //
 // The Redis store decides exactly like core.MemoryStore (the same Allowed,
 // Remaining and Limit for the same sequence of requests) provided that

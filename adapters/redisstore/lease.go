@@ -277,6 +277,13 @@ func NewLeaseStore(backend core.Store, cfg *LeaseConfig) (*LeaseStore, error) {
 	return s, nil
 }
 
+// CheckPolicy implements core.PolicyChecker: it asks the backend, when
+// the backend can tell, whether it can decide p (every policy goes to the
+// backend, whether decided exactly or by leases).
+func (s *LeaseStore) CheckPolicy(p *core.Policy) error {
+	return core.CheckPolicies(s.backend, p)
+}
+
 // Stats returns the store's counters.
 func (s *LeaseStore) Stats() LeaseStats {
 	s.mu.Lock()

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/bits"
 	"strconv"
@@ -28,6 +29,24 @@ var (
 )
 
 const maxCachedPolicies = 4096
+
+// unsupportedError is a sentinel error of the store that wraps
+// core.ErrUnsupportedPolicy.
+type unsupportedError struct{ msg string }
+
+func (e *unsupportedError) Error() string { return e.msg }
+func (e *unsupportedError) Unwrap() error { return core.ErrUnsupportedPolicy }
+
+// CheckPolicy implements core.PolicyChecker: it returns nil when the store
+// can decide p, and otherwise the error Take would return for it
+// (wrapping ErrUnsupportedAlgorithm or ErrUnsupportedRule, and
+// core.ErrUnsupportedPolicy).
+func (s *Store) CheckPolicy(p *core.Policy) error {
+	if p == nil {
+		return errors.New("redisstore: CheckPolicy of a nil policy")
+	}
+	return infoOf(p).err
+}
 
 func infoOf(p *core.Policy) *policyInfo {
 	if v, ok := policyCache.Load(p); ok {

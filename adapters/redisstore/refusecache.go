@@ -112,6 +112,12 @@ func NewRefusalCache(backend core.Store, cfg *RefusalCacheConfig) (*RefusalCache
 	return c, nil
 }
 
+// CheckPolicy implements core.PolicyChecker: it asks the backend, when
+// the backend can tell, whether it can decide p.
+func (c *RefusalCache) CheckPolicy(p *core.Policy) error {
+	return core.CheckPolicies(c.backend, p)
+}
+
 // Stats returns the cache's counters.
 func (c *RefusalCache) Stats() RefusalCacheStats {
 	c.mu.Lock()

@@ -33,13 +33,16 @@ var (
 	// ErrUnsupportedAlgorithm is returned (wrapped, naming the policy) for a
 	// request whose policy uses an algorithm other than the five built into
 	// core: the Redis store runs its own Lua implementation of each and
-	// cannot run Go code. Nothing is charged.
-	ErrUnsupportedAlgorithm = errors.New("redisstore: algorithm not supported by the Redis store")
+	// cannot run Go code. Nothing is charged. It wraps
+	// core.ErrUnsupportedPolicy, and CheckPolicy returns it, so that
+	// Limiters refuse such a policy when they are built.
+	ErrUnsupportedAlgorithm error = &unsupportedError{"redisstore: algorithm not supported by the Redis store"}
 
 	// ErrUnsupportedRule is returned (wrapped, naming the policy) for a
 	// request whose policy's Window or MaxDelay is not a whole number of
 	// microseconds: the store computes in microseconds. Nothing is charged.
-	ErrUnsupportedRule = errors.New("redisstore: rule not supported by the Redis store")
+	// It wraps core.ErrUnsupportedPolicy, as ErrUnsupportedAlgorithm does.
+	ErrUnsupportedRule error = &unsupportedError{"redisstore: rule not supported by the Redis store"}
 
 	// ErrTimeOutOfRange is returned in ClientTime mode for a time before
 	// MinTime or after MaxTime. Nothing is charged. It wraps

@@ -105,8 +105,26 @@ func TestUnsupported(t *testing.T) {
 		want error
 	}{{custom, ErrUnsupportedAlgorithm}, {odd, ErrUnsupportedRule}, {shaping, ErrUnsupportedRule}} {
 		err := s.Take(context.Background(), storetest.T0, []core.Request{{Policy: good, Key: "k", Cost: 1}, {Policy: c.p, Key: "k", Cost: 1}}, out[:])
-		if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.p.Name()) {
+		if !errors.Is(err, c.want) || !errors.Is(err, core.ErrUnsupportedPolicy) || !strings.Contains(err.Error(), c.p.Name()) {
 			t.Errorf("%s: err = %v, want %v naming the policy", c.p, err, c.want)
+		}
+		// The same answer before any request (core.PolicyChecker), from
+		// the store and from the decorators in front of it.
+		lease, err := NewLeaseStore(s, &LeaseConfig{Size: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cache, err := NewRefusalCache(s, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range []core.Store{s, lease, cache} {
+			if err := core.CheckPolicies(st, good, c.p); !errors.Is(err, c.want) || !errors.Is(err, core.ErrUnsupportedPolicy) {
+				t.Errorf("%T: CheckPolicies(%s) = %v, want %v", st, c.p, err, c.want)
+			}
+			if err := core.CheckPolicies(st, good); err != nil {
+				t.Errorf("%T: CheckPolicies(%s) = %v", st, good, err)
+			}
 		}
 	}
 	for _, at := range []time.Time{{}, MinTime.Add(-time.Microsecond), MaxTime.Add(time.Microsecond), time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)} {
