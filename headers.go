@@ -19,8 +19,11 @@ import (
 // which http.Header.Get finds from either spelling.
 const (
 	// HeaderRateLimitLimit is the capacity of the most restrictive applied
-	// layer: the most requests (cost units) it can admit at once, and the
-	// upper bound of X-RateLimit-Remaining.
+	// layer (core.Policy.Capacity): the most requests (cost units) it can
+	// admit at once, and the upper bound of X-RateLimit-Remaining. That is
+	// the Rule's Burst if set, else its Limit for TokenBucket and the window
+	// algorithms and 1 for LeakyBucket, so it can differ from the q of
+	// RateLimit-Policy, which is the Limit.
 	HeaderRateLimitLimit = "X-RateLimit-Limit"
 
 	// HeaderRateLimitRemaining is the number of units the most restrictive

@@ -342,6 +342,38 @@ func TestHeaderValues(t *testing.T) {
 	}
 }
 
+// TestXLimitIsCapacity checks that X-RateLimit-Limit is the layer's
+// capacity (Policy.Capacity), not its Limit: Burst when set, else Limit for
+// a token bucket and a window, 1 for a leaky bucket. RateLimit-Policy's q is
+// the Limit in every case.
+func TestXLimitIsCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rule  core.Rule
+		limit string
+	}{
+		{"token-bucket", core.Rule{Name: "tb", Limit: 10, Window: time.Minute}, "10"},
+		{"token-bucket-burst", core.Rule{Name: "tb", Limit: 10, Window: time.Minute, Burst: 3}, "3"},
+		{"leaky-bucket", core.Rule{Name: "lb", Algorithm: core.LeakyBucket, Limit: 10, Window: time.Minute}, "1"},
+		{"leaky-bucket-burst", core.Rule{Name: "lb", Algorithm: core.LeakyBucket, Limit: 10, Window: time.Minute, Burst: 4}, "4"},
+		{"fixed-window", core.Rule{Name: "fw", Algorithm: core.FixedWindow, Limit: 10, Window: time.Minute}, "10"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.Global("k"), Rule: tc.rule}}, ratelimit.WithHeaders(ratelimit.AllHeaders))
+			rec := e.do(t, mwReq("192.0.2.1:1"))
+			if rec.Code != http.StatusOK {
+				t.Fatalf("status %d, want 200", rec.Code)
+			}
+			if got := rec.Header().Get(ratelimit.HeaderRateLimitLimit); got != tc.limit {
+				t.Errorf("X-RateLimit-Limit = %q, want %q", got, tc.limit)
+			}
+			if got, want := rec.Header().Get(ratelimit.HeaderRateLimitPolicy), mwPolicy(tc.rule); got != want {
+				t.Errorf("RateLimit-Policy = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
 // mwPK is the expected partition key of a key.
 func mwPK(key string) string {
 	sum := sha256Sum(key)
