@@ -14,8 +14,10 @@
 // lives in adapters/redisstore. Any Store can prove that it decides like the
 // memory store by running the conformance suite in core/storetest.
 //
-// A [Limiter] reads its [Clock] once per call, asks its Store, and reports to
-// an optional [Observer]. Limiter.Allow and Limiter.AllowN decide one key
+// A [Limiter] reads its [Clock] once per decision (none in Limiter.TakeAt,
+// which is given the time), asks its Store, and reports to an optional
+// [Observer]; with an Observer it reads the Clock once more, after the store
+// returns, for the latency. Limiter.Allow and Limiter.AllowN decide one key
 // under one rule (or a rule chosen per key by a [Resolver]); Limiter.Take
 // decides a layered batch.
 //

@@ -37,7 +37,9 @@ type DecisionEvent struct {
 	// DryRun reports that the Limiter is in dry-run mode: a refused
 	// decision was reported but not enforced.
 	DryRun bool
-	// Latency is the time the store took for the whole batch.
+	// Latency is the time the store took for the whole batch: the
+	// Limiter's Clock read after the store returned, less the time of the
+	// decision.
 	Latency time.Duration
 }
 
