@@ -25,9 +25,22 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 
 // Defaults of [IdempotencyConfig].
 const (
-	DefaultIdempotencyTTL      = 24 * time.Hour
-	DefaultIdempotencyMaxWait  = time.Second
-	DefaultMaxReplays          = 100
+	// DefaultIdempotencyTTL is how long an admitted key is replayed when
+	// IdempotencyConfig.TTL is 0.
+	DefaultIdempotencyTTL = 24 * time.Hour
+
+	// DefaultIdempotencyMaxWait is how long a request waits for a
+	// concurrent request with the same key to be decided, before it is
+	// answered 409 Conflict, when IdempotencyConfig.MaxWait is 0.
+	DefaultIdempotencyMaxWait = time.Second
+
+	// DefaultMaxReplays is how many times one admitted key is replayed
+	// before it is decided afresh, when IdempotencyConfig.MaxReplays is 0.
+	DefaultMaxReplays = 100
+
+	// DefaultReplayStoreCapacity is the number of keys held by the
+	// MemoryReplayStore made when IdempotencyConfig.Store is nil, and by
+	// [NewMemoryReplayStore] given a capacity <= 0.
 	DefaultReplayStoreCapacity = 100_000
 )
 

@@ -15,6 +15,10 @@ import (
 // rate layer in layer order (concurrency layers, which have no rate, are
 // left out, as [Limiter.Rules] leaves them out).
 type RulesObserver interface {
+	// ObserveRules receives the policies in force, in layer order, once
+	// they apply to requests. A Limiter makes one call at a time (SetRules
+	// calls it under the lock that orders reloads), and the slice is new
+	// on every call: the observer may keep it.
 	ObserveRules(policies []*core.Policy)
 }
 

@@ -19,6 +19,8 @@ type key[C any] struct{}
 // framework's context c. The adapter clears it once the request is decided:
 // frameworks reuse their contexts.
 type Carrier[C any] struct {
+	// Context is the request's context, which answers every method but
+	// Value for the Carrier's own key.
 	context.Context
 	c   C
 	set bool
