@@ -58,6 +58,9 @@ type Algorithm interface {
 // value is the state of a key never seen before. Algorithms own the
 // registers; stores only copy State values and pass pointers to them.
 type State struct {
+	// A and B are the registers. The Algorithm gives them their meaning:
+	// the built-in buckets keep the theoretical arrival time in them, the
+	// window algorithms a window index and its count.
 	A, B int64
 	log  *timeLog
 }
@@ -67,7 +70,9 @@ type State struct {
 // outside them (such as the zero time.Time, year 1) to the nearest bound,
 // so every time.Time decides, and a never-seen key is whole at all of them.
 const (
+	// MinTime is the earliest instant a Store decides at: -2^62 ns, in 1823.
 	MinTime = -1 << 62
+	// MaxTime is the latest instant a Store decides at: 2^62-1 ns, in 2116.
 	MaxTime = 1<<62 - 1
 )
 

@@ -57,6 +57,11 @@ type SlotDecision struct {
 // has no room for another key; any other error is a backend failure, after
 // which no slot is held.
 type SlotStore interface {
+	// Acquire takes one slot for every request of reqs, or none, writing
+	// the decision for reqs[i] to out[i]. It returns a non-nil release
+	// when the slots are taken; a nil release and a nil error when a key
+	// had no free slot; and a nil release and an error otherwise, with no
+	// slot held.
 	Acquire(ctx context.Context, reqs []SlotRequest, out []SlotDecision) (release func(), err error)
 }
 

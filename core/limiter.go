@@ -12,6 +12,11 @@ import (
 // per-tenant overrides. A nil Policy with a nil error means the Limiter's
 // default policy.
 type Resolver interface {
+	// Resolve returns the Policy that key is decided under, one built by
+	// NewPolicy, or nil for the default. It is called on the request path,
+	// before the store, and must be safe for concurrent use. A non-nil
+	// error stops the request before anything is charged; a Limiter
+	// treats it as a store failure.
 	Resolve(ctx context.Context, key string) (*Policy, error)
 }
 
@@ -25,6 +30,8 @@ func (f ResolverFunc) Resolve(ctx context.Context, key string) (*Policy, error) 
 // return, such as the one Tiers builds. Limiters use it at construction to
 // refuse a configuration whose layers could meet two equally named policies.
 type PolicyLister interface {
+	// Policies returns every Policy that Resolve can return (nil entries
+	// are ignored). It is called when a Limiter is built, not per request.
 	Policies() []*Policy
 }
 

@@ -20,6 +20,9 @@ import (
 // a record refuses runs from the first decision after the step, and a
 // Peek's RetryAfter must hold for the Take that follows it.
 type Peeker interface {
+	// Peek writes to out[i] the decision Take would make for reqs[i] at
+	// now, and returns the error Take would return, but charges nothing.
+	// Any other error is a backend failure.
 	Peek(ctx context.Context, now time.Time, reqs []Request, out []Decision) error
 }
 
@@ -30,6 +33,9 @@ type Peeker interface {
 // successful login. Resetting a key the store does not hold is not an
 // error.
 type Resetter interface {
+	// Reset forgets key under p's Name. It returns nil when the key is
+	// forgotten or was not held, and an error otherwise: for a nil p, or a
+	// backend failure.
 	Reset(ctx context.Context, p *Policy, key string) error
 }
 
@@ -82,6 +88,10 @@ type Resetter interface {
 // an error wrapping ErrRefundUnsupported, refunding nothing, when a
 // request's algorithm cannot refund.
 type Refunder interface {
+	// Refund gives back the Cost of every request of reqs at now, as
+	// described above. It returns nil once the batch is refunded (a key
+	// not held gives back nothing), and an error otherwise: an invalid
+	// batch, an algorithm that cannot refund, or a backend failure.
 	Refund(ctx context.Context, now time.Time, reqs []Request) error
 }
 
@@ -91,6 +101,8 @@ type Refunder interface {
 // [MinTime, MaxTime]), never more than the state has in use. It is called
 // with the state locked, like Decide.
 type AlgorithmRefunder interface {
+	// Refund gives back up to cost units of s at now, in place; it cannot
+	// fail.
 	Refund(p *Policy, s *State, cost, now int64)
 }
 
@@ -102,6 +114,8 @@ type AlgorithmRefunder interface {
 // what has recovered since nor the units of later charges. It is called
 // with the state locked, like Decide.
 type AlgorithmChargeRefunder interface {
+	// RefundCharge gives back up to cost units of s at now, in place, out
+	// of what the charge made at chargedAt still holds; it cannot fail.
 	RefundCharge(p *Policy, s *State, cost, chargedAt, now int64)
 }
 

@@ -82,6 +82,9 @@ type Request struct {
 // A Store may ignore now and use a clock of its own (the Redis store reads
 // the server's clock by default); now is Unix-epoch based.
 type Store interface {
+	// Take decides reqs at now, writing the decision for reqs[i] to
+	// out[i], and charges the batch only when every decision is Allowed.
+	// A refused batch is no error; the errors are those listed above.
 	Take(ctx context.Context, now time.Time, reqs []Request, out []Decision) error
 }
 
