@@ -67,20 +67,20 @@ func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
 // Step is one request of a trace and the decision expected for it.
 type Step struct {
 	At         time.Duration // since T0
-	Cost       int64
-	Allowed    bool
-	Remaining  int64
-	RetryAfter time.Duration
-	ResetAfter time.Duration
-	Delay      time.Duration
-	Err        error // expected error (errors.Is), if any
+	Cost       int64         // units the request asks for
+	Allowed    bool          // expected Decision.Allowed
+	Remaining  int64         // expected Decision.Remaining
+	RetryAfter time.Duration // expected Decision.RetryAfter
+	ResetAfter time.Duration // expected Decision.ResetAfter; not checked when Err is set
+	Delay      time.Duration // expected Decision.Delay (a shaping LeakyBucket)
+	Err        error         // expected error (errors.Is), if any
 }
 
 // Trace is a rule and the steps that exercise it on one key.
 type Trace struct {
-	Name  string
-	Rule  core.Rule
-	Steps []Step
+	Name  string    // the subtest's name
+	Rule  core.Rule // the rule the steps are decided under, as one Policy
+	Steps []Step    // the requests, in order, on one fresh key
 }
 
 const ms = time.Millisecond
@@ -152,8 +152,8 @@ func Traces() []Trace {
 // Harness wraps a store with the suite's conventions: a fixed T0, one
 // policy per rule, and errors reported through t.
 type Harness struct {
-	T     testing.TB
-	Store core.Store
+	T     testing.TB // the running test (Take calls its Helper)
+	Store core.Store // the store under test
 }
 
 // Take decides a single request at T0+at.
