@@ -79,8 +79,9 @@ func (t *tierResolver) Policies() []*Policy {
 	return ps
 }
 
-// Limiter decides requests: it reads its Clock once per call, asks its
-// Store, and reports to its Observer. It is safe for concurrent use.
+// Limiter decides requests: it reads its Clock once per decision, asks its
+// Store, and reports to its Observer, reading the Clock once more for the
+// latency when it has one. It is safe for concurrent use.
 //
 // Allow and AllowN decide one key under the Limiter's policy (or the one its
 // Resolver picks); Take decides a layered batch of requests atomically.
