@@ -209,7 +209,7 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 		if rs != nil && rs != cur && own(rs, ly) && ly.index < len(cur.rules) {
 			p = cur.rules[ly.index].policy
 		}
-		reqs[n] = core.Request{Policy: p, Key: ly.Key, Cost: ly.Cost}
+		reqs[n] = core.Request{Policy: p, Key: ly.Key, Cost: ly.Cost, Fallback: ly.Decision.Fallback}
 		if at != 0 {
 			// When the charge began to give its units back, so that the
 			// refund gives back only what it still holds.

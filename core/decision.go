@@ -10,6 +10,12 @@ type Decision struct {
 	// Allowed decisions is reported without their cost.
 	Allowed bool
 
+	// Fallback reports that the store's fallback decided, and charged, the
+	// request in its place, its own backend being unavailable (a Redis
+	// store's Config.Fallback). A refund of the charge must then go to the
+	// fallback: Request.Fallback says so to the store's Refund.
+	Fallback bool
+
 	// Limit is the policy's capacity: the most units that can be
 	// available at once, and the upper bound of Remaining.
 	Limit int64

@@ -126,6 +126,10 @@ var (
 	// ErrRefundUnsupported is returned by Refund for a request whose
 	// Algorithm does not implement AlgorithmRefunder.
 	ErrRefundUnsupported = errors.New("ratelimit: the algorithm cannot refund")
+	// ErrFallbackCharge is returned by Refund for a request marked as
+	// charged by a fallback (Request.Fallback) by a store that has none:
+	// it made no such charge, and refunds nothing.
+	ErrFallbackCharge = errors.New("ratelimit: refund of a charge a fallback made, to a store without one")
 )
 
 var (
@@ -196,8 +200,16 @@ func (m *MemoryStore) Reset(_ context.Context, p *Policy, key string) error {
 
 // Refund implements Refunder. It locks the batch's shards in index order,
 // as Take does, so the batch is refunded atomically. A refund renews its
-// key's recency as a decision does (see MemoryStore).
+// key's recency as a decision does (see MemoryStore). It refuses, with
+// ErrFallbackCharge, a request whose charge another store's fallback made
+// (Request.Fallback): a MemoryStore has no fallback, and made no such
+// charge.
 func (m *MemoryStore) Refund(_ context.Context, now time.Time, reqs []Request) error {
+	for i := range reqs {
+		if reqs[i].Fallback {
+			return ErrFallbackCharge
+		}
+	}
 	return m.refund(reqs, ClampTime(now))
 }
 

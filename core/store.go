@@ -29,6 +29,12 @@ type Request struct {
 	// units of charges made after it (see Refunder). The zero time means
 	// not known: the refund gives back the most recent units in use.
 	ChargedAt time.Time
+	// Fallback matters to Refunder.Refund alone: the charge being given
+	// back was made by the store's fallback (the charge's Decision has
+	// Fallback set), so the refund goes to the fallback, which made it,
+	// never to the backend, which did not. Stores without a fallback
+	// refuse such a refund.
+	Fallback bool
 }
 
 // Store keeps per-key state and decides batches atomically. It is safe for

@@ -146,6 +146,14 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 // slots not reached keep their charges (a refund that fails limits more,
 // never less). A failure is not sent to the Fallback, which did not make
 // the charges.
+//
+// A batch whose charges the Fallback made (Request.Fallback, set from
+// the charges' Decision.Fallback by the HTTP middleware's refunds) is
+// refunded by the Fallback, never by Redis, which never saw those charges
+// (a refund there would give back units other requests were charged); it
+// is refused when the store has no Fallback, or one that cannot refund
+// (core.ErrUnsupported). A batch mixing the two is refused: one Take's
+// charges are all made by one of them.
 func (s *Store) Refund(ctx context.Context, now time.Time, reqs []core.Request) error {
 	return s.refund(ctx, now, reqs, false)
 }
@@ -172,6 +180,14 @@ func (s *Store) refund(ctx context.Context, now time.Time, reqs []core.Request, 
 	if len(reqs) == 0 {
 		return nil
 	}
+	if reqs[0].Fallback {
+		return s.refundFallback(ctx, now, reqs)
+	}
+	for i := range reqs {
+		if reqs[i].Fallback {
+			return errMixedRefund
+		}
+	}
 	infos, nowArg, err := s.opsPrepare(now, reqs)
 	if err != nil {
 		return err
@@ -189,6 +205,32 @@ func (s *Store) refund(ctx context.Context, now time.Time, reqs []core.Request, 
 		return run()
 	}
 	return s.throughBreaker(ctx, keys[:len(reqs)], run)
+}
+
+// errMixedRefund refuses a refund batch whose charges were made partly by
+// Redis and partly by the Fallback.
+var errMixedRefund = errors.New("redisstore: a refund batch mixes charges of Redis and of the Fallback")
+
+// refundFallback refunds reqs, charges the Fallback made, to the Fallback.
+func (s *Store) refundFallback(ctx context.Context, now time.Time, reqs []core.Request) error {
+	for i := range reqs {
+		if !reqs[i].Fallback {
+			return errMixedRefund
+		}
+	}
+	if s.fallback == nil {
+		return core.ErrFallbackCharge
+	}
+	rf, ok := s.fallback.(core.Refunder)
+	if !ok {
+		return fmt.Errorf("redisstore: refund of the Fallback's charges: %w: the Fallback (%T) cannot refund", core.ErrUnsupported, s.fallback)
+	}
+	own := make([]core.Request, len(reqs))
+	copy(own, reqs)
+	for i := range own {
+		own[i].Fallback = false // the Fallback's own charges, to it
+	}
+	return rf.Refund(ctx, now, own)
 }
 
 // Reset implements core.Resetter: it deletes the key's record under the

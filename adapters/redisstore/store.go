@@ -427,7 +427,11 @@ func (s *Store) take(ctx context.Context, now time.Time, reqs []core.Request, ou
 		if s.observer != nil {
 			s.observe(reqs, err, time.Since(start))
 		}
-		return true, s.fallback.Take(ctx, now, reqs, out)
+		err = s.fallback.Take(ctx, now, reqs, out)
+		for i := range reqs {
+			out[i].Fallback = true // its charges, for refunds (Refund)
+		}
+		return true, err
 	}
 	if over >= 0 {
 		r := &reqs[over]
