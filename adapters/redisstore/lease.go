@@ -133,7 +133,8 @@ type LeaseStats struct {
 // Nothing is admitted that was not charged to the backend first: every
 // unit spent locally was part of one backend Take of the lease. So across
 // any number of processes the units admitted never exceed what the backend
-// admits. Units are admitted up to MaxAge after they were charged, so a
+// admits, while the backend keeps the key's state (see "Reset and lost
+// state" below). Units are admitted up to MaxAge after they were charged, so a
 // window-based quota (FixedWindow, SlidingWindowLog, SlidingWindowCounter)
 // measured over its own windows may see up to the leased units of the
 // preceding MaxAge spent in the next window.
@@ -175,6 +176,20 @@ type LeaseStats struct {
 // leased units go unused. Stats reports them as ExpiredUnits. A key that
 // cools down keeps spending its lease until it ends. Keep Size small
 // against the quota and MaxAge short against its window.
+//
+// # Reset and lost state
+//
+// A lease's leftovers are returned to the record that charged them; a
+// refund cannot tell that record from one made since. When the key's
+// record is deleted while a process holds a lease (a Reset by another
+// process, or state Redis lost: a restart without persistence, FLUSHALL,
+// an eviction), the leftovers that process returns later are taken off
+// the charges made since, which then admit that many more: up to Size - 1
+// units per process holding a lease on the key, on top of the whole quota
+// the reset or the loss gave. Reset through the LeaseStore (Reset, or a
+// Limiter's Reset over it) drops this process's own lease first. To reset
+// a hot key across a fleet without that margin, reset it in every process
+// through its LeaseStore, or keep leases short (MaxAge) against the window.
 //
 // # Decisions from a lease
 //
@@ -275,6 +290,41 @@ func NewLeaseStore(backend core.Store, cfg *LeaseConfig) (*LeaseStore, error) {
 	}
 	s.keys = keys
 	return s, nil
+}
+
+// Reset implements core.Resetter: it drops this process's lease of the
+// key under p's Name (its units are lost, counted in ExpiredUnits, never
+// returned: the reset gives the key a whole quota, which they would take
+// from) and resets the key in the backend, holding the key meanwhile so
+// that no lease is granted in between. It returns an error wrapping
+// core.ErrUnsupported when the backend cannot reset. Leases other
+// processes hold on the key are theirs: see "Reset and lost state" in the
+// LeaseStore documentation.
+func (s *LeaseStore) Reset(ctx context.Context, p *core.Policy, key string) error {
+	if p == nil {
+		return errors.New("redisstore: reset without a policy")
+	}
+	rs, ok := s.backend.(core.Resetter)
+	if !ok {
+		return fmt.Errorf("redisstore: LeaseStore.Reset: %w: the backend (%T) cannot reset", core.ErrUnsupported, s.backend)
+	}
+	k := leaseKey{p.Name(), key}
+	var e *leaseEntry
+	for {
+		e = s.entry(k)
+		select {
+		case e.sem <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("redisstore: waiting for a lease: %w", ctx.Err())
+		}
+		if !e.dead.Load() {
+			break
+		}
+		<-e.sem
+	}
+	defer func() { <-e.sem }()
+	s.expired.Add(uint64(e.left.Swap(0)))
+	return rs.Reset(ctx, p, key)
 }
 
 // CheckPolicy implements core.PolicyChecker: it asks the backend, when
