@@ -65,7 +65,10 @@ type RefusalCacheStats struct {
 // request timed before the refusal goes to the backend. Another process may free the key
 // sooner in a way the backend's RetryAfter did not foresee (a Cluster
 // refund, a policy change): the cache then refuses until R, which is the
-// time the backend itself gave the client.
+// time the backend itself gave the client. A refusal the backend's
+// Fallback made while Redis was unavailable (core.Decision.Fallback) is
+// not remembered: it is of the Fallback's local quota, which says nothing
+// of Redis's once Redis is back.
 type RefusalCache struct {
 	backend core.Store
 
@@ -186,7 +189,10 @@ func (c *RefusalCache) Take(ctx context.Context, now time.Time, reqs []core.Requ
 	}
 	for i := range reqs {
 		d := &out[i]
-		if d.Allowed || d.RetryAfter <= 0 {
+		if d.Allowed || d.RetryAfter <= 0 || d.Fallback {
+			// A Fallback's refusal (Redis unavailable) is of its local
+			// quota, not Redis's: kept, it would refuse the key after
+			// Redis is back, for as long as the local quota said.
 			continue
 		}
 		r := &reqs[i]

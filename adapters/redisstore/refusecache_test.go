@@ -280,3 +280,29 @@ func TestRefusalCacheOverLeases(t *testing.T) {
 		t.Fatalf("%d cache hits and %d backend calls for %d refusals", hits, calls, refused)
 	}
 }
+
+// TestRefusalCacheSkipsFallbackRefusals: a refusal the Redis store's
+// Fallback made (Redis down) is not remembered, so the key is asked of
+// the backend again, and of Redis once it is back; a refusal of Redis's
+// own is.
+func TestRefusalCacheSkipsFallbackRefusals(t *testing.T) {
+	p := core.MustPolicy(core.Rule{Name: "api", Limit: 1, Window: time.Hour})
+	s := newStore(t, deadClient(t), &Config{ClientTime: true, Fallback: core.MustMemoryStore(nil)})
+	c := mustRefusalCache(t, s, nil)
+	for i, want := range []bool{true, false, false} {
+		if d := take(t, c, leaseT0, p, "k", 1); d.Allowed != want || !d.Fallback {
+			t.Fatalf("decision %d with Redis down: %+v, want allowed=%v by the Fallback", i, d, want)
+		}
+	}
+	if st := c.Stats(); st.Hits != 0 || st.Keys != 0 {
+		t.Fatalf("stats after the Fallback's refusals: %+v, want nothing remembered", st)
+	}
+	// The same refusal from the backend itself is remembered.
+	m := mustRefusalCache(t, core.MustMemoryStore(nil), nil)
+	for range 3 {
+		take(t, m, leaseT0, p, "k", 1)
+	}
+	if st := m.Stats(); st.Hits != 1 || st.Keys != 1 {
+		t.Fatalf("stats after the backend's own refusals: %+v, want one hit", st)
+	}
+}
