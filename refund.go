@@ -255,7 +255,10 @@ func (l *Limiter) Refund(ctx context.Context, res *Result) error {
 
 // refund gives back the batch reqs, reporting a failure.
 func (l *Limiter) refund(ctx context.Context, reqs []core.Request) {
-	start := time.Now()
+	var start time.Time
+	if l.cfg.observer != nil {
+		start = l.clock.Now() // the Limiter's clock, as every latency it reports
+	}
 	err := l.cl.Refund(ctx, reqs)
 	if err == nil {
 		return
@@ -265,7 +268,7 @@ func (l *Limiter) refund(ctx context.Context, reqs []core.Request) {
 		for i := range reqs {
 			ps[i] = reqs[i].Policy
 		}
-		l.cfg.observer.ObserveError(core.ErrorEvent{Policies: ps, Err: fmt.Errorf("ratelimit: refund: %w", err), Latency: time.Since(start)})
+		l.cfg.observer.ObserveError(core.ErrorEvent{Policies: ps, Err: fmt.Errorf("ratelimit: refund: %w", err), Latency: l.clock.Now().Sub(start)})
 	}
 	l.logOnce(logRefund, msgRefund, "error", err.Error())
 }

@@ -733,3 +733,36 @@ func TestRefundAfterAppendToLayers(t *testing.T) {
 		t.Fatal("the charge was refunded twice: two more admitted beside the one kept, in a window of 2")
 	}
 }
+
+// slowRefundStore is a MemoryStore whose refunds take 3s of clk's time
+// and fail.
+type slowRefundStore struct {
+	*core.MemoryStore
+	clk *core.FakeClock
+}
+
+func (s slowRefundStore) Refund(context.Context, time.Time, []core.Request) error {
+	s.clk.Advance(3 * time.Second)
+	return errors.New("refund failed")
+}
+
+// TestRefundFailureLatency: a failed refund's latency, as the Observer
+// sees it, is measured on the Limiter's clock, as every other latency.
+func TestRefundFailureLatency(t *testing.T) {
+	obs := &mwObserver{}
+	clk := core.NewFakeClock(mwT0)
+	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(5)}},
+		ratelimit.WithClock(clk), ratelimit.WithLogger(nil), ratelimit.WithStore(slowRefundStore{core.MustMemoryStore(nil), clk}),
+		ratelimit.WithRefund(ratelimit.RefundSuccessful), ratelimit.WithObserver(obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := serve(l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})), mwReq("192.0.2.1:1")); rec.Code != 200 {
+		t.Fatal(rec.Code)
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.errs) != 1 || obs.errs[0].Latency != 3*time.Second {
+		t.Fatalf("observed %+v, want one error with the refund's 3s", obs.errs)
+	}
+}
