@@ -43,7 +43,11 @@ type Resetter interface {
 // earlier.
 //
 // Refund gives back Cost units to every request of reqs at now, atomically:
-// either every request is refunded or, on an error, none is. What a refund
+// either every request is refunded or, on an error, none is. (A store
+// whose keys live on several nodes may refund a batch node by node, each
+// atomically, and says so, as the Redis store does for a batch spanning
+// Cluster slots: a failure then leaves the charges on the nodes not
+// reached, which limits more, never less.) What a refund
 // gives back depends on the algorithm, and is never more than the key has
 // in use, so a key never holds more than its capacity. A request with
 // ChargedAt, the time of the charge it gives back, gets back only what that
