@@ -214,10 +214,8 @@ func (l *Limiter) acquireWith(ctx context.Context, res *Result, buf []LayerResul
 			// Fail-open for the concurrency layers alone: the rate
 			// layers, whose store answers, still decide the request (in
 			// dry-run too, so that it previews what enforcing would do).
+			// Logged by serve, once the request is served without them.
 			res.slotErr = wrap(ErrStoreFailure, "in-flight slots", err)
-			if !l.cfg.dryRun {
-				l.logOnce(logFailOpen, msgFailOpen, "error", res.slotErr.Error())
-			}
 			res.slotsFailed = true
 			return m, false
 		default:

@@ -862,6 +862,12 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 		}
 		return false
 	}
+	if res.slotErr != nil && res.Proceed && !res.DryRun {
+		// Served without its concurrency layers (the rate layers still
+		// decided): a line of its own, so that a rate store failing later,
+		// which limits nothing at all, is logged too.
+		l.logOnce(logSlotFailOpen, msgSlotFailOpen, "error", res.slotErr.Error())
+	}
 	switch res.kind {
 	case outcomeGone:
 		return false // the client went away: nobody to answer
@@ -1141,6 +1147,11 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		buf[j].Decision = out[j]
 		buf[j].Refused = !out[j].Allowed
 		res.Delay = max(res.Delay, out[j].Delay)
+	}
+	if m > 0 && out[0].Fallback && !peek {
+		// The store's backend is down and its Fallback decides (a batch
+		// falls back whole): each instance limits on its own state.
+		l.logOnce(logFallback, msgFallback)
 	}
 	switch {
 	case err != nil:

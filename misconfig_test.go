@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -995,5 +996,93 @@ func TestPolicyTheStoreCannotDecide(t *testing.T) {
 	}
 	if logs.count("configuration error at request time") != 1 || logs.count("fail-open") != 0 {
 		t.Fatalf("logs:\n%s", logs)
+	}
+}
+
+// switchSlots is a SlotTable whose calls fail while down is set.
+type switchSlots struct {
+	down *atomic.Bool
+	t    *core.SlotTable
+}
+
+func (s switchSlots) Acquire(ctx context.Context, reqs []core.SlotRequest, out []core.SlotDecision) (func(), error) {
+	if s.down.Load() {
+		return nil, errBackendDown
+	}
+	return s.t.Acquire(ctx, reqs, out)
+}
+
+// switchStore is a MemoryStore whose calls fail while down is set, and
+// whose decisions say its fallback made them while fellBack is set.
+type switchStore struct {
+	down, fellBack *atomic.Bool
+	m              *core.MemoryStore
+}
+
+func (s switchStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	if s.down.Load() {
+		return errBackendDown
+	}
+	err := s.m.Take(ctx, now, reqs, out)
+	for i := range reqs {
+		out[i].Fallback = s.fellBack.Load()
+	}
+	return err
+}
+
+// TestDegradedModesLogged checks that each way of limiting less is logged
+// on its own line, once: a slot store failing open (concurrency layers
+// off, rate layers on) does not use up the line of a rate store failing
+// open (nothing limited), and neither is logged for requests the error
+// handler stopped; decisions made by a store's fallback are logged too.
+func TestDegradedModesLogged(t *testing.T) {
+	var slotsDown, storeDown, fellBack atomic.Bool
+	logs, logOpt := newLogBuf()
+	layers := []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1).Named("rate")},
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "conc"}, InFlight: 2},
+	}
+	e := mwNew(t, layers, logOpt, ratelimit.WithSlotStore(switchSlots{&slotsDown, core.NewSlotTable(0)}),
+		ratelimit.WithStore(switchStore{&storeDown, &fellBack, core.MustMemoryStore(nil)}))
+	slotsDown.Store(true)
+	if c := e.do(t, mwReq("192.0.2.1:1")).Code; c != 200 {
+		t.Fatalf("slot store down: %d", c)
+	}
+	if c := e.do(t, mwReq("192.0.2.1:1")).Code; c != 429 {
+		t.Fatalf("the rate layer still limits while the slot store is down: %d", c)
+	}
+	slotsDown.Store(false)
+	storeDown.Store(true)
+	for range 3 {
+		if c := e.do(t, mwReq("192.0.2.1:1")).Code; c != 200 {
+			t.Fatalf("rate store down: %d", c)
+		}
+	}
+	storeDown.Store(false)
+	fellBack.Store(true)
+	for range 3 {
+		e.do(t, mwReq("192.0.2.2:1"))
+	}
+	for _, line := range []string{
+		"in-flight slot store errors are being served fail-open",
+		"msg=\"ratelimit: store errors are being served fail-open: requests are not limited while the store fails\" error=\"ratelimit: store failure: backend down\"",
+		"its Fallback decides",
+	} {
+		if n := logs.count(line); n != 1 {
+			t.Errorf("%q logged %d times:\n%s", line, n, logs)
+		}
+	}
+
+	// An error handler that answers every store error itself: nothing is
+	// served fail-open, so neither line is logged.
+	logs, logOpt = newLogBuf()
+	stop := ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) { w.WriteHeader(http.StatusServiceUnavailable) })
+	slotsDown.Store(true)
+	e = mwNew(t, layers, logOpt, stop, ratelimit.WithSlotStore(switchSlots{&slotsDown, core.NewSlotTable(0)}))
+	if c := e.do(t, mwReq("192.0.2.1:1")).Code; c != 503 || e.served.Load() != 0 {
+		t.Fatalf("slot store down, stopped by the error handler: %d, served %d", c, e.served.Load())
+	}
+	if n := logs.count("fail-open"); n != 0 {
+		t.Errorf("nothing served fail-open, yet logged:\n%s", logs)
 	}
 }

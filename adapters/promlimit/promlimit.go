@@ -17,6 +17,7 @@
 //	ratelimit_decisions_total{rule, outcome}         counter
 //	ratelimit_decision_duration_seconds{rule}        histogram
 //	ratelimit_errors_total{rule}                     counter
+//	ratelimit_fallback_decisions_total{rule}         counter
 //	ratelimit_evictions_total{rule}                  counter
 //	ratelimit_memory_store_keys                      gauge (with SetMemoryStore)
 //	ratelimit_memory_store_capacity                  gauge (with SetMemoryStore)
@@ -70,7 +71,13 @@
 // not counted; see ratelimit.WithErrorHandler. ratelimit_evictions_total
 // counts keys a MemoryStore evicted while they still held state, under the
 // rule of the evicted key: a growing count means the store's capacity is too
-// small. The memory-store gauges are read from the store at scrape time.
+// small. ratelimit_fallback_decisions_total counts the decisions a store's
+// fallback made in its place (core.Decision.Fallback: a Redis store whose
+// Redis was unavailable, deciding through its Config.Fallback), whatever
+// their outcome, which ratelimit_decisions_total counts as well: while it
+// grows, each instance limits on its own local state, so a fleet of N admits
+// up to N times the quota. The memory-store gauges are read from the store
+// at scrape time.
 //
 // # Registration
 //
@@ -129,6 +136,7 @@ type Metrics struct {
 	latency    *prometheus.HistogramVec
 	errors     *prometheus.CounterVec
 	evictions  *prometheus.CounterVec
+	fallback   *prometheus.CounterVec
 	ruleLimit  *prometheus.GaugeVec
 	ruleWindow *prometheus.GaugeVec
 	keysDesc   *prometheus.Desc
@@ -141,6 +149,7 @@ type Metrics struct {
 // ruleSeries holds the series of one rule, resolved once.
 type ruleSeries struct {
 	allowed, denied, dryRunDenied, notCharged prometheus.Counter
+	fallback                                  prometheus.Counter
 	latency                                   prometheus.Observer
 }
 
@@ -203,6 +212,10 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			Namespace: ns, Name: "evictions_total",
 			Help: "Keys a memory store evicted while they still held state; growth means its capacity is too small.",
 		}, []string{"rule"}),
+		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "fallback_decisions_total",
+			Help: "Decisions a store's fallback made while its backend (Redis) was unavailable, once per rule per request, whatever their outcome; while it grows, each instance limits on its own state.",
+		}, []string{"rule"}),
 		ruleLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Name: "rule_limit",
 			Help: "Units each rule admits per window, as last set by ratelimit.New or Limiter.SetRules.",
@@ -252,6 +265,7 @@ func (m *Metrics) series(name string) *ruleSeries {
 		denied:       m.decisions.WithLabelValues(name, outcomeDenied),
 		dryRunDenied: m.decisions.WithLabelValues(name, outcomeDryRunDenied),
 		notCharged:   m.decisions.WithLabelValues(name, outcomeNotCharged),
+		fallback:     m.fallback.WithLabelValues(name),
 		latency:      m.latency.WithLabelValues(name),
 	}
 	got, _ := m.rules.LoadOrStore(name, s)
@@ -279,6 +293,9 @@ func (m *Metrics) ObserveDecision(ev core.DecisionEvent) {
 		s.allowed.Inc()
 	default:
 		s.notCharged.Inc()
+	}
+	if ev.Decision.Fallback {
+		s.fallback.Inc()
 	}
 	s.latency.Observe(ev.Latency.Seconds())
 }
@@ -321,6 +338,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.latency.Describe(ch)
 	m.errors.Describe(ch)
 	m.evictions.Describe(ch)
+	m.fallback.Describe(ch)
 	m.ruleLimit.Describe(ch)
 	m.ruleWindow.Describe(ch)
 	ch <- m.keysDesc
@@ -333,6 +351,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.latency.Collect(ch)
 	m.errors.Collect(ch)
 	m.evictions.Collect(ch)
+	m.fallback.Collect(ch)
 	m.ruleLimit.Collect(ch)
 	m.ruleWindow.Collect(ch)
 	if s := m.store.Load(); s != nil {

@@ -503,3 +503,36 @@ func BenchmarkObserveDecision(b *testing.B) {
 		}
 	})
 }
+
+// fallbackStore is a MemoryStore whose decisions say a fallback made them,
+// as a Redis store's do while Redis is unavailable.
+type fallbackStore struct{ *core.MemoryStore }
+
+func (s fallbackStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	err := s.MemoryStore.Take(ctx, now, reqs, out)
+	for i := range reqs {
+		out[i].Fallback = true
+	}
+	return err
+}
+
+// TestFallbackDecisions: decisions a store's fallback made are counted in
+// ratelimit_fallback_decisions_total, whatever their outcome, besides
+// ratelimit_decisions_total; the store's own decisions are not.
+func TestFallbackDecisions(t *testing.T) {
+	m, reg := newMetrics(t)
+	clk := core.NewFakeClock(t0)
+	p := core.MustPolicy(core.Rule{Name: "api", Limit: 1, Window: time.Minute})
+	down := core.Must(core.NewWithPolicy(nil, core.WithClock(clk), core.WithObserver(m), core.WithStore(fallbackStore{core.MustMemoryStore(nil)})))
+	take(t, down, core.Request{Policy: p, Key: "a", Cost: 1})
+	if take(t, down, core.Request{Policy: p, Key: "a", Cost: 1}) {
+		t.Fatal("second request admitted")
+	}
+	up := core.Must(core.NewWithPolicy(nil, core.WithClock(clk), core.WithObserver(m)))
+	take(t, up, core.Request{Policy: p, Key: "b", Cost: 1})
+	compare(t, reg, `# HELP ratelimit_fallback_decisions_total Decisions a store's fallback made while its backend (Redis) was unavailable, once per rule per request, whatever their outcome; while it grows, each instance limits on its own state.
+# TYPE ratelimit_fallback_decisions_total counter
+ratelimit_fallback_decisions_total{rule="api"} 2
+`, "ratelimit_fallback_decisions_total")
+	compare(t, reg, decisionsHelp+decisions("api", 2, 1, 0, 0), "ratelimit_decisions_total")
+}
