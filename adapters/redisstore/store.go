@@ -181,6 +181,11 @@ type Config struct {
 	// Fallback, at most its cost in each (the safe direction: an extra
 	// refusal, never an extra admission). Errors of a caller whose own
 	// context ended (IsCallerGone) never go to the Fallback.
+	//
+	// The Fallback is the last resort: a *Store with a Fallback of its own
+	// is refused by New (a refund of a charge its Fallback made could not
+	// be told from one of its Redis, so it would go to a Redis that never
+	// saw the charge).
 	Fallback core.Store
 
 	// Observer receives, through ObserveError, the backend errors the store
@@ -316,6 +321,9 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	}
 	if cl, ok := client.(*redis.Client); ok && cl.Options().PoolSize > 0 {
 		s.slots = make(chan struct{}, cl.Options().PoolSize)
+	}
+	if fs, ok := c.Fallback.(*Store); ok && fs.fallback != nil {
+		return nil, errors.New("redisstore: Config.Fallback is a Store with a Fallback of its own: refunds could not tell which of them made a charge; give the Fallback no Fallback")
 	}
 	if c.Pipeline < 0 {
 		return nil, fmt.Errorf("redisstore: Config.Pipeline is %d; it must be 0 (off) or positive", c.Pipeline)

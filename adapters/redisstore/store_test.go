@@ -39,6 +39,14 @@ func TestNew(t *testing.T) {
 	if err != nil || s.State() != BreakerDisabled {
 		t.Fatalf("disabled breaker: %v %v", s.State(), err)
 	}
+	// A Fallback that falls back itself could not route refunds: refused.
+	inner := newStore(t, deadClient(t), &Config{Fallback: core.MustMemoryStore(nil)})
+	if _, err := New(deadClient(t), &Config{Fallback: inner}); err == nil || !strings.Contains(err.Error(), "Fallback of its own") {
+		t.Fatalf("a Fallback with a Fallback: %v", err)
+	}
+	if _, err := New(deadClient(t), &Config{Fallback: newStore(t, deadClient(t), nil)}); err != nil {
+		t.Fatalf("a Store without a Fallback as the Fallback: %v", err)
+	}
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true})
 	defer c.Close()
 	if s, _ := New(c, nil); s.place != placeSlot || !s.ctxBound {
