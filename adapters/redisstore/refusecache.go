@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -72,8 +73,9 @@ type RefusalCacheStats struct {
 type RefusalCache struct {
 	backend core.Store
 
-	mu   sync.Mutex
-	keys *simplelru.LRU[leaseKey, *refusal]
+	mu     sync.Mutex
+	keys   *simplelru.LRU[leaseKey, *refusal]
+	resets uint64 // Reset calls begun and ended so far; guarded by mu
 
 	hits, misses, evictions atomic.Uint64
 }
@@ -115,6 +117,31 @@ func NewRefusalCache(backend core.Store, cfg *RefusalCacheConfig) (*RefusalCache
 	return c, nil
 }
 
+// Reset implements core.Resetter: it forgets the key's refusal under p's
+// Name and resets the key in the backend, so that the key is decided by
+// the backend from its next request (a refusal the backend made before
+// the reset, and answered while it ran, is not remembered). It returns an
+// error wrapping core.ErrUnsupported when the backend cannot reset.
+func (c *RefusalCache) Reset(ctx context.Context, p *core.Policy, key string) error {
+	if p == nil {
+		return errors.New("redisstore: reset without a policy")
+	}
+	rs, ok := c.backend.(core.Resetter)
+	if !ok {
+		return fmt.Errorf("redisstore: RefusalCache.Reset: %w: the backend (%T) cannot reset", core.ErrUnsupported, c.backend)
+	}
+	k := leaseKey{p.Name(), key}
+	forget := func() {
+		c.mu.Lock()
+		c.keys.Remove(k)
+		c.resets++
+		c.mu.Unlock()
+	}
+	forget()
+	defer forget()
+	return rs.Reset(ctx, p, key)
+}
+
 // CheckPolicy implements core.PolicyChecker: it asks the backend, when
 // the backend can tell, whether it can decide p.
 func (c *RefusalCache) CheckPolicy(p *core.Policy) error {
@@ -146,6 +173,7 @@ func (c *RefusalCache) Take(ctx context.Context, now time.Time, reqs []core.Requ
 	var hit [core.MaxBatch]*refusal
 	found := false
 	c.mu.Lock()
+	gen := c.resets
 	for i := range reqs {
 		r := &reqs[i]
 		k := leaseKey{r.Policy.Name(), r.Key}
@@ -206,6 +234,12 @@ func (c *RefusalCache) Take(ctx context.Context, now time.Time, reqs []core.Requ
 			resetAt:   t + int64(d.ResetAfter),
 		}
 		c.mu.Lock()
+		if c.resets != gen {
+			// A Reset began or ended since the backend was asked: the
+			// refusal may be of the state it removed.
+			c.mu.Unlock()
+			return nil
+		}
 		if c.keys.Add(leaseKey{r.Policy.Name(), r.Key}, f) {
 			c.evictions.Add(1)
 		}

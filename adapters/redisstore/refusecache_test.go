@@ -306,3 +306,69 @@ func TestRefusalCacheSkipsFallbackRefusals(t *testing.T) {
 		t.Fatalf("stats after the backend's own refusals: %+v, want one hit", st)
 	}
 }
+
+// TestRefusalCacheReset: a Limiter's Reset over the README's stack (a
+// RefusalCache over a LeaseStore) forgets the cached refusal and resets
+// the key below it: the next request is admitted; a backend that cannot
+// reset makes Reset fail with core.ErrUnsupported.
+func TestRefusalCacheReset(t *testing.T) {
+	leases, err := NewLeaseStore(core.MustMemoryStore(nil), &LeaseConfig{Size: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustRefusalCache(t, leases, nil)
+	p := core.MustPolicy(core.Rule{Name: "login", Algorithm: core.FixedWindow, Limit: 2, Window: time.Hour})
+	for i, want := range []bool{true, true, false, false} {
+		if d := take(t, c, leaseT0, p, "alice", 1); d.Allowed != want {
+			t.Fatalf("request %d: %+v, want allowed=%v", i, d, want)
+		}
+	}
+	if st := c.Stats(); st.Hits != 1 {
+		t.Fatalf("stats before the reset: %+v, want the last refusal answered locally", st)
+	}
+	if err := c.Reset(context.Background(), p, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	if d := take(t, c, leaseT0.Add(time.Second), p, "alice", 1); !d.Allowed {
+		t.Fatalf("after the reset: %+v", d)
+	}
+	bare := mustRefusalCache(t, takeOnly{core.MustMemoryStore(nil)}, nil)
+	if err := bare.Reset(context.Background(), p, "alice"); !errors.Is(err, core.ErrUnsupported) {
+		t.Fatalf("Reset over a backend that cannot: %v", err)
+	}
+}
+
+// resetRaceStore refuses every request, and runs during before answering
+// the first Take after arm is set.
+type resetRaceStore struct {
+	*core.MemoryStore
+	during func()
+}
+
+func (s *resetRaceStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	if f := s.during; f != nil {
+		s.during = nil
+		f()
+	}
+	for i := range reqs {
+		out[i] = core.Decision{Limit: 1, RetryAfter: time.Hour, ResetAfter: time.Hour, Policy: reqs[i].Policy}
+	}
+	return nil
+}
+
+// TestRefusalCacheResetDuringTake: a refusal the backend made before a
+// Reset that ran while it answered is not remembered.
+func TestRefusalCacheResetDuringTake(t *testing.T) {
+	b := &resetRaceStore{MemoryStore: core.MustMemoryStore(nil)}
+	c := mustRefusalCache(t, b, nil)
+	p := core.MustPolicy(core.PerMinute(1))
+	b.during = func() {
+		if err := c.Reset(context.Background(), p, "k"); err != nil {
+			t.Error(err)
+		}
+	}
+	take(t, c, leaseT0, p, "k", 1)
+	if st := c.Stats(); st.Keys != 0 {
+		t.Fatalf("a refusal made before the Reset that ran meanwhile was remembered: %+v", st)
+	}
+}
