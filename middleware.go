@@ -495,7 +495,6 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 	}
 	l.slots = slotStore(layers, cfg.slots)
 	l.rules.Store(newRuleSet(policies, l.resolverDelay))
-	l.observeRules(policies)
 
 	var coreOpts []core.Option
 	if cfg.dryRun {
@@ -535,6 +534,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 			l.useCtx = true
 		}
 	}
+	l.observeRules(policies) // once nothing can refuse them
 	return l, nil
 }
 

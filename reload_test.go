@@ -145,6 +145,27 @@ func TestSetRulesTellsRulesObserver(t *testing.T) {
 	if len(obs.limits) != 2 || obs.limits[0][0] != 5 || obs.limits[1][0] != 7 {
 		t.Fatalf("ObserveRules saw %v, want [[5] [7]]", obs.limits)
 	}
+	// Rules New refuses never apply, and are never reported: neither a
+	// rule the store cannot decide nor one refused by a later check.
+	obs = &rulesRecorder{}
+	if _, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(13).Named("api")}},
+		ratelimit.WithStore(pickyStore{core.MustMemoryStore(nil)}), ratelimit.WithObserver(obs)); err == nil {
+		t.Fatal("New accepted a rule the store cannot decide")
+	}
+	if _, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(5)}},
+		ratelimit.WithStore(takeOnlyStore{core.MustMemoryStore(nil)}), ratelimit.WithRefund(ratelimit.RefundSuccessful), ratelimit.WithObserver(obs)); err == nil {
+		t.Fatal("New accepted WithRefund over a store that cannot refund")
+	}
+	if len(obs.limits) != 0 {
+		t.Fatalf("refused New calls reported rules %v", obs.limits)
+	}
+}
+
+// takeOnlyStore hides every method of a store but Take.
+type takeOnlyStore struct{ s core.Store }
+
+func (o takeOnlyStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	return o.s.Take(ctx, now, reqs, out)
 }
 
 // TestSetRulesUnderTraffic reloads while 8 goroutines decide requests: every
