@@ -118,7 +118,14 @@ type TransportConfig struct {
 // not wait a rule without MaxDelay (a meter refuses without charging).
 //
 // A store failure fails the request with an error wrapping
-// [ErrStoreFailure]: the Transport never sends unlimited.
+// [ErrStoreFailure]: the Transport never sends unlimited. A policy the
+// store cannot decide (one the Limiter's Resolver picks without listing
+// it, see core.PolicyChecker) fails it with an error wrapping [ErrConfig].
+//
+// A request that waits for its turn is decided again after each wait, and
+// each decision reaches the Limiter's Observer: a refusal the request then
+// waits out counts as a refusal there (promlimit's "denied"), so a request
+// sent after n waits counts n refusals and one admission.
 //
 // Waits use a real timer, unless the Limiter's Clock has a method
 // Sleep(ctx context.Context, d time.Duration) error, which is then called
@@ -404,6 +411,11 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 			if err != nil {
 				if cerr := ctx.Err(); cerr != nil {
 					return cerr // the caller gave up: not a store failure
+				}
+				if errors.Is(err, core.ErrUnsupportedPolicy) || errors.Is(err, core.ErrDuplicateRequest) {
+					// A policy the store cannot decide: the Limiter's
+					// configuration, not the store's health.
+					return fmt.Errorf("%w: %w", ErrConfig, err)
 				}
 				return fmt.Errorf("%w: %w", ErrStoreFailure, err)
 			}

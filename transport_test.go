@@ -707,6 +707,20 @@ func TestTransportStoreFailure(t *testing.T) {
 	if base.sent() != 0 {
 		t.Error("a request was sent without a decision")
 	}
+	// A policy the store cannot decide, picked unlisted by a Resolver: a
+	// configuration error, not a store failure; nothing sent either.
+	pro := core.MustPolicy(core.PerMinute(13).Named("pro"))
+	res := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return pro, nil })
+	lim = core.Must(core.New(core.PerMinute(5).Named("api"), core.WithStore(pickyStore{core.MustMemoryStore(nil)}), core.WithResolver(res)))
+	if tr, err = ratelimit.NewTransport(lim, &ratelimit.TransportConfig{Base: base}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.RoundTrip(req); !errors.Is(err, ratelimit.ErrConfig) || !errors.Is(err, core.ErrUnsupportedPolicy) || errors.Is(err, ratelimit.ErrStoreFailure) {
+		t.Errorf("error %v, want ErrConfig wrapping core.ErrUnsupportedPolicy", err)
+	}
+	if base.sent() != 0 {
+		t.Error("a request was sent without a decision")
+	}
 }
 
 var errTrBackend = errors.New("backend down")

@@ -41,8 +41,12 @@
 //     (or, in dry-run mode, served), and the refusing rule counts it as
 //     "denied" (or "dry_run_denied").
 //
+// A request decided more than once counts each decision: an outbound
+// request that a ratelimit.Transport makes wait is decided again after each
+// wait, so one sent after n waits counts n "denied" and one "allowed".
+//
 // So, per rule, allowed is exactly the number of charges, and denied plus
-// dry_run_denied the number of requests this rule refused itself; summing
+// dry_run_denied the number of refusals this rule made itself; summing
 // "denied" over rules counts a request refused by two layers twice. For a
 // concurrency layer (ratelimit.Layer.InFlight), a charge is a slot that
 // stays taken: a request another layer refuses gives its slot back
