@@ -254,8 +254,10 @@ func IPv4Prefix(bits int) IPOption {
 // its network, /64 by default ("2001:db8:1:2::/64", see [IPv6Prefix]), or its
 // address at /128. IPv4 clients never share an IPv6 bucket: an address in
 // the well-known prefix of IPv4/IPv6 translators, 64:ff9b::/96 (RFC 6052,
-// an IPv4 client of an IPv6-only server behind a stateless translator), is
-// keyed by the IPv4 address it embeds, as that client would be over IPv4.
+// an IPv4 peer of an IPv6-only server behind a stateless translator), is
+// read as the IPv4 address it embeds, as that peer would be over IPv4: it
+// is keyed by it, and trusted when that IPv4 address is (a trusted prefix
+// written in the 64:ff9b:: form is read as the IPv4 prefix it holds).
 // A translator using a network-specific prefix is keyed as an IPv6 network
 // like any other: all its IPv4 clients share one bucket unless [IPv6Prefix]
 // is 128 (or the translator's addresses are mapped by a key function of
@@ -385,6 +387,8 @@ func (c *ipConfig) addTrusted(p netip.Prefix) {
 		if p.Bits() >= 96 {
 			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 		}
+	} else if v4, ok := nat64Embedded(a); ok && p.Bits() >= 96 {
+		p = netip.PrefixFrom(v4, p.Bits()-96) // as the addresses it holds are read
 	}
 	if p.Addr().Is4() {
 		c.trusted4 = append(c.trusted4, p)
@@ -409,10 +413,11 @@ func (c *ipConfig) isTrusted(a netip.Addr) bool {
 
 // nat64Embedded returns the IPv4 address embedded in a, when a is in the
 // well-known prefix of IPv4/IPv6 translators, 64:ff9b::/96 (RFC 6052): an
-// IPv4 client of an IPv6-only server behind a stateless translator (RFC
-// 7755) reaches it as 64:ff9b::192.0.2.1, and is keyed as 192.0.2.1, as it
-// would be over IPv4, so that IPv4 clients never share the translator's
-// /64. Network-specific prefixes are not recognised.
+// IPv4 peer of an IPv6-only server behind a stateless translator (RFC
+// 7755) reaches it as 64:ff9b::192.0.2.1, and is read as 192.0.2.1, as it
+// would be over IPv4, for trust as for keys, so that IPv4 clients never
+// share the translator's /64 (and only the translator sends from there).
+// Network-specific prefixes are not recognised.
 func nat64Embedded(a netip.Addr) (netip.Addr, bool) {
 	if !a.Is6() {
 		return a, false
@@ -431,9 +436,6 @@ func (c *ipConfig) keyOf(a netip.Addr) string { return c.keyOfText(a, "") }
 // when the key is the whole address and text is already its canonical
 // form, the key is text itself, and nothing is allocated.
 func (c *ipConfig) keyOfText(a netip.Addr, text string) string {
-	if v4, ok := nat64Embedded(a); ok {
-		a, text = v4, ""
-	}
 	bits := c.v6Bits
 	if a.Is4() {
 		bits = c.v4Bits
@@ -803,6 +805,9 @@ func parseIPEntryHostFull(s string) (netip.Addr, string, bool) {
 		return netip.Addr{}, "", false // brackets are for IPv6 only
 	}
 	a = a.WithZone("").Unmap()
+	if v4, ok := nat64Embedded(a); ok {
+		a = v4
+	}
 	if a.IsUnspecified() {
 		return netip.Addr{}, "", false
 	}

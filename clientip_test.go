@@ -226,6 +226,21 @@ func TestClientIPPrefixes(t *testing.T) {
 		if err != nil || fwd != "198.51.100.9" {
 			t.Fatalf("forwarded: %q, %v; want 198.51.100.9", fwd, err)
 		}
+		// Trusted as over IPv4: a proxy whose IPv4 range is trusted,
+		// reaching the server through the translator, and a trusted range
+		// written in the 64:ff9b:: form; an untrusted one stays the client.
+		for _, tc := range []struct{ trusted, remote, want string }{
+			{"203.0.113.0/24", "[64:ff9b::203.0.113.7]:1", "198.51.100.9"},
+			{"64:ff9b::203.0.113.0/120", "[64:ff9b::203.0.113.7]:1", "198.51.100.9"},
+			{"64:ff9b::203.0.113.0/120", "203.0.113.7:1", "198.51.100.9"},
+			{"203.0.113.0/24", "[64:ff9b::198.18.0.1]:1", "198.18.0.1"},
+			{"203.0.113.0/24", "203.0.113.7:1", "198.51.100.9"},
+		} {
+			k, err := mustKF(t, ratelimit.TrustedProxyCIDRs(tc.trusted))(newReq(t, tc.remote, xff("198.51.100.9")))
+			if err != nil || k != tc.want {
+				t.Errorf("trusting %s, from %s: %q, %v; want %q", tc.trusted, tc.remote, k, err, tc.want)
+			}
+		}
 		// Only the well-known /96: its neighbours stay IPv6 networks.
 		for remote, want := range map[string]string{
 			"[64:ff9b:1::192.0.2.1]:1": "64:ff9b:1::/64",
