@@ -382,14 +382,7 @@ func MustClientIP(opts ...IPOption) KeyFunc {
 }
 
 func (c *ipConfig) addTrusted(p netip.Prefix) {
-	p = p.Masked()
-	if a := p.Addr(); a.Is4In6() {
-		if p.Bits() >= 96 {
-			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-		}
-	} else if v4, ok := nat64Embedded(a); ok && p.Bits() >= 96 {
-		p = netip.PrefixFrom(v4, p.Bits()-96) // as the addresses it holds are read
-	}
+	p = prefixAsRead(p.Masked())
 	if p.Addr().Is4() {
 		c.trusted4 = append(c.trusted4, p)
 	} else {
@@ -427,6 +420,23 @@ func nat64Embedded(a netip.Addr) (netip.Addr, bool) {
 		return a, false
 	}
 	return netip.AddrFrom4([4]byte(b[12:16])), true
+}
+
+// prefixAsRead returns p as the addresses it holds are read from requests
+// (see parseIPEntryHost): an IPv4-mapped (::ffff:0:0/96) or NAT64
+// (64:ff9b::/96) prefix of at least /96 as the IPv4 prefix it holds.
+func prefixAsRead(p netip.Prefix) netip.Prefix {
+	if p.Bits() < 96 {
+		return p
+	}
+	a := p.Addr()
+	if a.Is4In6() {
+		return netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+	}
+	if v4, ok := nat64Embedded(a); ok {
+		return netip.PrefixFrom(v4, p.Bits()-96)
+	}
+	return p
 }
 
 // keyOf returns the canonical key of a client address.

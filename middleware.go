@@ -1333,11 +1333,7 @@ func keyPrefix(key string) (netip.Prefix, bool) {
 	if err != nil {
 		return netip.Prefix{}, false
 	}
-	p = p.Masked()
-	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
-		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-	}
-	return p, true
+	return prefixAsRead(p.Masked()), true
 }
 
 // Wait holds an admitted request for res.Delay, its shaping delay (see

@@ -267,8 +267,9 @@ func (c *config) addAllow(opt string, ip KeyFunc, cidrs []string) {
 	c.allow = append(c.allow, a)
 }
 
-// parsePrefix parses a CIDR prefix or a bare address, masks it and unmaps
-// IPv4-mapped IPv6 prefixes.
+// parsePrefix parses a CIDR prefix or a bare address, masks it and reads
+// an IPv4-mapped or NAT64 prefix as the IPv4 prefix it holds
+// (prefixAsRead).
 func parsePrefix(s string) (netip.Prefix, error) {
 	s = strings.TrimSpace(s)
 	var p netip.Prefix
@@ -290,10 +291,7 @@ func parsePrefix(s string) (netip.Prefix, error) {
 	if err := canonicalPrefix(p); err != nil {
 		return p, err
 	}
-	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
-		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-	}
-	return p, nil
+	return prefixAsRead(p), nil
 }
 
 // WithCost sets the cost of each request for layers without a Cost function
