@@ -861,3 +861,48 @@ func TestInFlightSlotStoreFailureDryRun(t *testing.T) {
 		res.Release()
 	}
 }
+
+// nopWriter is a ResponseWriter that discards everything.
+type nopWriter struct{}
+
+func (nopWriter) Header() http.Header         { return http.Header{} }
+func (nopWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (nopWriter) WriteHeader(int)             {}
+
+// TestInFlightWaitFailureReleases: a Result of Decide that Wait turns into
+// a refusal (here its context ended) gives its in-flight slots back, as
+// the built-in paths do; a later Release on it or on a copy does nothing.
+func TestInFlightWaitFailureReleases(t *testing.T) {
+	slots := core.NewSlotTable(0)
+	l := mwLimiter(t, []ratelimit.Layer{
+		{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: 10 * time.Second}},
+		inFlightLayer(3),
+	}, ratelimit.WithSlotStore(slots))
+	first := l.Decide(getFrom("192.0.2.1"))
+	res := l.Decide(getFrom("192.0.2.1"))
+	if !first.Proceed || !res.Proceed || res.Delay <= 0 {
+		t.Fatalf("first %+v, shaped %+v", first, res)
+	}
+	if n := slots.InFlight("in-flight", "192.0.2.1"); n != 2 {
+		t.Fatalf("%d slots held, want 2", n)
+	}
+	copyOf := res
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := l.Wait(ctx, &res); err == nil || res.Proceed {
+		t.Fatalf("Wait %v, proceed %v", err, res.Proceed)
+	}
+	l.Refuse(nopWriter{}, getFrom("192.0.2.1"), &res)
+	if n := slots.InFlight("in-flight", "192.0.2.1"); n != 1 {
+		t.Fatalf("%d slots held after the failed Wait, want 1 (the first request's)", n)
+	}
+	copyOf.Release()
+	res.Release()
+	if n := slots.InFlight("in-flight", "192.0.2.1"); n != 1 {
+		t.Fatalf("%d slots after releasing the refused Result again, want 1", n)
+	}
+	first.Release()
+	if n := slots.InFlight("in-flight", "192.0.2.1"); n != 0 {
+		t.Fatalf("%d slots after every release", n)
+	}
+}

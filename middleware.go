@@ -1345,7 +1345,9 @@ func keyPrefix(key string) (netip.Prefix, bool) {
 // already waiting. (Admit and Handler take the waiting slot before charging,
 // so their full-room refusals charge nothing; after Decide, Wait can only
 // count the waiters afterwards.) In the last two cases the charge stays,
-// and Wait turns res into a refusal for [Limiter.Refuse]: Proceed false,
+// the in-flight slots res holds are given back (see [Result.Release]: a
+// refusal holds none), and Wait turns res into a refusal for
+// [Limiter.Refuse]: Proceed false,
 // Err set, and for ErrTooManyWaiting the delaying layers marked Refused and
 // the refusal reported to the Observer (Refuse then answers 429 with
 // Retry-After set to the delay, or to when the requests waiting are served
@@ -1353,7 +1355,11 @@ func keyPrefix(key string) (netip.Prefix, bool) {
 //
 // The delay is waited on a real timer, whatever the Limiter's clock.
 func (l *Limiter) Wait(ctx context.Context, res *Result) error {
-	return l.wait(ctx, res, res.Layers)
+	err := l.wait(ctx, res, res.Layers)
+	if err != nil && res.held != nil {
+		res.held() // a refusal holds no slot; Release on any copy is then a no-op
+	}
+	return err
 }
 
 // wait is Wait with the layers passed apart (see Limiter.Admit).
