@@ -75,8 +75,14 @@ func ResultFromContext(ctx context.Context) (res *Result, ok bool) {
 // returns.
 func (l *Limiter) AdmitWithResult(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
 	if l.slots != nil && r.Context().Done() == nil {
-		l.refuseNoRelease(w, r)
-		return r, false
+		if !l.noRelease(w, r) {
+			return r, false
+		}
+		r2, ok, done := l.admitWithResult(w, r)
+		if done != nil {
+			done() // dry-run: served, its slots given back at once
+		}
+		return r2, ok
 	}
 	r2, ok, done := l.admitWithResult(w, r)
 	if ok {

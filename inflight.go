@@ -84,7 +84,9 @@ const InFlightRetryAfter = time.Second
 // ErrNoRelease is wrapped (with ErrConfig) by the error of a request that
 // [Limiter.Admit] refuses on a Limiter with concurrency layers because its
 // context can never end, so its slots could never be given back: use
-// [Limiter.AdmitFunc] or [Limiter.Handler] instead.
+// [Limiter.AdmitFunc] or [Limiter.Handler] instead. In dry-run the request
+// is served, as dry-run serves every configuration error, and its slots
+// are given back at once (the error is logged all the same).
 var ErrNoRelease = errors.New("ratelimit: the request's context never ends, so Admit cannot give back its in-flight slots: use AdmitFunc")
 
 // inFlightAlg is the Algorithm of the policies that name concurrency layers
@@ -348,11 +350,15 @@ func noRelease() {}
 
 // admitContext is Admit for a Limiter with concurrency layers: the slots are
 // given back when the request's context ends. A request whose context can
-// never end is refused with a configuration error.
+// never end is refused with a configuration error (see noRelease).
 func (l *Limiter) admitContext(w http.ResponseWriter, r *http.Request) bool {
 	if r.Context().Done() == nil {
-		l.refuseNoRelease(w, r)
-		return false
+		if !l.noRelease(w, r) {
+			return false
+		}
+		ok, done := l.AdmitFunc(w, r)
+		done() // dry-run: served, its slots given back at once
+		return ok
 	}
 	ok, done := l.AdmitFunc(w, r)
 	if ok {
@@ -361,14 +367,21 @@ func (l *Limiter) admitContext(w http.ResponseWriter, r *http.Request) bool {
 	return ok
 }
 
-// refuseNoRelease answers a request whose context can never end, on a
-// Limiter with concurrency layers, with a configuration error: nothing
-// could give its slots back.
-func (l *Limiter) refuseNoRelease(w http.ResponseWriter, r *http.Request) {
+// noRelease handles a request whose context can never end, on a Limiter
+// with concurrency layers: nothing could give its slots back, a
+// configuration error, logged. It answers it as one (500) and returns
+// false; in dry-run it returns true, for the caller to serve the request,
+// as dry-run serves every configuration error, giving its slots back at
+// once.
+func (l *Limiter) noRelease(w http.ResponseWriter, r *http.Request) bool {
 	var res Result
 	l.failed(&res, outcomeConfig, wrap(ErrConfig, "Admit", ErrNoRelease))
 	l.logOnce(logConfig, msgConfig, "error", res.Err.Error())
+	if res.Proceed {
+		return true
+	}
 	l.Refuse(w, r, export(&res, nil))
+	return false
 }
 
 // releaseWithContext calls done, if not nil, when ctx ends.

@@ -906,3 +906,31 @@ func TestInFlightWaitFailureReleases(t *testing.T) {
 		t.Fatalf("%d slots after every release", n)
 	}
 }
+
+// TestInFlightNoReleaseDryRun: a request whose context never ends cannot
+// give its slots back: Admit and AdmitWithResult refuse it with a
+// configuration error, except in dry-run, which serves every
+// configuration error (and gives its slots back at once).
+func TestInFlightNoReleaseDryRun(t *testing.T) {
+	for _, dry := range []bool{false, true} {
+		slots := core.NewSlotTable(0)
+		opts := []ratelimit.Option{ratelimit.WithSlotStore(slots)}
+		if dry {
+			opts = append(opts, ratelimit.WithDryRun())
+		}
+		l := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, opts...)
+		for range 2 {
+			rec := httptest.NewRecorder()
+			if ok := l.Admit(rec, getFrom("192.0.2.1")); ok != dry || (!dry && rec.Code != http.StatusInternalServerError) {
+				t.Fatalf("dry-run %v: Admit %v, %d", dry, ok, rec.Code)
+			}
+			rec = httptest.NewRecorder()
+			if _, ok := l.AdmitWithResult(rec, getFrom("192.0.2.1")); ok != dry || (!dry && rec.Code != http.StatusInternalServerError) {
+				t.Fatalf("dry-run %v: AdmitWithResult %v, %d", dry, ok, rec.Code)
+			}
+		}
+		if n := slots.InFlight("in-flight", "192.0.2.1"); n != 0 {
+			t.Fatalf("dry-run %v: %d slots held", dry, n)
+		}
+	}
+}
