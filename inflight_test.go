@@ -454,6 +454,15 @@ func TestInFlightConfig(t *testing.T) {
 	if _, err := ratelimit.New([]ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithSlotStore(nil)); err == nil {
 		t.Fatal("New accepted a nil SlotStore")
 	}
+	// A SlotTable too small for one request's concurrency layers would
+	// refuse every request with a Retry-After never kept.
+	two := []ratelimit.Layer{inFlightLayer(5), {Key: ratelimit.Global("all"), Rule: core.Rule{Name: "global-in-flight"}, InFlight: 100}}
+	if _, err := ratelimit.New(two, ratelimit.WithSlotStore(core.NewSlotTable(1))); err == nil || !strings.Contains(err.Error(), "fewer than one request's 2 concurrency layers") {
+		t.Fatalf("New with a SlotTable of 1 key for 2 concurrency layers: %v", err)
+	}
+	if _, err := ratelimit.New(two, ratelimit.WithSlotStore(core.NewSlotTable(2))); err != nil {
+		t.Fatalf("a SlotTable of 2 keys: %v", err)
+	}
 }
 
 // failingSlots fails every acquisition.

@@ -494,6 +494,18 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		}
 	}
 	l.slots = slotStore(layers, cfg.slots)
+	if st, ok := l.slots.(*core.SlotTable); ok {
+		n := 0
+		for i := range layers {
+			if layers[i].InFlight > 0 {
+				n++
+			}
+		}
+		if st.Capacity() < n {
+			// Every request would be refused with a Retry-After never kept.
+			return nil, fmt.Errorf("ratelimit: WithSlotStore: the SlotTable holds at most %d keys, fewer than one request's %d concurrency layers", st.Capacity(), n)
+		}
+	}
 	l.rules.Store(newRuleSet(policies, l.resolverDelay))
 
 	var coreOpts []core.Option

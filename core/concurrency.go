@@ -200,6 +200,9 @@ func (t *SlotTable) InFlight(name, key string) int64 {
 	return t.held[slotKey{name, key}]
 }
 
+// Capacity returns the most keys the table holds at once (its maxKeys).
+func (t *SlotTable) Capacity() int { return t.maxKeys }
+
 // Len returns the number of keys holding at least one slot.
 func (t *SlotTable) Len() int {
 	t.mu.Lock()
