@@ -943,3 +943,42 @@ func TestInFlightNoReleaseDryRun(t *testing.T) {
 		}
 	}
 }
+
+// slowSlots is a SlotTable whose every call takes 5ms on clk (a Redis
+// round trip, say).
+type slowSlots struct {
+	clk *core.FakeClock
+	t   *core.SlotTable
+}
+
+func (s slowSlots) Acquire(ctx context.Context, reqs []core.SlotRequest, out []core.SlotDecision) (func(), error) {
+	s.clk.Advance(5 * time.Millisecond)
+	return s.t.Acquire(ctx, reqs, out)
+}
+
+// TestInFlightRateLatencyExcludesSlots: a rate layer's latency is the time
+// its store took, not the slot store's round trip before it; the rate
+// layers are decided at the time the slots were taken.
+func TestInFlightRateLatencyExcludesSlots(t *testing.T) {
+	clk := core.NewFakeClock(mwT0)
+	obs := &mwObserver{}
+	l := mwLimiter(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(100).Named("rate")},
+		inFlightLayer(5),
+	}, ratelimit.WithClock(clk), ratelimit.WithObserver(obs), ratelimit.WithSlotStore(slowSlots{clk, core.NewSlotTable(0)}))
+	l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).ServeHTTP(httptest.NewRecorder(), getFrom("192.0.2.1"))
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.decisions) != 2 {
+		t.Fatalf("%d decisions observed", len(obs.decisions))
+	}
+	for _, ev := range obs.decisions {
+		want := time.Duration(0)
+		if ev.Decision.Policy.Name() == "in-flight" {
+			want = 5 * time.Millisecond
+		}
+		if ev.Latency != want {
+			t.Errorf("%s: latency %v, want %v", ev.Decision.Policy.Name(), ev.Latency, want)
+		}
+	}
+}

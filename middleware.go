@@ -1117,6 +1117,11 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		if res.slotsFailed {
 			n = m // the concurrency layers failed open: the rate layers decide
 		}
+		if _, local := l.slots.(*core.SlotTable); !local && m > 0 {
+			// A remote slot store took a round trip: the rate layers are
+			// decided, and their latency measured, from now.
+			res.at = l.cl.NowUnixNano()
+		}
 		defer l.settle(res, buf[:n])
 	}
 	ok, err := true, error(nil)
