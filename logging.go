@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 
@@ -142,7 +143,7 @@ func (l *Limiter) checkForwarded(r *http.Request, reqs []core.Request) {
 	if name == "" {
 		return
 	}
-	peer, host, ok := parseIPEntryHost(r.RemoteAddr)
+	peer, _, ok := parseIPEntryHost(r.RemoteAddr)
 	if !ok {
 		return
 	}
@@ -155,18 +156,81 @@ func (l *Limiter) checkForwarded(r *http.Request, reqs []core.Request) {
 	default:
 		return
 	}
-	net64 := ""
-	if peer.Is6() {
-		p, _ := peer.Prefix(64)
-		net64 = p.String()
-	}
 	for i := range reqs {
-		k := reqs[i].Key
-		if k == host || strings.HasSuffix(k, ":"+host) || net64 != "" && (k == net64 || strings.HasSuffix(k, ":"+net64)) {
+		if keyHoldsPeer(reqs[i].Key, peer, 0) {
 			l.logOnce(logForwarded, msgForwarded, "header", name, "peer", kind)
 			return
 		}
 	}
+}
+
+// keyHoldsPeer reports whether the key k is, or holds, a client-IP key of
+// peer: the address or a network containing it (any IPv4Prefix or
+// IPv6Prefix), whole, after a prefix ending in ':' (FirstOf's index, a
+// namespace), or as a part of a Composite key ("len:part" in turn), at most
+// depth 4 of Composites deep. It allocates nothing.
+func keyHoldsPeer(k string, peer netip.Addr, depth int) bool {
+	if keyIsPeer(k, peer) {
+		return true
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] == ':' && keyIsPeer(k[i+1:], peer) {
+			return true
+		}
+	}
+	if depth == 4 {
+		return false
+	}
+	for rest := k; rest != ""; {
+		i := strings.IndexByte(rest, ':')
+		if i <= 0 {
+			return false
+		}
+		n := 0
+		for _, c := range []byte(rest[:i]) {
+			if c < '0' || c > '9' || n > len(rest) {
+				return false
+			}
+			n = n*10 + int(c-'0')
+		}
+		if n > len(rest)-i-1 {
+			return false
+		}
+		if keyHoldsPeer(rest[i+1:i+1+n], peer, depth+1) {
+			return true
+		}
+		rest = rest[i+1+n:]
+	}
+	return false
+}
+
+// keyIsPeer reports whether s is a client-IP key of peer: its address, or
+// a network containing it. Only text that may be one is parsed (a failed
+// parse allocates its error).
+func keyIsPeer(s string, peer netip.Addr) bool {
+	if len(s) < 2 || len(s) > 43 { // "::" to "ffff:…:ffff/128"
+		return false
+	}
+	// An IPv4 key is digits and dots, an IPv6 key hex digits and colons
+	// (with dots for an embedded IPv4), either with a "/bits" suffix.
+	sep := byte('.')
+	if peer.Is6() {
+		sep = ':'
+	}
+	if strings.IndexByte(s, sep) < 0 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('0' <= c && c <= '9' || c == '.' || c == '/' ||
+			peer.Is6() && ('a' <= c && c <= 'f' || 'A' <= c && c <= 'F' || c == ':')) {
+			return false
+		}
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a == peer
+	}
+	p, err := netip.ParsePrefix(s)
+	return err == nil && p.Contains(peer)
 }
 
 // WithLogger sets the logger the one-time warnings go to: forwarded headers

@@ -662,6 +662,13 @@ func TestForwardedFromPrivatePeerLogged(t *testing.T) {
 	}{
 		{"private peer, no proxy trusted", ratelimit.MustClientIP(), "10.1.2.3:5", 1},
 		{"loopback v6 peer in a composite", ratelimit.Composite(ratelimit.Global("g"), ratelimit.MustClientIP()), "[::1]:5", 1},
+		{"ipv4 /24 network", ratelimit.MustClientIP(ratelimit.IPv4Prefix(24)), "10.1.2.3:5", 1},
+		{"ip first in a composite", ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("g")), "10.1.2.3:5", 1},
+		{"ip in a nested composite", ratelimit.Composite(ratelimit.Global("g"), ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("h"))), "10.1.2.3:5", 1},
+		{"FirstOf(User, IP)", ratelimit.FirstOf(ratelimit.User(), ratelimit.MustClientIP()), "127.0.0.1:5", 1},
+		{"ipv6 /48 loopback", ratelimit.MustClientIP(ratelimit.IPv6Prefix(48)), "[::1]:5", 1},
+		{"ipv6 /128 loopback", ratelimit.MustClientIP(ratelimit.IPv6Prefix(128)), "[::1]:5", 1},
+		{"another key", ratelimit.Composite(ratelimit.Global("10.1.2.4"), ratelimit.Global("g")), "10.1.2.3:5", 0},
 		{"public peer", ratelimit.MustClientIP(), "203.0.113.9:5", 0},
 		{"proxy trusted", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.0.0.0/8")), "10.1.2.3:5", 0},
 	}
