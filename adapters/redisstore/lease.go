@@ -198,7 +198,8 @@ type LeaseStats struct {
 // lower bound: the quota may hold more in the backend, but this process
 // can promise only those), a ResetAfter counted down from the backend's
 // ResetAfter when the lease was granted (which already counted the whole
-// lease as spent), and RetryAfter 0. So the headers never promise more
+// lease as spent), RetryAfter 0, and Fallback as the grant's (set when the
+// backend's Fallback granted the lease while Redis was unavailable). So the headers never promise more
 // than the backend would; they may promise less: a client told Remaining 0
 // may still be admitted (from a new lease). Refusals are the backend's own
 // decisions, with its RetryAfter.
@@ -244,6 +245,7 @@ type leaseEntry struct {
 	exactUntil       int64 // the backend refused a lease until then (Unix ns)
 	resetAt          int64 // when the backend's quota is whole, as of the grant
 	limit            int64
+	fallback         bool          // the backend's Fallback granted the lease (core.Decision.Fallback)
 	src              core.Refunder // the store that charged the lease, if it can refund
 }
 
@@ -393,6 +395,7 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 				Remaining:  left,
 				ResetAfter: time.Duration(max(e.resetAt-t, 0)),
 				Policy:     r.Policy,
+				Fallback:   e.fallback,
 			}
 			<-e.sem
 			s.local.Add(1)
@@ -580,6 +583,7 @@ func (s *LeaseStore) lease(ctx context.Context, now time.Time, t int64, e *lease
 		e.granted, e.expires = t, t+s.maxAge
 		e.resetAt = t + int64(d.ResetAfter)
 		e.limit = d.Limit
+		e.fallback = d.Fallback
 		e.src = src
 		e.left.Store(left)
 		if e.dead.Load() { // forgotten while leasing: nobody can spend it

@@ -77,3 +77,31 @@ func TestLeaseReset(t *testing.T) {
 		t.Fatalf("Reset over a backend that cannot: %v", err)
 	}
 }
+
+// TestLeaseFallbackDecisionsMarked: with Redis down, a lease the Fallback
+// granted is spent on the Fallback's state: every decision spent from it
+// says so (core.Decision.Fallback), as the grant's does; a lease Redis
+// granted does not.
+func TestLeaseFallbackDecisionsMarked(t *testing.T) {
+	p := mustPolicy(t, core.Rule{Name: "per-ip", Limit: 20, Window: time.Hour})
+	down, err := NewLeaseStore(newStore(t, deadClient(t), &Config{ClientTime: true, Fallback: core.MustMemoryStore(nil)}), &LeaseConfig{Size: 5, HotThreshold: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, err := NewLeaseStore(newStore(t, newClient(t, redistest.Server(t)), &Config{Prefix: uniquePrefix(t), ClientTime: true}), &LeaseConfig{Size: 5, HotThreshold: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1_800_000_000, 0)
+	for i := range 12 {
+		if d := take(t, down, at, p, "k", 1); !d.Allowed || !d.Fallback {
+			t.Fatalf("decision %d with Redis down: %+v, want allowed by the Fallback", i, d)
+		}
+		if d := take(t, up, at, p, "k", 1); !d.Allowed || d.Fallback {
+			t.Fatalf("decision %d with Redis up: %+v, want allowed by Redis", i, d)
+		}
+	}
+	if st := down.Stats(); st.Local == 0 {
+		t.Fatalf("no decision spent from a lease: %+v", st)
+	}
+}
