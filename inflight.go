@@ -378,7 +378,9 @@ func (l *Limiter) noRelease(w http.ResponseWriter, r *http.Request) bool {
 	l.failed(&res, outcomeConfig, wrap(ErrConfig, "Admit", ErrNoRelease))
 	l.logOnce(logConfig, msgConfig, "error", res.Err.Error())
 	if res.Proceed {
-		return true
+		// Dry-run: served, unless the error handler, which sees every
+		// error, stops it.
+		return l.cfg.errHandler == nil || !l.callErrorHandler(w, r, res.Err)
 	}
 	l.Refuse(w, r, export(&res, nil))
 	return false

@@ -982,3 +982,47 @@ func TestInFlightRateLatencyExcludesSlots(t *testing.T) {
 		}
 	}
 }
+
+// TestInFlightDecideSlotFailOpenLogged: Decide with a failing slot store
+// proceeds on its rate layers alone, and says so once in the log, as the
+// handlers do.
+func TestInFlightDecideSlotFailOpenLogged(t *testing.T) {
+	logs, logOpt := newLogBuf()
+	l := mwLimiter(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(100).Named("rate")},
+		inFlightLayer(1),
+	}, ratelimit.WithSlotStore(failingSlots{}), logOpt)
+	for range 3 {
+		res := l.Decide(getFrom("192.0.2.1"))
+		if !res.Proceed || len(res.Layers) != 1 {
+			t.Fatalf("Decide: %+v", res)
+		}
+		res.Release()
+	}
+	if n := logs.count("in-flight slot store errors are being served fail-open"); n != 1 {
+		t.Fatalf("logged %d times:\n%s", n, logs)
+	}
+}
+
+// TestInFlightNoReleaseDryRunErrorHandler: in dry-run, the configuration
+// error of a request whose context never ends reaches the error handler,
+// which may stop the request; otherwise the request is served.
+func TestInFlightNoReleaseDryRunErrorHandler(t *testing.T) {
+	for _, stop := range []bool{false, true} {
+		var seen []error
+		l := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, ratelimit.WithDryRun(),
+			ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+				seen = append(seen, err)
+				if stop {
+					w.WriteHeader(http.StatusServiceUnavailable)
+				}
+			}))
+		rec := httptest.NewRecorder()
+		if ok := l.Admit(rec, getFrom("192.0.2.1")); ok == stop {
+			t.Fatalf("stop %v: Admit %v (%d)", stop, ok, rec.Code)
+		}
+		if len(seen) != 1 || !errors.Is(seen[0], ratelimit.ErrNoRelease) {
+			t.Fatalf("stop %v: the error handler saw %v", stop, seen)
+		}
+	}
+}

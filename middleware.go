@@ -874,12 +874,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 		}
 		return false
 	}
-	if res.slotErr != nil && res.Proceed && !res.DryRun {
-		// Served without its concurrency layers (the rate layers still
-		// decided): a line of its own, so that a rate store failing later,
-		// which limits nothing at all, is logged too.
-		l.logOnce(logSlotFailOpen, msgSlotFailOpen, "error", res.slotErr.Error())
-	}
+	l.noteSlotsFailedOpen(res)
 	switch res.kind {
 	case outcomeGone:
 		return false // the client went away: nobody to answer
@@ -925,7 +920,11 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 // composed flow). It allocates the Result's Layers; Admit does not. With
 // concurrency layers, a Result that proceeds holds their slots until
 // [Result.Release] is called.
-func (l *Limiter) Decide(r *http.Request) Result { return l.decideResult(r, false) }
+func (l *Limiter) Decide(r *http.Request) Result {
+	res := l.decideResult(r, false)
+	l.noteSlotsFailedOpen(&res) // the caller serves it: logged now
+	return res
+}
 
 // decideResult is Decide, with reserve as for decide.
 func (l *Limiter) decideResult(r *http.Request, reserve bool) Result {
@@ -1235,6 +1234,16 @@ func (l *Limiter) releaseOnPanic(res *Result) {
 			res.held = nil
 		}
 		panic(p)
+	}
+}
+
+// noteSlotsFailedOpen logs, once, a request that proceeds without its
+// concurrency layers, their slot store having failed (the rate layers
+// still decided): a line of its own, so that a rate store failing later,
+// which limits nothing at all, is logged too.
+func (l *Limiter) noteSlotsFailedOpen(res *Result) {
+	if res.slotErr != nil && res.Proceed && !res.DryRun {
+		l.logOnce(logSlotFailOpen, msgSlotFailOpen, "error", res.slotErr.Error())
 	}
 }
 
