@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -156,47 +157,77 @@ func (l *Limiter) checkForwarded(r *http.Request, reqs []core.Request) {
 	default:
 		return
 	}
+	fwd := forwardedClient(r, name)
 	for i := range reqs {
-		if keyHoldsPeer(reqs[i].Key, peer, 0) {
+		if keyHoldsPeer(reqs[i].Key, peer, fwd, 0) {
 			l.logOnce(logForwarded, msgForwarded, "header", name, "peer", kind)
 			return
 		}
 	}
 }
 
-// keyHoldsPeer reports whether the key k is, or holds, a client-IP key of
-// peer: the address or a network containing it (any IPv4Prefix or
-// IPv6Prefix), whole, after a prefix ending in ':' (FirstOf's index, a
-// namespace), or as a part of a Composite key ("len:part" in turn), at most
-// depth 4 of Composites deep. It allocates nothing.
-func keyHoldsPeer(k string, peer netip.Addr, depth int) bool {
-	if keyIsPeer(k, peer) {
-		return true
+// forwardedClient returns the client the forwarded header name of r names
+// last (the entry the peer appended: X-Forwarded-For's rightmost, the
+// last Forwarded element's for=, X-Real-IP), or the zero Addr.
+func forwardedClient(r *http.Request, name string) netip.Addr {
+	lines := r.Header[name]
+	v := lines[len(lines)-1]
+	if i := strings.LastIndexByte(v, ','); i >= 0 {
+		v = v[i+1:]
 	}
-	for i := 0; i < len(k); i++ {
-		if k[i] == ':' && keyIsPeer(k[i+1:], peer) {
-			return true
+	if name == "Forwarded" {
+		i := strings.Index(strings.ToLower(v), "for=") // small: one element
+		if i < 0 {
+			return netip.Addr{}
 		}
+		v = v[i+len("for="):]
+		if j := strings.IndexByte(v, ';'); j >= 0 {
+			v = v[:j]
+		}
+		v = strings.Trim(strings.TrimSpace(v), `"`)
+	}
+	a, _, ok := parseIPEntryHost(strings.TrimSpace(v))
+	if !ok {
+		return netip.Addr{}
+	}
+	return a
+}
+
+// keyHoldsPeer reports whether the key k is, or holds, a client-IP key of
+// peer: its address, or a network containing it but not the forwarded
+// client fwd (a trusted proxy's clients keyed by a network that holds the
+// proxy too). It looks at k whole, after a prefix ending in ':' (FirstOf's
+// index, a namespace such as "user:"), and at the parts of a Composite key
+// ("len:part" in turn), at most 4 levels deep. It allocates nothing for
+// the keys this package's key functions make.
+func keyHoldsPeer(k string, peer, fwd netip.Addr, depth int) bool {
+	match, parsed := keyIsPeer(k, peer, fwd)
+	if match {
+		return true
 	}
 	if depth == 4 {
 		return false
 	}
+	if i := strings.IndexByte(k, ':'); i > 0 && (!parsed || i <= 2 && digits(k[:i])) {
+		// A namespace, or FirstOf's index (which an IPv6 key's first
+		// group may look like: both are tried).
+		if keyHoldsPeer(k[i+1:], peer, fwd, depth+1) {
+			return true
+		}
+	}
+	if parsed {
+		return false // a client-IP key whole
+	}
 	for rest := k; rest != ""; {
 		i := strings.IndexByte(rest, ':')
-		if i <= 0 {
+		if i <= 0 || i > 5 || !digits(rest[:i]) {
 			return false
 		}
-		n := 0
-		for _, c := range []byte(rest[:i]) {
-			if c < '0' || c > '9' || n > len(rest) {
-				return false
-			}
-			n = n*10 + int(c-'0')
-		}
+		n, _ := strconv.Atoi(rest[:i]) // at most 5 digits: no error
 		if n > len(rest)-i-1 {
 			return false
 		}
-		if keyHoldsPeer(rest[i+1:i+1+n], peer, depth+1) {
+		if keyHoldsPeer(rest[i+1:i+1+n], peer, fwd, depth+1) {
 			return true
 		}
 		rest = rest[i+1+n:]
@@ -204,33 +235,57 @@ func keyHoldsPeer(k string, peer netip.Addr, depth int) bool {
 	return false
 }
 
-// keyIsPeer reports whether s is a client-IP key of peer: its address, or
-// a network containing it. Only text that may be one is parsed (a failed
-// parse allocates its error).
-func keyIsPeer(s string, peer netip.Addr) bool {
-	if len(s) < 2 || len(s) > 43 { // "::" to "ffff:…:ffff/128"
-		return false
-	}
-	// An IPv4 key is digits and dots, an IPv6 key hex digits and colons
-	// (with dots for an embedded IPv4), either with a "/bits" suffix.
-	sep := byte('.')
-	if peer.Is6() {
-		sep = ':'
-	}
-	if strings.IndexByte(s, sep) < 0 {
-		return false
-	}
+// digits reports whether s is all decimal digits.
+func digits(s string) bool {
 	for _, c := range []byte(s) {
-		if !('0' <= c && c <= '9' || c == '.' || c == '/' ||
-			peer.Is6() && ('a' <= c && c <= 'f' || 'A' <= c && c <= 'F' || c == ':')) {
+		if c < '0' || c > '9' {
 			return false
 		}
 	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		return a == peer
+	return s != ""
+}
+
+// keyIsPeer reports whether s parses as a client-IP key of peer's family
+// (parsed), and whether it is one of peer's (match): its address, or a
+// network containing it but not fwd. Only text shaped like such a key is
+// parsed (a failed parse allocates its error).
+func keyIsPeer(s string, peer, fwd netip.Addr) (match, parsed bool) {
+	if len(s) < 2 || len(s) > 43 { // "::" to "ffff:…:ffff/128"
+		return false, false
+	}
+	text, bits := s, ""
+	if i := strings.IndexByte(s, '/'); i >= 0 {
+		text, bits = s[:i], s[i+1:]
+		if !digits(bits) || len(bits) > 3 {
+			return false, false
+		}
+	}
+	dots, colons := strings.Count(text, "."), strings.Count(text, ":")
+	if peer.Is4() {
+		if dots != 3 || colons != 0 {
+			return false, false
+		}
+		for _, c := range []byte(text) {
+			if c != '.' && (c < '0' || c > '9') {
+				return false, false
+			}
+		}
+	} else {
+		if colons < 2 || colons > 7 || (dots != 0 && dots != 3) || colons < 7 && !strings.Contains(text, "::") {
+			return false, false
+		}
+		for _, c := range []byte(text) {
+			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' || c == ':' || c == '.') {
+				return false, false
+			}
+		}
+	}
+	if bits == "" {
+		a, err := netip.ParseAddr(text)
+		return err == nil && a == peer, err == nil
 	}
 	p, err := netip.ParsePrefix(s)
-	return err == nil && p.Contains(peer)
+	return err == nil && p.Contains(peer) && !p.Contains(fwd), err == nil
 }
 
 // WithLogger sets the logger the one-time warnings go to: forwarded headers

@@ -659,25 +659,36 @@ func TestForwardedFromPrivatePeerLogged(t *testing.T) {
 		key    ratelimit.KeyFunc
 		remote string
 		want   int
+		xff    string // "198.51.100.77" when empty
 	}{
-		{"private peer, no proxy trusted", ratelimit.MustClientIP(), "10.1.2.3:5", 1},
-		{"loopback v6 peer in a composite", ratelimit.Composite(ratelimit.Global("g"), ratelimit.MustClientIP()), "[::1]:5", 1},
-		{"ipv4 /24 network", ratelimit.MustClientIP(ratelimit.IPv4Prefix(24)), "10.1.2.3:5", 1},
-		{"ip first in a composite", ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("g")), "10.1.2.3:5", 1},
-		{"ip in a nested composite", ratelimit.Composite(ratelimit.Global("g"), ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("h"))), "10.1.2.3:5", 1},
-		{"FirstOf(User, IP)", ratelimit.FirstOf(ratelimit.User(), ratelimit.MustClientIP()), "127.0.0.1:5", 1},
-		{"ipv6 /48 loopback", ratelimit.MustClientIP(ratelimit.IPv6Prefix(48)), "[::1]:5", 1},
-		{"ipv6 /128 loopback", ratelimit.MustClientIP(ratelimit.IPv6Prefix(128)), "[::1]:5", 1},
-		{"another key", ratelimit.Composite(ratelimit.Global("10.1.2.4"), ratelimit.Global("g")), "10.1.2.3:5", 0},
-		{"public peer", ratelimit.MustClientIP(), "203.0.113.9:5", 0},
-		{"proxy trusted", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.0.0.0/8")), "10.1.2.3:5", 0},
+		{"private peer, no proxy trusted", ratelimit.MustClientIP(), "10.1.2.3:5", 1, ""},
+		{"FirstOf(User, Composite(IP, g))", ratelimit.FirstOf(ratelimit.User(), ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("g"))), "10.1.2.3:5", 1, ""},
+		{"proxy trusted, its clients keyed by a /24 holding it", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.1.2.3"), ratelimit.IPv4Prefix(24)), "10.1.2.3:5", 0, "10.1.2.77"},
+		{"proxy trusted, Forwarded", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.1.2.3"), ratelimit.IPv4Prefix(24), ratelimit.FromHeader("Forwarded")), "10.1.2.3:5", 0, "fwd"},
+		{"loopback v6 peer in a composite", ratelimit.Composite(ratelimit.Global("g"), ratelimit.MustClientIP()), "[::1]:5", 1, ""},
+		{"ipv4 /24 network", ratelimit.MustClientIP(ratelimit.IPv4Prefix(24)), "10.1.2.3:5", 1, ""},
+		{"ip first in a composite", ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("g")), "10.1.2.3:5", 1, ""},
+		{"ip in a nested composite", ratelimit.Composite(ratelimit.Global("g"), ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("h"))), "10.1.2.3:5", 1, ""},
+		{"FirstOf(User, IP)", ratelimit.FirstOf(ratelimit.User(), ratelimit.MustClientIP()), "127.0.0.1:5", 1, ""},
+		{"ipv6 /48 loopback", ratelimit.MustClientIP(ratelimit.IPv6Prefix(48)), "[::1]:5", 1, ""},
+		{"ipv6 /128 loopback", ratelimit.MustClientIP(ratelimit.IPv6Prefix(128)), "[::1]:5", 1, ""},
+		{"another key", ratelimit.Composite(ratelimit.Global("10.1.2.4"), ratelimit.Global("g")), "10.1.2.3:5", 0, ""},
+		{"public peer", ratelimit.MustClientIP(), "203.0.113.9:5", 0, ""},
+		{"proxy trusted", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.0.0.0/8")), "10.1.2.3:5", 0, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			logs, logOpt := newLogBuf()
 			e := mwNew(t, []ratelimit.Layer{{Key: tc.key, Rule: core.PerMinute(100).Named("ip")}}, logOpt)
 			for range 3 {
-				e.do(t, mwReq(tc.remote, "X-Forwarded-For", "198.51.100.77"))
+				switch tc.xff {
+				case "":
+					e.do(t, mwReq(tc.remote, "X-Forwarded-For", "198.51.100.77"))
+				case "fwd":
+					e.do(t, mwReq(tc.remote, "Forwarded", `for="10.1.2.77:1234";proto=https`))
+				default:
+					e.do(t, mwReq(tc.remote, "X-Forwarded-For", tc.xff))
+				}
 			}
 			if n := logs.count("forwarded headers arrive from a loopback or private peer"); n != tc.want {
 				t.Fatalf("logged %d times, want %d:\n%s", n, tc.want, logs)

@@ -122,10 +122,12 @@ type TransportConfig struct {
 // store cannot decide (one the Limiter's Resolver picks without listing
 // it, see core.PolicyChecker) fails it with an error wrapping [ErrConfig].
 //
-// A request that waits for its turn is decided again after each wait, and
-// each decision reaches the Limiter's Observer: a refusal the request then
+// A request refused with a time to retry is decided again once it has
+// waited, and each decision reaches the Limiter's Observer: each refusal it
 // waits out counts as a refusal there (promlimit's "denied"), so a request
-// sent after n waits counts n refusals and one admission.
+// sent after n such refusals counts n refusals and one admission. Waiting
+// out a shaping delay or a pause the server asked for is no decision, and
+// counts none.
 //
 // Waits use a real timer, unless the Limiter's Clock has a method
 // Sleep(ctx context.Context, d time.Duration) error, which is then called

@@ -42,8 +42,10 @@
 //     "denied" (or "dry_run_denied").
 //
 // A request decided more than once counts each decision: an outbound
-// request that a ratelimit.Transport makes wait is decided again after each
-// wait, so one sent after n waits counts n "denied" and one "allowed".
+// request that a ratelimit.Transport waits to retry after a refusal is
+// decided again, so one sent after n refusals counts n "denied" and one
+// "allowed" (waiting out a shaping delay or a server's pause is no
+// decision).
 //
 // So, per rule, allowed is exactly the number of charges, and denied plus
 // dry_run_denied the number of refusals this rule made itself; summing
