@@ -1026,3 +1026,38 @@ func TestInFlightNoReleaseDryRunErrorHandler(t *testing.T) {
 		}
 	}
 }
+
+// cancelStore is a MemoryStore that ends ctxCancel's context once it has
+// decided: the client leaves during the shaping delay.
+type cancelStore struct {
+	ms     *core.MemoryStore
+	cancel func()
+}
+
+func (s *cancelStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	err := s.ms.Take(ctx, now, reqs, out)
+	s.cancel()
+	return err
+}
+
+// TestInFlightSlotFailOpenLoggedOnlyServed: a request decided without its
+// concurrency layers (slot store down) whose shaping wait then fails is
+// not served, and not logged as served fail-open.
+func TestInFlightSlotFailOpenLoggedOnlyServed(t *testing.T) {
+	rule := core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute}
+	ms := core.MustMemoryStore(nil)
+	logs, logOpt := newLogBuf()
+	ctx, cancel := context.WithCancel(context.Background())
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.Global("q"), Rule: rule}, inFlightLayer(1)},
+		ratelimit.WithSlotStore(failingSlots{}), ratelimit.WithStore(&cancelStore{ms: ms, cancel: cancel}), logOpt)
+	var out [1]core.Decision // another process took the bucket's unit: this request must wait
+	if err := ms.Take(context.Background(), e.clk.Now(), []core.Request{{Policy: core.MustPolicy(rule), Key: "q", Cost: 1}}, out[:]); err != nil || !out[0].Allowed {
+		t.Fatalf("pre-charge: %v %+v", err, out[0])
+	}
+	if rec := e.do(t, getFrom("192.0.2.1").WithContext(ctx)); e.served.Load() != 0 {
+		t.Fatalf("served: %d", rec.Code)
+	}
+	if n := logs.count("in-flight slot store errors are being served fail-open"); n != 0 {
+		t.Fatalf("nothing served, yet logged:\n%s", logs)
+	}
+}

@@ -157,66 +157,78 @@ func (l *Limiter) checkForwarded(r *http.Request, reqs []core.Request) {
 	default:
 		return
 	}
-	fwd := forwardedClient(r, name)
 	for i := range reqs {
-		if keyHoldsPeer(reqs[i].Key, peer, fwd, 0) {
+		if keyHoldsPeer(reqs[i].Key, peer, r, 0) {
 			l.logOnce(logForwarded, msgForwarded, "header", name, "peer", kind)
 			return
 		}
 	}
 }
 
-// forwardedClient returns the client the forwarded header name of r names
-// last (the entry the peer appended: X-Forwarded-For's rightmost, the
-// last Forwarded element's for=, X-Real-IP), or the zero Addr.
-func forwardedClient(r *http.Request, name string) netip.Addr {
-	lines := r.Header[name]
-	v := lines[len(lines)-1]
-	if i := strings.LastIndexByte(v, ','); i >= 0 {
-		v = v[i+1:]
-	}
-	if name == "Forwarded" {
-		i := strings.Index(strings.ToLower(v), "for=") // small: one element
-		if i < 0 {
-			return netip.Addr{}
+// forwardedHolds reports whether the prefix p holds an address any
+// forwarded header of r names (the last MaxForwardedEntries entries of
+// each, list elements and Forwarded's for= parameters), that is, whether a
+// key p may be a client's network that holds its proxy too.
+func forwardedHolds(r *http.Request, p netip.Prefix) bool {
+	for _, h := range forwardedHeaders {
+		lines := r.Header[h]
+		seen := 0
+		for li := len(lines) - 1; li >= 0 && seen < MaxForwardedEntries; li-- {
+			v := lines[li]
+			for v != "" && seen < MaxForwardedEntries {
+				e := v
+				if i := strings.LastIndexByte(v, ','); i >= 0 {
+					e, v = v[i+1:], v[:i]
+				} else {
+					v = ""
+				}
+				seen++
+				if h == "Forwarded" {
+					e = forwardedFor(e)
+				}
+				if a, ok := parseIPEntry(strings.TrimSpace(e)); ok && p.Contains(a) {
+					return true
+				}
+			}
 		}
-		v = v[i+len("for="):]
-		if j := strings.IndexByte(v, ';'); j >= 0 {
-			v = v[:j]
+	}
+	return false
+}
+
+// forwardedFor returns the for= value of a Forwarded element, unquoted, or
+// "".
+func forwardedFor(e string) string {
+	for e != "" {
+		pair := e
+		if i := strings.IndexByte(e, ';'); i >= 0 {
+			pair, e = e[:i], e[i+1:]
+		} else {
+			e = ""
 		}
-		v = strings.Trim(strings.TrimSpace(v), `"`)
+		pair = strings.TrimSpace(pair)
+		if len(pair) > 4 && strings.EqualFold(pair[:4], "for=") {
+			return strings.Trim(pair[4:], `"`)
+		}
 	}
-	a, _, ok := parseIPEntryHost(strings.TrimSpace(v))
-	if !ok {
-		return netip.Addr{}
-	}
-	return a
+	return ""
 }
 
 // keyHoldsPeer reports whether the key k is, or holds, a client-IP key of
-// peer: its address, or a network containing it but not the forwarded
-// client fwd (a trusted proxy's clients keyed by a network that holds the
-// proxy too). It looks at k whole, after a prefix ending in ':' (FirstOf's
-// index, a namespace such as "user:"), and at the parts of a Composite key
-// ("len:part" in turn), at most 4 levels deep. It allocates nothing for
-// the keys this package's key functions make.
-func keyHoldsPeer(k string, peer, fwd netip.Addr, depth int) bool {
-	match, parsed := keyIsPeer(k, peer, fwd)
-	if match {
+// peer: its address, or a network containing it but no address r's
+// forwarded headers name (a trusted proxy's clients keyed by a network
+// that holds the proxy too). It looks at k whole, past its first ':' (a
+// namespace such as "user:", FirstOf's index), and at the parts of a
+// Composite key ("len:part" in turn), at most 4 levels deep: keys of
+// other shapes may hide the peer, and are not warned of.
+func keyHoldsPeer(k string, peer netip.Addr, r *http.Request, depth int) bool {
+	if keyIsPeer(k, peer, r) {
 		return true
 	}
 	if depth == 4 {
 		return false
 	}
-	if i := strings.IndexByte(k, ':'); i > 0 && (!parsed || i <= 2 && digits(k[:i])) {
-		// A namespace, or FirstOf's index (which an IPv6 key's first
-		// group may look like: both are tried).
-		if keyHoldsPeer(k[i+1:], peer, fwd, depth+1) {
-			return true
-		}
-	}
-	if parsed {
-		return false // a client-IP key whole
+	if i := strings.IndexByte(k, ':'); i > 0 && keyHoldsPeer(k[i+1:], peer, r, depth+1) {
+		return true
 	}
 	for rest := k; rest != ""; {
 		i := strings.IndexByte(rest, ':')
@@ -227,7 +239,7 @@ func keyHoldsPeer(k string, peer, fwd netip.Addr, depth int) bool {
 		if n > len(rest)-i-1 {
 			return false
 		}
-		if keyHoldsPeer(rest[i+1:i+1+n], peer, fwd, depth+1) {
+		if keyHoldsPeer(rest[i+1:i+1+n], peer, r, depth+1) {
 			return true
 		}
 		rest = rest[i+1+n:]
@@ -245,47 +257,100 @@ func digits(s string) bool {
 	return s != ""
 }
 
-// keyIsPeer reports whether s parses as a client-IP key of peer's family
-// (parsed), and whether it is one of peer's (match): its address, or a
-// network containing it but not fwd. Only text shaped like such a key is
-// parsed (a failed parse allocates its error).
-func keyIsPeer(s string, peer, fwd netip.Addr) (match, parsed bool) {
+// keyIsPeer reports whether s is a client-IP key of peer: its address, or
+// a network containing it but no forwarded address of r. Only text in
+// the exact form of an address or network of peer's family is parsed, so
+// nothing is allocated (a failed parse would allocate its error).
+func keyIsPeer(s string, peer netip.Addr, r *http.Request) bool {
 	if len(s) < 2 || len(s) > 43 { // "::" to "ffff:…:ffff/128"
-		return false, false
+		return false
 	}
 	text, bits := s, ""
 	if i := strings.IndexByte(s, '/'); i >= 0 {
 		text, bits = s[:i], s[i+1:]
-		if !digits(bits) || len(bits) > 3 {
-			return false, false
+		if !digits(bits) || len(bits) > 3 || len(bits) > 1 && bits[0] == '0' {
+			return false
+		}
+		if n, _ := strconv.Atoi(bits); n > peer.BitLen() {
+			return false
 		}
 	}
-	dots, colons := strings.Count(text, "."), strings.Count(text, ":")
-	if peer.Is4() {
-		if dots != 3 || colons != 0 {
-			return false, false
-		}
-		for _, c := range []byte(text) {
-			if c != '.' && (c < '0' || c > '9') {
-				return false, false
-			}
-		}
-	} else {
-		if colons < 2 || colons > 7 || (dots != 0 && dots != 3) || colons < 7 && !strings.Contains(text, "::") {
-			return false, false
-		}
-		for _, c := range []byte(text) {
-			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' || c == ':' || c == '.') {
-				return false, false
-			}
-		}
+	if peer.Is4() && !v4Shaped(text) || peer.Is6() && !v6Shaped(text) {
+		return false
 	}
 	if bits == "" {
 		a, err := netip.ParseAddr(text)
-		return err == nil && a == peer, err == nil
+		return err == nil && a == peer
 	}
 	p, err := netip.ParsePrefix(s)
-	return err == nil && p.Contains(peer) && !p.Contains(fwd), err == nil
+	return err == nil && p.Contains(peer) && !forwardedHolds(r, p)
+}
+
+// v4Shaped reports whether s is a dotted-decimal IPv4 address as
+// netip.ParseAddr reads it: four numbers of 0 to 255, without leading
+// zeros.
+func v4Shaped(s string) bool {
+	parts, n, digitsIn := 0, 0, 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == '.' {
+			if digitsIn == 0 || n > 255 || digitsIn > 1 && s[i-digitsIn] == '0' {
+				return false
+			}
+			parts++
+			n, digitsIn = 0, 0
+			continue
+		}
+		c := s[i]
+		if c < '0' || c > '9' || digitsIn == 3 {
+			return false
+		}
+		n, digitsIn = n*10+int(c-'0'), digitsIn+1
+	}
+	return parts == 4
+}
+
+// v6Shaped reports whether s is an IPv6 address as netip.ParseAddr reads
+// it (without a zone): groups of 1 to 4 hex digits, at most one "::", and
+// an optional dotted IPv4 address for the last two groups.
+func v6Shaped(s string) bool {
+	dbl := strings.Index(s, "::")
+	if dbl >= 0 && strings.Contains(s[dbl+1:], "::") {
+		return false // two "::", or ":::"
+	}
+	if len(s) < 2 || s[0] == ':' && dbl != 0 || s[len(s)-1] == ':' && dbl != len(s)-2 {
+		return false
+	}
+	groups, n := 0, 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == ':':
+			if n > 0 {
+				groups++
+			}
+			n = 0
+		case c == '.':
+			j := strings.LastIndexByte(s[:i], ':')
+			if !v4Shaped(s[j+1:]) {
+				return false
+			}
+			groups += 2
+			n = 0
+			i = len(s)
+		case '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F':
+			if n++; n > 4 {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	if n > 0 {
+		groups++
+	}
+	if dbl >= 0 {
+		return groups <= 7
+	}
+	return groups == 8
 }
 
 // WithLogger sets the logger the one-time warnings go to: forwarded headers

@@ -874,7 +874,6 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 		}
 		return false
 	}
-	l.noteSlotsFailedOpen(res)
 	switch res.kind {
 	case outcomeGone:
 		return false // the client went away: nobody to answer
@@ -890,6 +889,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 		if res.kind == outcomeStore && !res.DryRun {
 			l.logOnce(logFailOpen, msgFailOpen, "error", res.Err.Error())
 		}
+		l.noteSlotsFailedOpen(res)
 		return true
 	case outcomeQueueFull:
 		if len(layers) == 0 { // refused before anything was charged
@@ -911,6 +911,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 			return false
 		}
 	}
+	l.noteSlotsFailedOpen(res) // served: logged only now
 	return true
 }
 
@@ -919,7 +920,9 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 // does not wait; the Result says what to do (see [Limiter.Admit] for the
 // composed flow). It allocates the Result's Layers; Admit does not. With
 // concurrency layers, a Result that proceeds holds their slots until
-// [Result.Release] is called.
+// [Result.Release] is called; when their slot store failed, the Result
+// proceeds on the rate layers alone, and Decide logs that once (see
+// [WithLogger]), whether or not the caller then serves the request.
 func (l *Limiter) Decide(r *http.Request) Result {
 	res := l.decideResult(r, false)
 	l.noteSlotsFailedOpen(&res) // the caller serves it: logged now

@@ -1104,3 +1104,42 @@ func TestDegradedModesLogged(t *testing.T) {
 		t.Errorf("nothing served fail-open, yet logged:\n%s", logs)
 	}
 }
+
+// TestForwardedWarningShapes: the forwarded-header warning fires when an
+// untrusted proxy's own bucket is charged, whatever the key holds besides,
+// and not when a trusted proxy's client is keyed by a network that holds
+// the proxy too, whichever header and hop count name that client.
+func TestForwardedWarningShapes(t *testing.T) {
+	cases := []struct {
+		name   string
+		key    ratelimit.KeyFunc
+		remote string
+		kv     []string
+		want   int
+	}{
+		{"Composite(tenant, ClientIP()) v6 /64", ratelimit.Composite(ratelimit.Header("X-Tenant"), ratelimit.MustClientIP()),
+			"[fd00::1]:5", []string{"X-Tenant", "42", "X-Forwarded-For", "2001:db8::77"}, 1},
+		{"Composite(ClientIP(/128), tenant) v6", ratelimit.Composite(ratelimit.MustClientIP(ratelimit.IPv6Prefix(128)), ratelimit.Header("X-Tenant")),
+			"[fd00::1]:5", []string{"X-Tenant", "42", "X-Forwarded-For", "2001:db8::77"}, 1},
+		{"trusted, X-Real-IP, client-sent XFF passed through", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.1.2.3"), ratelimit.IPv4Prefix(24), ratelimit.FromHeader("X-Real-IP")),
+			"10.1.2.3:5", []string{"X-Real-IP", "10.1.2.77", "X-Forwarded-For", "198.51.100.7"}, 0},
+		{"trusted, XFF with an empty last element", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.1.2.3"), ratelimit.IPv4Prefix(24)),
+			"10.1.2.3:5", []string{"X-Forwarded-For", "10.1.2.77,"}, 0},
+		{"trusted, two hops", ratelimit.MustClientIP(ratelimit.TrustedHops(2), ratelimit.IPv4Prefix(16)),
+			"10.1.2.3:5", []string{"X-Forwarded-For", "10.1.9.9, 172.16.0.1"}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			logs, logOpt := newLogBuf()
+			e := mwNew(t, []ratelimit.Layer{{Key: tc.key, Rule: core.PerMinute(100).Named("ip")}}, logOpt)
+			for range 3 {
+				if rec := e.do(t, mwReq(tc.remote, tc.kv...)); rec.Code != 200 {
+					t.Fatalf("status %d", rec.Code)
+				}
+			}
+			if n := logs.count("forwarded headers arrive from a loopback or private peer"); n != tc.want {
+				t.Errorf("logged %d times, want %d:\n%s", n, tc.want, logs)
+			}
+		})
+	}
+}
