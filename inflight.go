@@ -376,7 +376,7 @@ func (l *Limiter) admitContext(w http.ResponseWriter, r *http.Request) bool {
 func (l *Limiter) noRelease(w http.ResponseWriter, r *http.Request) bool {
 	var res Result
 	l.failed(&res, outcomeConfig, wrap(ErrConfig, "Admit", ErrNoRelease))
-	l.logOnce(logConfig, msgConfig, "error", res.Err.Error())
+	l.logConfigError(res.Err)
 	if res.Proceed {
 		// Dry-run: served, unless the error handler, which sees every
 		// error, stops it.

@@ -1061,3 +1061,24 @@ func TestInFlightSlotFailOpenLoggedOnlyServed(t *testing.T) {
 		t.Fatalf("nothing served, yet logged:\n%s", logs)
 	}
 }
+
+// TestConfigErrorLogDryRun: in dry-run, the one-time line of a
+// configuration error met at request time says the request was served.
+func TestConfigErrorLogDryRun(t *testing.T) {
+	for _, dry := range []bool{false, true} {
+		logs, logOpt := newLogBuf()
+		opts := []ratelimit.Option{logOpt}
+		if dry {
+			opts = append(opts, ratelimit.WithDryRun())
+		}
+		l := mwLimiter(t, []ratelimit.Layer{inFlightLayer(1)}, opts...)
+		l.Admit(httptest.NewRecorder(), getFrom("192.0.2.1")) // a context that never ends
+		want := "requests are answered 500"
+		if dry {
+			want = "requests are served (dry-run); enforcing would answer them 500"
+		}
+		if logs.count(want) != 1 {
+			t.Fatalf("dry-run %v: logs:\n%s", dry, logs)
+		}
+	}
+}

@@ -22,6 +22,7 @@ const (
 	msgNoRoutes     = "ratelimit: a layer's Routes matched none of its first routed requests: if those routes are served, the layer limits nothing; write each route as the Route key gives it (\"POST /login\" for a route of one method, \"/login\" for one of every method, the router's own parameter syntax)"
 	msgFailOpen     = "ratelimit: store errors are being served fail-open: requests are not limited while the store fails"
 	msgConfig       = "ratelimit: configuration error at request time: requests are answered 500"
+	msgConfigDryRun = "ratelimit: configuration error at request time: requests are served (dry-run); enforcing would answer them 500"
 	msgFallback     = "ratelimit: the store's backend is unavailable and its Fallback decides: each instance limits on its own local state, so N instances admit up to N times the quota until the backend is back"
 	msgSlotFailOpen = "ratelimit: in-flight slot store errors are being served fail-open: concurrency limits are not applied while the slot store fails (rate limits still are); ratelimit.WithFailClosed refuses instead"
 )
@@ -88,6 +89,16 @@ func (m *missCount) note(hit bool, after int64) bool {
 		return false
 	}
 	return m.n.Add(1) == after && !m.done.Swap(true)
+}
+
+// logConfigError logs, once, a configuration error met at request time,
+// saying what the request got: 500, or, in dry-run, served.
+func (l *Limiter) logConfigError(err error) {
+	msg := msgConfig
+	if l.cfg.dryRun {
+		msg = msgConfigDryRun
+	}
+	l.logOnce(logConfig, msg, "error", err.Error())
 }
 
 // logOnce logs msg with args at level Warn, once per Limiter.

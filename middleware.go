@@ -1286,7 +1286,7 @@ func (l *Limiter) configError(res *Result, ly *layer, err error) {
 		l.logOnce(logNoRoute, msgNoRoute, "layer", ly.desc)
 		return
 	}
-	l.logOnce(logConfig, msgConfig, "error", res.Err.Error())
+	l.logConfigError(res.Err)
 }
 
 // containsString reports whether list holds s.

@@ -235,3 +235,22 @@ func TestLimiterPolicyTheStoreCannotDecide(t *testing.T) {
 		t.Fatalf("CheckPolicies: %v", err)
 	}
 }
+
+// TestLimiterRefundFallbackCharge: a Limiter over a MemoryStore refuses a
+// refund of a charge marked as a fallback's, as the MemoryStore does: it
+// made no such charge.
+func TestLimiterRefundFallbackCharge(t *testing.T) {
+	clk := core.NewFakeClock(t0)
+	l := core.Must(core.New(core.Rule{Name: "r", Algorithm: core.FixedWindow, Limit: 2, Window: time.Minute}, core.WithClock(clk)))
+	for range 2 {
+		if d, _ := l.Allow(context.Background(), "k"); !d.Allowed {
+			t.Fatal("refused")
+		}
+	}
+	if err := l.Refund(context.Background(), []core.Request{{Policy: l.Policy(), Key: "k", Cost: 1, Fallback: true}}); !errors.Is(err, core.ErrFallbackCharge) {
+		t.Fatalf("Refund of a fallback's charge: %v", err)
+	}
+	if d, _ := l.Allow(context.Background(), "k"); d.Allowed {
+		t.Fatal("a unit was given back")
+	}
+}

@@ -467,7 +467,7 @@ func (l *Limiter) Refund(ctx context.Context, reqs []Request) error {
 // RefundAt is Refund at a time read from the Limiter's Clock.
 func (l *Limiter) RefundAt(ctx context.Context, now time.Time, reqs []Request) error {
 	if l.mem != nil {
-		return l.mem.refund(reqs, ClampTime(now))
+		return l.mem.Refund(ctx, now, reqs)
 	}
 	rf, ok := l.store.(Refunder)
 	if !ok {
