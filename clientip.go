@@ -79,8 +79,9 @@ type IPOption func(*ipConfig) error
 // TrustedProxies declares the networks of the reverse proxies and load
 // balancers in front of the server. A forwarded header is consulted only when
 // the connecting peer (r.RemoteAddr) is inside one of them, and the header is
-// walked right to left past every address inside them. IPv4-mapped IPv6
-// prefixes (::ffff:10.0.0.0/104) are treated as the IPv4 prefixes they map.
+// walked right to left past every address inside them. IPv4-mapped and
+// NAT64 IPv6 prefixes (::ffff:10.0.0.0/104, 64:ff9b::10.0.0.0/104) are
+// treated as the IPv4 prefixes they hold.
 // Several calls accumulate. An invalid prefix, or one with host bits set
 // (10.1.2.3/8), is a configuration error; so are prefixes that together
 // cover every address of a family, unless [AllowTrustAll] is given.
@@ -252,16 +253,16 @@ func IPv4Prefix(bits int) IPOption {
 // canonical: an IPv4 client is keyed by its address ("192.0.2.1"), or by its
 // network when [IPv4Prefix] is below 32 ("192.0.2.0/24"); an IPv6 client by
 // its network, /64 by default ("2001:db8:1:2::/64", see [IPv6Prefix]), or its
-// address at /128. IPv4 clients never share an IPv6 bucket: an address in
-// the well-known prefix of IPv4/IPv6 translators, 64:ff9b::/96 (RFC 6052,
-// an IPv4 peer of an IPv6-only server behind a stateless translator), is
-// read as the IPv4 address it embeds, as that peer would be over IPv4: it
-// is keyed by it, and trusted when that IPv4 address is (a trusted prefix
-// written in the 64:ff9b:: form is read as the IPv4 prefix it holds).
-// A translator using a network-specific prefix is keyed as an IPv6 network
-// like any other: all its IPv4 clients share one bucket unless [IPv6Prefix]
-// is 128 (or the translator's addresses are mapped by a key function of
-// your own).
+// address at /128. An IPv4 client shares no bucket with IPv6 clients,
+// whether it connects over IPv4, as an IPv4-mapped address, or through a
+// stateless IPv4/IPv6 translator using the well-known prefix 64:ff9b::/96
+// (RFC 6052): an address there is read as the IPv4 address it embeds, as
+// that peer would be over IPv4, for its key and for trust (a trusted
+// prefix written in the 64:ff9b:: form is read as the IPv4 prefix it
+// holds). A translator using a network-specific prefix is the exception:
+// its addresses are keyed as an IPv6 network like any other, so all its
+// IPv4 clients share one bucket unless [IPv6Prefix] is 128 (or a key
+// function of your own maps them).
 //
 // The work per request is bounded: at most [MaxForwardedEntries] entries and
 // [MaxForwardedBytes] bytes of the header are examined, from the right; if the

@@ -367,11 +367,12 @@ func v6Shaped(s string) bool {
 // WithLogger sets the logger the one-time warnings go to: forwarded headers
 // from a loopback or private peer while no proxy is trusted, a [Route] layer
 // that finds no route pattern, a layer whose key is absent on every one of
-// its first [AbsentKeyLogAfter] requests, store errors served fail-open
-// (those of the in-flight slot store on a line of their own), decisions a
-// store's Fallback made, and configuration errors met at request time.
-// Each is logged at most once per Limiter, at level Warn, and never carries
-// a key or an address in full.
+// its first [AbsentKeyLogAfter] requests, a layer whose Routes match none
+// of its first [UnmatchedRoutesLogAfter] routed requests, store errors
+// served fail-open (those of the in-flight slot store on a line of their
+// own), decisions a store's Fallback made, configuration errors met at
+// request time, and a failed refund. Each is logged at most once per
+// Limiter, at level Warn, and never carries a key or an address in full.
 // The default value is slog.Default(); WithLogger(nil) silences them. The
 // forwarded-header check examines each of a Limiter's first
 // [ForwardedCheckFirst] requests, then about one in 64.

@@ -34,9 +34,12 @@ var (
 	// function whose error wraps ErrConfig (such as a framework adapter's
 	// key function on a Limiter mounted without that framework's
 	// middleware), layers whose Resolvers return equally named policies
-	// for one request (core.ErrDuplicateRequest), or a memory store too
-	// small to hold one request's keys (core.ErrStoreFull with no retry
-	// time). Such a request is answered 500 Internal
+	// for one request (core.ErrDuplicateRequest), a policy a Resolver picks
+	// without listing it that the store cannot decide
+	// (core.ErrUnsupportedPolicy; a [Transport] fails such a request with
+	// an error wrapping ErrConfig too), or a memory store too small to hold
+	// one request's keys (core.ErrStoreFull with no retry time). Such a
+	// request is answered 500 Internal
 	// Server Error unless the error handler writes a response, whatever the
 	// fail policy: it is never served unlimited. It is logged once.
 	ErrConfig = errors.New("ratelimit: configuration error")

@@ -5,7 +5,8 @@ import (
 	"time"
 )
 
-// Clock is the source of time for a Limiter. It is read once per decision.
+// Clock is the source of time for a Limiter. It is read once per decision,
+// and once more for the latency when the Limiter has an Observer.
 type Clock interface {
 	// Now returns the current time.
 	Now() time.Time

@@ -10,10 +10,11 @@ type Decision struct {
 	// Allowed decisions is reported without their cost.
 	Allowed bool
 
-	// Fallback reports that the store's fallback decided, and charged, the
-	// request in its place, its own backend being unavailable (a Redis
-	// store's Config.Fallback). A refund of the charge must then go to the
-	// fallback: Request.Fallback says so to the store's Refund.
+	// Fallback reports that the store's fallback decided the request in
+	// its place, its own backend being unavailable (a Redis store's
+	// Config.Fallback), and charged it there if the batch was admitted. A
+	// refund of that charge must then go to the fallback: Request.Fallback
+	// says so to the store's Refund.
 	Fallback bool
 
 	// Limit is the policy's capacity: the most units that can be

@@ -200,8 +200,11 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Decision, error) {
 // AllowN reports whether cost units may be charged to key now, and charges
 // them if so. It returns ErrInvalidCost for cost < 1 and
 // ErrCostExceedsCapacity, with a refusing Decision, for a cost above the
-// policy's capacity. A refusal is a Decision with Allowed false and a nil
-// error; a non-nil error other than those two is a store failure.
+// policy's capacity, and one wrapping ErrUnsupportedPolicy when the store
+// cannot decide the policy (one a Resolver picked without listing it: see
+// PolicyChecker), a configuration error. A refusal is a Decision with
+// Allowed false and a nil error; any other non-nil error is a store
+// failure (or the Resolver's).
 func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Decision, error) {
 	p := l.policy
 	if l.resolver != nil {

@@ -90,12 +90,15 @@ type Resetter interface {
 // Refund validates the batch as Take does (ErrInvalidCost,
 // ErrCostExceedsCapacity, ErrDuplicateRequest, ErrBatchTooLarge) and returns
 // an error wrapping ErrRefundUnsupported, refunding nothing, when a
-// request's algorithm cannot refund.
+// request's algorithm cannot refund, and ErrFallbackCharge for a request
+// marked as charged by a fallback (Request.Fallback) on a store that has
+// none.
 type Refunder interface {
 	// Refund gives back the Cost of every request of reqs at now, as
 	// described above. It returns nil once the batch is refunded (a key
 	// not held gives back nothing), and an error otherwise: an invalid
-	// batch, an algorithm that cannot refund, or a backend failure.
+	// batch, an algorithm that cannot refund, a fallback's charge on a
+	// store without one, or a backend failure.
 	Refund(ctx context.Context, now time.Time, reqs []Request) error
 }
 

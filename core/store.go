@@ -52,7 +52,10 @@ type Request struct {
 // 0, and nothing charged) for a cost above the policy's capacity, ErrDuplicateRequest when two requests
 // share a policy name and key, and ErrBatchTooLarge beyond MaxBatch
 // requests; the MemoryStore also returns ErrStoreFull (every decision
-// refused, nothing charged). Any other error is a backend failure, after
+// refused, nothing charged); a store that cannot decide a request's policy
+// returns an error wrapping ErrUnsupportedPolicy (see PolicyChecker), a
+// configuration error, before charging anything. Any other error is a
+// backend failure, after
 // which the caller cannot know whether the batch was charged; it is
 // wrapped with the store's name.
 //

@@ -67,7 +67,9 @@
 // refused them, so they are not "denied": a growing count means the store
 // is too small for its busy keys, or under a flood of new ones),
 // core.ErrDuplicateRequest (Resolvers that gave one key equally named
-// policies, answered 500), and, under the shaping rules of the request,
+// policies, answered 500), core.ErrUnsupportedPolicy (a policy a Resolver
+// picked that the store cannot decide, answered 500), and, under the
+// shaping rules of the request,
 // ratelimit.ErrTooManyWaiting from the HTTP middleware (a request refused
 // with 429 because too many requests were waiting for a shaping delay,
 // before any store decided it: see ratelimit.WithMaxWaiting). An error met

@@ -189,7 +189,8 @@ type LeaseStats struct {
 // the reset or the loss gave. Reset through the LeaseStore (Reset, or a
 // Limiter's Reset over it) drops this process's own lease first. To reset
 // a hot key across a fleet without that margin, reset it in every process
-// through its LeaseStore, or keep leases short (MaxAge) against the window.
+// through its LeaseStore; a smaller Size makes the margin smaller (MaxAge
+// does not change it).
 //
 // # Decisions from a lease
 //
