@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"strings"
 	"testing"
 )
 
@@ -104,6 +106,20 @@ func TestShaped(t *testing.T) {
 		}
 		if got := v6Shaped(s); got != (err == nil && a.Is6()) {
 			t.Fatalf("v6Shaped(%q) = %v, ParseAddr: %v", s, got, err)
+		}
+	}
+}
+
+// TestReadmeListsEveryLogLine: the README's table gives the exact text of
+// every one-time log line.
+func TestReadmeListsEveryLogLine(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, msg := range []string{msgForwarded, msgNoRoute, msgAbsentKey, msgNoRoutes, msgFailOpen, msgConfig, msgConfigDryRun, msgFallback, msgSlotFailOpen, msgRefund} {
+		if !strings.Contains(string(b), msg) {
+			t.Errorf("the README does not give the line %q", msg)
 		}
 	}
 }
