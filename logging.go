@@ -168,46 +168,111 @@ func (l *Limiter) checkForwarded(r *http.Request, reqs []core.Request) {
 	default:
 		return
 	}
+	var fwd forwardedSet
+	fwd.read(r)
 	for i := range reqs {
-		if keyHoldsPeer(reqs[i].Key, peer, r, 0) {
+		budget := maxKeyLooks
+		if keyHoldsPeer(reqs[i].Key, peer, &fwd, &budget, 0) {
 			l.logOnce(logForwarded, msgForwarded, "header", name, "peer", kind)
 			return
 		}
 	}
 }
 
-// forwardedHolds reports whether the prefix p holds an address any
-// forwarded header of r names (the last MaxForwardedEntries entries of
-// each, list elements and Forwarded's for= parameters), that is, whether a
-// key p may be a client's network that holds its proxy too.
-func forwardedHolds(r *http.Request, p netip.Prefix) bool {
+// maxKeyLooks bounds the pieces of one key the forwarded-header check
+// examines, and maxKeyLooked the length of a key it looks into at all:
+// hostile keys cost it bounded work.
+const (
+	maxKeyLooks  = 64
+	maxKeyLooked = 512
+)
+
+// forwardedSet holds the addresses a request's forwarded headers name,
+// read as ClientIP reads them: from the right, at most MaxForwardedEntries
+// entries and MaxForwardedBytes bytes of each header.
+type forwardedSet struct {
+	n    int
+	addr [len(forwardedHeaders) * MaxForwardedEntries]netip.Addr
+}
+
+// read fills s from r's forwarded headers (list elements, and Forwarded's
+// for= parameters), parsing only text shaped like an address, so that
+// nothing is allocated.
+func (s *forwardedSet) read(r *http.Request) {
 	for _, h := range forwardedHeaders {
 		lines := r.Header[h]
-		seen := 0
-		for li := len(lines) - 1; li >= 0 && seen < MaxForwardedEntries; li-- {
+		entries, bytes := 0, 0
+		for li := len(lines) - 1; li >= 0; li-- {
 			v := lines[li]
-			for v != "" && seen < MaxForwardedEntries {
+			for v != "" {
 				e := v
 				if i := strings.LastIndexByte(v, ','); i >= 0 {
 					e, v = v[i+1:], v[:i]
 				} else {
 					v = ""
 				}
-				seen++
+				if entries++; entries > MaxForwardedEntries {
+					break
+				}
+				if bytes += len(e) + 1; bytes > MaxForwardedBytes {
+					break
+				}
 				if h == "Forwarded" {
 					e = forwardedFor(e)
 				}
-				if a, ok := parseIPEntry(strings.TrimSpace(e)); ok && p.Contains(a) {
-					return true
+				if a, ok := shapedAddr(strings.TrimSpace(e)); ok {
+					s.addr[s.n] = a
+					s.n++
 				}
 			}
+			if entries > MaxForwardedEntries || bytes > MaxForwardedBytes {
+				break
+			}
+		}
+	}
+}
+
+// holds reports whether p holds one of the addresses.
+func (s *forwardedSet) holds(p netip.Prefix) bool {
+	for _, a := range s.addr[:s.n] {
+		if p.Contains(a) {
+			return true
 		}
 	}
 	return false
 }
 
-// forwardedFor returns the for= value of a Forwarded element, unquoted, or
-// "".
+// shapedAddr parses an entry of a forwarded header ("192.0.2.1",
+// "192.0.2.1:80", "[2001:db8::1]:80", "2001:db8::1", quoted) as the key
+// functions read it (IPv4-mapped and NAT64 addresses as IPv4), only when
+// it is shaped like one, so that nothing is allocated.
+func shapedAddr(e string) (netip.Addr, bool) {
+	e = strings.Trim(e, `"`)
+	host := e
+	if strings.HasPrefix(e, "[") {
+		i := strings.IndexByte(e, ']')
+		if i < 0 {
+			return netip.Addr{}, false
+		}
+		host = e[1:i]
+	} else if i := strings.IndexByte(e, ':'); i >= 0 && strings.IndexByte(e[i+1:], ':') < 0 {
+		host = e[:i] // IPv4 with a port
+	}
+	if !v4Shaped(host) && !v6Shaped(host) {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	a = a.Unmap()
+	if v4, ok := nat64Embedded(a); ok {
+		a = v4
+	}
+	return a, true
+}
+
+// forwardedFor returns the for= value of a Forwarded element, or "".
 func forwardedFor(e string) string {
 	for e != "" {
 		pair := e
@@ -218,27 +283,33 @@ func forwardedFor(e string) string {
 		}
 		pair = strings.TrimSpace(pair)
 		if len(pair) > 4 && strings.EqualFold(pair[:4], "for=") {
-			return strings.Trim(pair[4:], `"`)
+			return pair[4:]
 		}
 	}
 	return ""
 }
 
 // keyHoldsPeer reports whether the key k is, or holds, a client-IP key of
-// peer: its address, or a network containing it but no address r's
-// forwarded headers name (a trusted proxy's clients keyed by a network
-// that holds the proxy too). It looks at k whole, past its first ':' (a
-// namespace such as "user:", FirstOf's index), and at the parts of a
-// Composite key ("len:part" in turn), at most 4 levels deep: keys of
-// other shapes may hide the peer, and are not warned of.
-func keyHoldsPeer(k string, peer netip.Addr, r *http.Request, depth int) bool {
-	if keyIsPeer(k, peer, r) {
+// peer: its address, or a network containing it, but holding no address
+// the forwarded headers name (a trusted proxy's client keyed by a network
+// that holds the proxy too, or a request the proxy sent itself). It looks
+// at k whole, past its first ':' (a namespace such as "user:", FirstOf's
+// index), and at the parts of a Composite key ("len:part" in turn), at
+// most 4 levels deep and budget pieces in all; a key longer than
+// maxKeyLooked is not looked into. Keys of other shapes may hide the peer,
+// and are not warned of.
+func keyHoldsPeer(k string, peer netip.Addr, fwd *forwardedSet, budget *int, depth int) bool {
+	if len(k) > maxKeyLooked || *budget <= 0 {
+		return false
+	}
+	*budget--
+	if keyIsPeer(k, peer, fwd) {
 		return true
 	}
 	if depth == 4 {
 		return false
 	}
-	if i := strings.IndexByte(k, ':'); i > 0 && keyHoldsPeer(k[i+1:], peer, r, depth+1) {
+	if i := strings.IndexByte(k, ':'); i > 0 && keyHoldsPeer(k[i+1:], peer, fwd, budget, depth+1) {
 		return true
 	}
 	for rest := k; rest != ""; {
@@ -250,7 +321,7 @@ func keyHoldsPeer(k string, peer netip.Addr, r *http.Request, depth int) bool {
 		if n > len(rest)-i-1 {
 			return false
 		}
-		if keyHoldsPeer(rest[i+1:i+1+n], peer, r, depth+1) {
+		if keyHoldsPeer(rest[i+1:i+1+n], peer, fwd, budget, depth+1) {
 			return true
 		}
 		rest = rest[i+1+n:]
@@ -268,11 +339,11 @@ func digits(s string) bool {
 	return s != ""
 }
 
-// keyIsPeer reports whether s is a client-IP key of peer: its address, or
-// a network containing it but no forwarded address of r. Only text in
-// the exact form of an address or network of peer's family is parsed, so
+// keyIsPeer reports whether s is a client-IP key of peer (its address, or
+// a network containing it) holding no address of fwd. Only text in the
+// exact form of an address or network of peer's family is parsed, so
 // nothing is allocated (a failed parse would allocate its error).
-func keyIsPeer(s string, peer netip.Addr, r *http.Request) bool {
+func keyIsPeer(s string, peer netip.Addr, fwd *forwardedSet) bool {
 	if len(s) < 2 || len(s) > 43 { // "::" to "ffff:…:ffff/128"
 		return false
 	}
@@ -289,12 +360,20 @@ func keyIsPeer(s string, peer netip.Addr, r *http.Request) bool {
 	if peer.Is4() && !v4Shaped(text) || peer.Is6() && !v6Shaped(text) {
 		return false
 	}
+	var p netip.Prefix
 	if bits == "" {
 		a, err := netip.ParseAddr(text)
-		return err == nil && a == peer
+		if err != nil || a != peer {
+			return false
+		}
+		p = netip.PrefixFrom(a, a.BitLen())
+	} else {
+		var err error
+		if p, err = netip.ParsePrefix(s); err != nil || !p.Contains(peer) {
+			return false
+		}
 	}
-	p, err := netip.ParsePrefix(s)
-	return err == nil && p.Contains(peer) && !forwardedHolds(r, p)
+	return !fwd.holds(p)
 }
 
 // v4Shaped reports whether s is a dotted-decimal IPv4 address as

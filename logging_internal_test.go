@@ -2,12 +2,22 @@ package ratelimit
 
 import (
 	"math/rand/v2"
+	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
 )
+
+// holdsPeer is keyHoldsPeer for a request's forwarded headers, as
+// checkForwarded calls it.
+func holdsPeer(k string, peer netip.Addr, r *http.Request) bool {
+	var fwd forwardedSet
+	fwd.read(r)
+	budget := maxKeyLooks
+	return keyHoldsPeer(k, peer, &fwd, &budget, 0)
+}
 
 // TestKeyHoldsPeer: the peer is found in every shape of key this package
 // makes, whatever else the key holds, and not where it is absent or where
@@ -29,6 +39,8 @@ func TestKeyHoldsPeer(t *testing.T) {
 		{"10.1.2.0/24", v4, []string{"Forwarded", `for="10.1.2.77:1234";proto=https`}, false},
 		{"10.1.2.0/24", v4, []string{"Forwarded", `proto=https;FOR=10.1.2.77`}, false},
 		{"10.1.2.0/24", v4, []string{"X-Forwarded-For", "198.51.100.7"}, true},
+		{"10.1.2.3", v4, []string{"X-Forwarded-For", "10.1.2.3"}, false}, // the proxy's own request
+		{"10.1.2.3", v4, []string{"X-Forwarded-For", "198.51.100.7, 10.1.2.3"}, false},
 		{"1:8:10.1.2.31:g", v4, nil, true},
 		{"1:g8:10.1.2.3", v4, nil, true},
 		{"user:10.1.2.3", v4, nil, true},
@@ -48,7 +60,7 @@ func TestKeyHoldsPeer(t *testing.T) {
 		if tc.hdr != nil {
 			r.Header.Set(tc.hdr[0], tc.hdr[1])
 		}
-		if got := keyHoldsPeer(tc.k, tc.peer, r, 0); got != tc.want {
+		if got := holdsPeer(tc.k, tc.peer, r); got != tc.want {
 			t.Errorf("keyHoldsPeer(%q, %s, %v) = %v", tc.k, tc.peer, tc.hdr, got)
 		}
 	}
@@ -59,7 +71,8 @@ func TestKeyHoldsPeer(t *testing.T) {
 // as long as the Limiter runs), allocates nothing.
 func TestKeyHoldsPeerAllocs(t *testing.T) {
 	r := httptest.NewRequest("GET", "/", nil)
-	r.Header.Set("X-Forwarded-For", "2001:db8:1:2::77, 198.51.100.7")
+	r.Header.Set("X-Forwarded-For", "2001:db8:1:2::77, 198.51.100.7, unknown, _hidden, 1.2.3.999")
+	r.Header.Set("Forwarded", `for="[2001:db8::9]:80";proto=https, for=unknown`)
 	for _, tc := range []struct {
 		peer string
 		keys []string
@@ -69,7 +82,7 @@ func TestKeyHoldsPeerAllocs(t *testing.T) {
 	} {
 		peer := netip.MustParseAddr(tc.peer)
 		for _, k := range tc.keys {
-			if n := testing.AllocsPerRun(100, func() { keyHoldsPeer(k, peer, r, 0) }); n != 0 {
+			if n := testing.AllocsPerRun(100, func() { holdsPeer(k, peer, r) }); n != 0 {
 				t.Errorf("peer %s, key %q: %v allocations", tc.peer, k, n)
 			}
 		}
@@ -121,5 +134,65 @@ func TestReadmeListsEveryLogLine(t *testing.T) {
 		if !strings.Contains(string(b), msg) {
 			t.Errorf("the README does not give the line %q", msg)
 		}
+	}
+}
+
+// TestForwardedSetBounded: the forwarded headers are read as ClientIP
+// reads them, from the right, at most MaxForwardedBytes bytes and
+// MaxForwardedEntries entries of each.
+func TestForwardedSetBounded(t *testing.T) {
+	for _, v := range []string{
+		"10.1.2.77," + strings.Repeat("a", 1<<20),
+		"10.1.2.77," + strings.Repeat("a,", MaxForwardedEntries),
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-Forwarded-For", v)
+		var fwd forwardedSet
+		fwd.read(r)
+		if fwd.holds(netip.MustParsePrefix("10.1.2.0/24")) {
+			t.Errorf("an address beyond the bounds was read (header of %d bytes)", len(v))
+		}
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("X-Forwarded-For", "10.1.2.77,"+strings.Repeat("a", MaxForwardedBytes-20))
+	var fwd forwardedSet
+	fwd.read(r)
+	if !fwd.holds(netip.MustParsePrefix("10.1.2.0/24")) {
+		t.Error("an address within the bounds was not read")
+	}
+}
+
+// TestKeyHoldsPeerBounded: a hostile key (nested Composite-shaped parts,
+// each a network holding every address) with headers of a megabyte costs
+// the check bounded work: it looks at most maxKeyLooks pieces of a key no
+// longer than maxKeyLooked.
+func TestKeyHoldsPeerBounded(t *testing.T) {
+	r := httptest.NewRequest("GET", "/", nil)
+	junk := strings.Repeat("a", 16<<10)
+	var list []string
+	for range 64 {
+		list = append(list, junk)
+	}
+	r.Header.Set("X-Forwarded-For", strings.Join(list, ","))
+	r.Header.Set("Forwarded", strings.Join(list, ","))
+	r.Header.Set("X-Real-Ip", "192.0.2.1")
+	peer := netip.MustParseAddr("10.1.2.3")
+	part := "14:11:9:0.0.0.0/0"
+	k := strings.Repeat(part, maxKeyLooked/len(part))
+	// The bounds: the peer past maxKeyLooks pieces, or in a key longer
+	// than maxKeyLooked, is not looked for.
+	far := strings.Repeat("1:x", maxKeyLooks) + "10.1.2.3"
+	if holdsPeer(far, peer, httptest.NewRequest("GET", "/", nil)) {
+		t.Errorf("the peer was found past %d pieces", maxKeyLooks)
+	}
+	long := strings.Repeat("x", maxKeyLooked) + ":10.1.2.3"
+	if holdsPeer(long, peer, httptest.NewRequest("GET", "/", nil)) {
+		t.Errorf("a key of %d bytes was looked into", len(long))
+	}
+	if !holdsPeer("x:10.1.2.3", peer, httptest.NewRequest("GET", "/", nil)) {
+		t.Error("the peer after a namespace was not found")
+	}
+	if n := testing.AllocsPerRun(10, func() { holdsPeer(k, peer, r) }); n != 0 {
+		t.Errorf("%v allocations", n)
 	}
 }

@@ -1127,6 +1127,8 @@ func TestForwardedWarningShapes(t *testing.T) {
 			"10.1.2.3:5", []string{"X-Forwarded-For", "10.1.2.77,"}, 0},
 		{"trusted, two hops", ratelimit.MustClientIP(ratelimit.TrustedHops(2), ratelimit.IPv4Prefix(16)),
 			"10.1.2.3:5", []string{"X-Forwarded-For", "10.1.9.9, 172.16.0.1"}, 0},
+		{"trusted local proxy, a request from the host itself", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("127.0.0.1/32")),
+			"127.0.0.1:50000", []string{"X-Forwarded-For", "127.0.0.1"}, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
