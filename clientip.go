@@ -686,6 +686,17 @@ func (w *entryWalker) next() (netip.Addr, walkStatus) {
 // A missing or repeated for=, a quoted-pair, or a non-address node
 // ("unknown", "_hidden") makes the element garbage.
 func parseForwardedElement(elem string) (netip.Addr, bool) {
+	val, ok := forwardedFor(elem)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	return parseIPEntry(val)
+}
+
+// forwardedFor returns the value of the for= parameter of one RFC 7239
+// forwarded-element, unquoted; false for a missing or repeated for=, or a
+// quoted-pair.
+func forwardedFor(elem string) (string, bool) {
 	var (
 		val   string
 		found bool
@@ -703,23 +714,23 @@ func parseForwardedElement(elem string) (netip.Addr, bool) {
 			continue
 		}
 		if found {
-			return netip.Addr{}, false
+			return "", false
 		}
 		val, found = trimListOWS(pair[eq+1:]), true
 	}
 	if !found {
-		return netip.Addr{}, false
+		return "", false
 	}
 	if len(val) > 0 && val[0] == '"' {
 		if len(val) < 2 || val[len(val)-1] != '"' {
-			return netip.Addr{}, false
+			return "", false
 		}
 		val = val[1 : len(val)-1]
 		if strings.ContainsAny(val, "\\\"") {
-			return netip.Addr{}, false
+			return "", false
 		}
 	}
-	return parseIPEntry(val)
+	return val, true
 }
 
 // maxIPEntryLen bounds the text parseIPEntry looks at: the longest address

@@ -218,7 +218,7 @@ func (s *forwardedSet) read(r *http.Request) {
 					break
 				}
 				if h == "Forwarded" {
-					e = forwardedFor(e)
+					e, _ = forwardedFor(e)
 				}
 				if a, ok := shapedAddr(strings.TrimSpace(e)); ok {
 					s.addr[s.n] = a
@@ -247,7 +247,6 @@ func (s *forwardedSet) holds(p netip.Prefix) bool {
 // functions read it (IPv4-mapped and NAT64 addresses as IPv4), only when
 // it is shaped like one, so that nothing is allocated.
 func shapedAddr(e string) (netip.Addr, bool) {
-	e = strings.Trim(e, `"`)
 	host := e
 	if strings.HasPrefix(e, "[") {
 		i := strings.IndexByte(e, ']')
@@ -270,23 +269,6 @@ func shapedAddr(e string) (netip.Addr, bool) {
 		a = v4
 	}
 	return a, true
-}
-
-// forwardedFor returns the for= value of a Forwarded element, or "".
-func forwardedFor(e string) string {
-	for e != "" {
-		pair := e
-		if i := strings.IndexByte(e, ';'); i >= 0 {
-			pair, e = e[:i], e[i+1:]
-		} else {
-			e = ""
-		}
-		pair = strings.TrimSpace(pair)
-		if len(pair) > 4 && strings.EqualFold(pair[:4], "for=") {
-			return pair[4:]
-		}
-	}
-	return ""
 }
 
 // keyHoldsPeer reports whether the key k is, or holds, a client-IP key of

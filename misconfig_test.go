@@ -478,6 +478,17 @@ func TestDuplicatePoliciesAtRequestTime(t *testing.T) {
 		{Key: ip, Rule: core.PerMinute(10).Named("a"), Resolver: res},
 		{Key: ip, Rule: core.PerMinute(10).Named("b"), Resolver: res},
 	}, logOpt, er.option())
+	expectConfigErrors(t, e, &er, logs, core.ErrDuplicateRequest)
+	if err := er.all()[0]; strings.Count(err.Error(), "ratelimit:") != 1 {
+		t.Fatalf("error %q: want one \"ratelimit:\" prefix", err)
+	}
+}
+
+// expectConfigErrors serves 3 requests through e and checks that each is
+// answered 500 with an error wrapping ErrConfig and cause (never a store
+// failure), nothing served, and one line logged.
+func expectConfigErrors(t *testing.T, e *mwEnv, er *errRecorder, logs *logBuf, cause error) {
+	t.Helper()
 	for range 3 {
 		if rec := e.do(t, mwReq("192.0.2.1:1")); rec.Code != http.StatusInternalServerError {
 			t.Fatalf("status %d, want 500", rec.Code)
@@ -487,8 +498,7 @@ func TestDuplicatePoliciesAtRequestTime(t *testing.T) {
 		t.Fatalf("served %d", e.served.Load())
 	}
 	errs := er.all()
-	if len(errs) != 3 || !errors.Is(errs[0], ratelimit.ErrConfig) || !errors.Is(errs[0], core.ErrDuplicateRequest) || errors.Is(errs[0], ratelimit.ErrStoreFailure) ||
-		strings.Count(errs[0].Error(), "ratelimit:") != 1 {
+	if len(errs) != 3 || !errors.Is(errs[0], ratelimit.ErrConfig) || !errors.Is(errs[0], cause) || errors.Is(errs[0], ratelimit.ErrStoreFailure) {
 		t.Fatalf("error handler saw %v", errs)
 	}
 	if logs.count("configuration error at request time") != 1 || logs.count("fail-open") != 0 {
@@ -651,43 +661,56 @@ func TestFailOpenLoggedOnce(t *testing.T) {
 }
 
 // TestForwardedFromPrivatePeerLogged checks the one-time warning for
-// forwarded headers from a loopback or private peer nothing trusts, and that
-// it never carries the address.
+// forwarded headers from a loopback or private peer nothing trusts, whatever
+// else the key holds, that it never carries the address, and that a trusted
+// proxy whose client is keyed by a network holding the proxy too (whichever
+// header and hop count name the client) is not warned of.
 func TestForwardedFromPrivatePeerLogged(t *testing.T) {
 	cases := []struct {
 		name   string
 		key    ratelimit.KeyFunc
 		remote string
+		kv     []string // header names and values; nil: X-Forwarded-For: 198.51.100.77
 		want   int
-		xff    string // "198.51.100.77" when empty
 	}{
-		{"private peer, no proxy trusted", ratelimit.MustClientIP(), "10.1.2.3:5", 1, ""},
-		{"FirstOf(User, Composite(IP, g))", ratelimit.FirstOf(ratelimit.User(), ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("g"))), "10.1.2.3:5", 1, ""},
-		{"proxy trusted, its clients keyed by a /24 holding it", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.1.2.3"), ratelimit.IPv4Prefix(24)), "10.1.2.3:5", 0, "10.1.2.77"},
-		{"proxy trusted, Forwarded", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.1.2.3"), ratelimit.IPv4Prefix(24), ratelimit.FromHeader("Forwarded")), "10.1.2.3:5", 0, "fwd"},
-		{"loopback v6 peer in a composite", ratelimit.Composite(ratelimit.Global("g"), ratelimit.MustClientIP()), "[::1]:5", 1, ""},
-		{"ipv4 /24 network", ratelimit.MustClientIP(ratelimit.IPv4Prefix(24)), "10.1.2.3:5", 1, ""},
-		{"ip first in a composite", ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("g")), "10.1.2.3:5", 1, ""},
-		{"ip in a nested composite", ratelimit.Composite(ratelimit.Global("g"), ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("h"))), "10.1.2.3:5", 1, ""},
-		{"FirstOf(User, IP)", ratelimit.FirstOf(ratelimit.User(), ratelimit.MustClientIP()), "127.0.0.1:5", 1, ""},
-		{"ipv6 /48 loopback", ratelimit.MustClientIP(ratelimit.IPv6Prefix(48)), "[::1]:5", 1, ""},
-		{"ipv6 /128 loopback", ratelimit.MustClientIP(ratelimit.IPv6Prefix(128)), "[::1]:5", 1, ""},
-		{"another key", ratelimit.Composite(ratelimit.Global("10.1.2.4"), ratelimit.Global("g")), "10.1.2.3:5", 0, ""},
-		{"public peer", ratelimit.MustClientIP(), "203.0.113.9:5", 0, ""},
-		{"proxy trusted", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.0.0.0/8")), "10.1.2.3:5", 0, ""},
+		{"private peer, no proxy trusted", ratelimit.MustClientIP(), "10.1.2.3:5", nil, 1},
+		{"FirstOf(User, Composite(IP, g))", ratelimit.FirstOf(ratelimit.User(), ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("g"))), "10.1.2.3:5", nil, 1},
+		{"proxy trusted, its clients keyed by a /24 holding it", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.1.2.3"), ratelimit.IPv4Prefix(24)), "10.1.2.3:5", []string{"X-Forwarded-For", "10.1.2.77"}, 0},
+		{"proxy trusted, Forwarded", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.1.2.3"), ratelimit.IPv4Prefix(24), ratelimit.FromHeader("Forwarded")), "10.1.2.3:5", []string{"Forwarded", `for="10.1.2.77:1234";proto=https`}, 0},
+		{"loopback v6 peer in a composite", ratelimit.Composite(ratelimit.Global("g"), ratelimit.MustClientIP()), "[::1]:5", nil, 1},
+		{"ipv4 /24 network", ratelimit.MustClientIP(ratelimit.IPv4Prefix(24)), "10.1.2.3:5", nil, 1},
+		{"ip first in a composite", ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("g")), "10.1.2.3:5", nil, 1},
+		{"ip in a nested composite", ratelimit.Composite(ratelimit.Global("g"), ratelimit.Composite(ratelimit.MustClientIP(), ratelimit.Global("h"))), "10.1.2.3:5", nil, 1},
+		{"FirstOf(User, IP)", ratelimit.FirstOf(ratelimit.User(), ratelimit.MustClientIP()), "127.0.0.1:5", nil, 1},
+		{"ipv6 /48 loopback", ratelimit.MustClientIP(ratelimit.IPv6Prefix(48)), "[::1]:5", nil, 1},
+		{"ipv6 /128 loopback", ratelimit.MustClientIP(ratelimit.IPv6Prefix(128)), "[::1]:5", nil, 1},
+		{"another key", ratelimit.Composite(ratelimit.Global("10.1.2.4"), ratelimit.Global("g")), "10.1.2.3:5", nil, 0},
+		{"public peer", ratelimit.MustClientIP(), "203.0.113.9:5", nil, 0},
+		{"proxy trusted", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.0.0.0/8")), "10.1.2.3:5", nil, 0},
+		{"Composite(tenant, ClientIP()) v6 /64", ratelimit.Composite(ratelimit.Header("X-Tenant"), ratelimit.MustClientIP()),
+			"[fd00::1]:5", []string{"X-Tenant", "42", "X-Forwarded-For", "2001:db8::77"}, 1},
+		{"Composite(ClientIP(/128), tenant) v6", ratelimit.Composite(ratelimit.MustClientIP(ratelimit.IPv6Prefix(128)), ratelimit.Header("X-Tenant")),
+			"[fd00::1]:5", []string{"X-Tenant", "42", "X-Forwarded-For", "2001:db8::77"}, 1},
+		{"trusted, X-Real-IP, client-sent XFF passed through", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.1.2.3"), ratelimit.IPv4Prefix(24), ratelimit.FromHeader("X-Real-IP")),
+			"10.1.2.3:5", []string{"X-Real-IP", "10.1.2.77", "X-Forwarded-For", "198.51.100.7"}, 0},
+		{"trusted, XFF with an empty last element", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.1.2.3"), ratelimit.IPv4Prefix(24)),
+			"10.1.2.3:5", []string{"X-Forwarded-For", "10.1.2.77,"}, 0},
+		{"trusted, two hops", ratelimit.MustClientIP(ratelimit.TrustedHops(2), ratelimit.IPv4Prefix(16)),
+			"10.1.2.3:5", []string{"X-Forwarded-For", "10.1.9.9, 172.16.0.1"}, 0},
+		{"trusted local proxy, a request from the host itself", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("127.0.0.1/32")),
+			"127.0.0.1:50000", []string{"X-Forwarded-For", "127.0.0.1"}, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			logs, logOpt := newLogBuf()
 			e := mwNew(t, []ratelimit.Layer{{Key: tc.key, Rule: core.PerMinute(100).Named("ip")}}, logOpt)
+			kv := tc.kv
+			if kv == nil {
+				kv = []string{"X-Forwarded-For", "198.51.100.77"}
+			}
 			for range 3 {
-				switch tc.xff {
-				case "":
-					e.do(t, mwReq(tc.remote, "X-Forwarded-For", "198.51.100.77"))
-				case "fwd":
-					e.do(t, mwReq(tc.remote, "Forwarded", `for="10.1.2.77:1234";proto=https`))
-				default:
-					e.do(t, mwReq(tc.remote, "X-Forwarded-For", tc.xff))
+				if rec := e.do(t, mwReq(tc.remote, kv...)); rec.Code != 200 {
+					t.Fatalf("status %d", rec.Code)
 				}
 			}
 			if n := logs.count("forwarded headers arrive from a loopback or private peer"); n != tc.want {
@@ -1000,21 +1023,7 @@ func TestPolicyTheStoreCannotDecide(t *testing.T) {
 	pro := core.MustPolicy(core.PerMinute(13).Named("pro"))
 	res := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return pro, nil })
 	e = mwNew(t, []ratelimit.Layer{{Key: ip, Rule: core.PerMinute(5).Named("users"), Resolver: res}}, store, logOpt, er.option())
-	for range 3 {
-		if rec := e.do(t, mwReq("192.0.2.1:1")); rec.Code != http.StatusInternalServerError {
-			t.Fatalf("status %d, want 500", rec.Code)
-		}
-	}
-	if e.served.Load() != 0 {
-		t.Fatalf("served %d", e.served.Load())
-	}
-	errs := er.all()
-	if len(errs) != 3 || !errors.Is(errs[0], ratelimit.ErrConfig) || !errors.Is(errs[0], core.ErrUnsupportedPolicy) || errors.Is(errs[0], ratelimit.ErrStoreFailure) {
-		t.Fatalf("error handler saw %v", errs)
-	}
-	if logs.count("configuration error at request time") != 1 || logs.count("fail-open") != 0 {
-		t.Fatalf("logs:\n%s", logs)
-	}
+	expectConfigErrors(t, e, &er, logs, core.ErrUnsupportedPolicy)
 }
 
 // switchSlots is a SlotTable whose calls fail while down is set.
@@ -1102,46 +1111,5 @@ func TestDegradedModesLogged(t *testing.T) {
 	}
 	if n := logs.count("fail-open"); n != 0 {
 		t.Errorf("nothing served fail-open, yet logged:\n%s", logs)
-	}
-}
-
-// TestForwardedWarningShapes: the forwarded-header warning fires when an
-// untrusted proxy's own bucket is charged, whatever the key holds besides,
-// and not when a trusted proxy's client is keyed by a network that holds
-// the proxy too, whichever header and hop count name that client.
-func TestForwardedWarningShapes(t *testing.T) {
-	cases := []struct {
-		name   string
-		key    ratelimit.KeyFunc
-		remote string
-		kv     []string
-		want   int
-	}{
-		{"Composite(tenant, ClientIP()) v6 /64", ratelimit.Composite(ratelimit.Header("X-Tenant"), ratelimit.MustClientIP()),
-			"[fd00::1]:5", []string{"X-Tenant", "42", "X-Forwarded-For", "2001:db8::77"}, 1},
-		{"Composite(ClientIP(/128), tenant) v6", ratelimit.Composite(ratelimit.MustClientIP(ratelimit.IPv6Prefix(128)), ratelimit.Header("X-Tenant")),
-			"[fd00::1]:5", []string{"X-Tenant", "42", "X-Forwarded-For", "2001:db8::77"}, 1},
-		{"trusted, X-Real-IP, client-sent XFF passed through", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.1.2.3"), ratelimit.IPv4Prefix(24), ratelimit.FromHeader("X-Real-IP")),
-			"10.1.2.3:5", []string{"X-Real-IP", "10.1.2.77", "X-Forwarded-For", "198.51.100.7"}, 0},
-		{"trusted, XFF with an empty last element", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("10.1.2.3"), ratelimit.IPv4Prefix(24)),
-			"10.1.2.3:5", []string{"X-Forwarded-For", "10.1.2.77,"}, 0},
-		{"trusted, two hops", ratelimit.MustClientIP(ratelimit.TrustedHops(2), ratelimit.IPv4Prefix(16)),
-			"10.1.2.3:5", []string{"X-Forwarded-For", "10.1.9.9, 172.16.0.1"}, 0},
-		{"trusted local proxy, a request from the host itself", ratelimit.MustClientIP(ratelimit.TrustedProxyCIDRs("127.0.0.1/32")),
-			"127.0.0.1:50000", []string{"X-Forwarded-For", "127.0.0.1"}, 0},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			logs, logOpt := newLogBuf()
-			e := mwNew(t, []ratelimit.Layer{{Key: tc.key, Rule: core.PerMinute(100).Named("ip")}}, logOpt)
-			for range 3 {
-				if rec := e.do(t, mwReq(tc.remote, tc.kv...)); rec.Code != 200 {
-					t.Fatalf("status %d", rec.Code)
-				}
-			}
-			if n := logs.count("forwarded headers arrive from a loopback or private peer"); n != tc.want {
-				t.Errorf("logged %d times, want %d:\n%s", n, tc.want, logs)
-			}
-		})
 	}
 }

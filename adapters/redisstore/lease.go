@@ -304,26 +304,14 @@ func NewLeaseStore(backend core.Store, cfg *LeaseConfig) (*LeaseStore, error) {
 // processes hold on the key are theirs: see "Reset and lost state" in the
 // LeaseStore documentation.
 func (s *LeaseStore) Reset(ctx context.Context, p *core.Policy, key string) error {
-	if p == nil {
-		return errors.New("redisstore: reset without a policy")
-	}
-	rs, ok := s.backend.(core.Resetter)
-	if !ok {
-		return fmt.Errorf("redisstore: LeaseStore.Reset: %w: the backend (%T) cannot reset", core.ErrUnsupported, s.backend)
+	rs, err := resetterOf("LeaseStore", s.backend, p)
+	if err != nil {
+		return err
 	}
 	k := leaseKey{p.Name(), key}
-	var e *leaseEntry
-	for {
-		e = s.entry(k)
-		select {
-		case e.sem <- struct{}{}:
-		case <-ctx.Done():
-			return fmt.Errorf("redisstore: waiting for a lease: %w", ctx.Err())
-		}
-		if !e.dead.Load() {
-			break
-		}
-		<-e.sem
+	e, err := s.hold(ctx, k)
+	if err != nil {
+		return err
 	}
 	defer func() { <-e.sem }()
 	s.expired.Add(uint64(e.left.Swap(0)))
@@ -367,18 +355,9 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 	}
 	t := now.UnixNano()
 	k := leaseKey{r.Policy.Name(), r.Key}
-	var e *leaseEntry
-	for {
-		e = s.entry(k)
-		select {
-		case e.sem <- struct{}{}:
-		case <-ctx.Done():
-			return fmt.Errorf("redisstore: waiting for a lease: %w", ctx.Err())
-		}
-		if !e.dead.Load() {
-			break
-		}
-		<-e.sem
+	e, err := s.hold(ctx, k)
+	if err != nil {
+		return err
 	}
 	hot := e.note(t, s.hotN, s.hotP)
 	if e.policy != r.Policy {
@@ -408,7 +387,7 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 		<-e.sem
 		return s.exact(ctx, now, reqs, out)
 	}
-	err := s.lease(ctx, now, t, e, r, out)
+	err = s.lease(ctx, now, t, e, r, out)
 	<-e.sem
 	return err
 }
@@ -515,6 +494,22 @@ func (s *LeaseStore) grant(ctx context.Context, now time.Time, req []core.Reques
 	err := s.backend.Take(ctx, now, req, out)
 	rf, _ := s.backend.(core.Refunder)
 	return rf, err
+}
+
+// hold returns k's entry with its sem held, waiting for it until ctx ends.
+func (s *LeaseStore) hold(ctx context.Context, k leaseKey) (*leaseEntry, error) {
+	for {
+		e := s.entry(k)
+		select {
+		case e.sem <- struct{}{}:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("redisstore: waiting for a lease: %w", ctx.Err())
+		}
+		if !e.dead.Load() {
+			return e, nil
+		}
+		<-e.sem // forgotten by the LRU meanwhile: take the new entry
+	}
 }
 
 // entry returns k's entry, created if needed.

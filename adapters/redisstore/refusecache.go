@@ -117,18 +117,29 @@ func NewRefusalCache(backend core.Store, cfg *RefusalCacheConfig) (*RefusalCache
 	return c, nil
 }
 
+// resetterOf returns backend as a core.Resetter, for the Reset of the
+// decorator named who, or the error that Reset returns: for a nil policy,
+// or a backend that cannot reset (wrapping core.ErrUnsupported).
+func resetterOf(who string, backend core.Store, p *core.Policy) (core.Resetter, error) {
+	if p == nil {
+		return nil, errors.New("redisstore: reset without a policy")
+	}
+	rs, ok := backend.(core.Resetter)
+	if !ok {
+		return nil, fmt.Errorf("redisstore: %s.Reset: %w: the backend (%T) cannot reset", who, core.ErrUnsupported, backend)
+	}
+	return rs, nil
+}
+
 // Reset implements core.Resetter: it forgets the key's refusal under p's
 // Name and resets the key in the backend, so that the key is decided by
 // the backend from its next request (a refusal the backend made before
 // the reset, and answered while it ran, is not remembered). It returns an
 // error wrapping core.ErrUnsupported when the backend cannot reset.
 func (c *RefusalCache) Reset(ctx context.Context, p *core.Policy, key string) error {
-	if p == nil {
-		return errors.New("redisstore: reset without a policy")
-	}
-	rs, ok := c.backend.(core.Resetter)
-	if !ok {
-		return fmt.Errorf("redisstore: RefusalCache.Reset: %w: the backend (%T) cannot reset", core.ErrUnsupported, c.backend)
+	rs, err := resetterOf("RefusalCache", c.backend, p)
+	if err != nil {
+		return err
 	}
 	k := leaseKey{p.Name(), key}
 	forget := func() {
