@@ -819,6 +819,13 @@ func parseIPEntryHostFull(s string) (netip.Addr, string, bool) {
 	} else {
 		host = s // IPv4, or IPv6 without brackets (and so without a port)
 	}
+	addr := host
+	if i := strings.IndexByte(host, '%'); i >= 0 {
+		addr = host[:i] // the zone, which ParseAddr checks
+	}
+	if !v4Shaped(addr) && !v6Shaped(addr) {
+		return netip.Addr{}, "", false // what ParseAddr would refuse, without its error's allocation
+	}
 	a, err := netip.ParseAddr(host)
 	if err != nil {
 		return netip.Addr{}, "", false
@@ -892,4 +899,71 @@ func trimListOWS(s string) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// v4Shaped reports whether s is a dotted-decimal IPv4 address as
+// netip.ParseAddr reads it: four numbers of 0 to 255, without leading
+// zeros.
+func v4Shaped(s string) bool {
+	parts, n, digitsIn := 0, 0, 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == '.' {
+			if digitsIn == 0 || n > 255 || digitsIn > 1 && s[i-digitsIn] == '0' {
+				return false
+			}
+			parts++
+			n, digitsIn = 0, 0
+			continue
+		}
+		c := s[i]
+		if c < '0' || c > '9' || digitsIn == 3 {
+			return false
+		}
+		n, digitsIn = n*10+int(c-'0'), digitsIn+1
+	}
+	return parts == 4
+}
+
+// v6Shaped reports whether s is an IPv6 address as netip.ParseAddr reads
+// it (without a zone): groups of 1 to 4 hex digits, at most one "::", and
+// an optional dotted IPv4 address for the last two groups.
+func v6Shaped(s string) bool {
+	dbl := strings.Index(s, "::")
+	if dbl >= 0 && strings.Contains(s[dbl+1:], "::") {
+		return false // two "::", or ":::"
+	}
+	if len(s) < 2 || s[0] == ':' && dbl != 0 || s[len(s)-1] == ':' && dbl != len(s)-2 {
+		return false
+	}
+	groups, n := 0, 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == ':':
+			if n > 0 {
+				groups++
+			}
+			n = 0
+		case c == '.':
+			j := strings.LastIndexByte(s[:i], ':')
+			if !v4Shaped(s[j+1:]) {
+				return false
+			}
+			groups += 2
+			n = 0
+			i = len(s)
+		case '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F':
+			if n++; n > 4 {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	if n > 0 {
+		groups++
+	}
+	if dbl >= 0 {
+		return groups <= 7
+	}
+	return groups == 8
 }

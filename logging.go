@@ -196,8 +196,7 @@ type forwardedSet struct {
 }
 
 // read fills s from r's forwarded headers (list elements, and Forwarded's
-// for= parameters), parsing only text shaped like an address, so that
-// nothing is allocated.
+// for= parameters), as parseIPEntry reads them, which allocates nothing.
 func (s *forwardedSet) read(r *http.Request) {
 	for _, h := range forwardedHeaders {
 		lines := r.Header[h]
@@ -220,7 +219,7 @@ func (s *forwardedSet) read(r *http.Request) {
 				if h == "Forwarded" {
 					e, _ = forwardedFor(e)
 				}
-				if a, ok := shapedAddr(strings.TrimSpace(e)); ok {
+				if a, ok := parseIPEntry(e); ok {
 					s.addr[s.n] = a
 					s.n++
 				}
@@ -240,35 +239,6 @@ func (s *forwardedSet) holds(p netip.Prefix) bool {
 		}
 	}
 	return false
-}
-
-// shapedAddr parses an entry of a forwarded header ("192.0.2.1",
-// "192.0.2.1:80", "[2001:db8::1]:80", "2001:db8::1", quoted) as the key
-// functions read it (IPv4-mapped and NAT64 addresses as IPv4), only when
-// it is shaped like one, so that nothing is allocated.
-func shapedAddr(e string) (netip.Addr, bool) {
-	host := e
-	if strings.HasPrefix(e, "[") {
-		i := strings.IndexByte(e, ']')
-		if i < 0 {
-			return netip.Addr{}, false
-		}
-		host = e[1:i]
-	} else if i := strings.IndexByte(e, ':'); i >= 0 && strings.IndexByte(e[i+1:], ':') < 0 {
-		host = e[:i] // IPv4 with a port
-	}
-	if !v4Shaped(host) && !v6Shaped(host) {
-		return netip.Addr{}, false
-	}
-	a, err := netip.ParseAddr(host)
-	if err != nil {
-		return netip.Addr{}, false
-	}
-	a = a.Unmap()
-	if v4, ok := nat64Embedded(a); ok {
-		a = v4
-	}
-	return a, true
 }
 
 // keyHoldsPeer reports whether the key k is, or holds, a client-IP key of
@@ -356,73 +326,6 @@ func keyIsPeer(s string, peer netip.Addr, fwd *forwardedSet) bool {
 		}
 	}
 	return !fwd.holds(p)
-}
-
-// v4Shaped reports whether s is a dotted-decimal IPv4 address as
-// netip.ParseAddr reads it: four numbers of 0 to 255, without leading
-// zeros.
-func v4Shaped(s string) bool {
-	parts, n, digitsIn := 0, 0, 0
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == '.' {
-			if digitsIn == 0 || n > 255 || digitsIn > 1 && s[i-digitsIn] == '0' {
-				return false
-			}
-			parts++
-			n, digitsIn = 0, 0
-			continue
-		}
-		c := s[i]
-		if c < '0' || c > '9' || digitsIn == 3 {
-			return false
-		}
-		n, digitsIn = n*10+int(c-'0'), digitsIn+1
-	}
-	return parts == 4
-}
-
-// v6Shaped reports whether s is an IPv6 address as netip.ParseAddr reads
-// it (without a zone): groups of 1 to 4 hex digits, at most one "::", and
-// an optional dotted IPv4 address for the last two groups.
-func v6Shaped(s string) bool {
-	dbl := strings.Index(s, "::")
-	if dbl >= 0 && strings.Contains(s[dbl+1:], "::") {
-		return false // two "::", or ":::"
-	}
-	if len(s) < 2 || s[0] == ':' && dbl != 0 || s[len(s)-1] == ':' && dbl != len(s)-2 {
-		return false
-	}
-	groups, n := 0, 0
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == ':':
-			if n > 0 {
-				groups++
-			}
-			n = 0
-		case c == '.':
-			j := strings.LastIndexByte(s[:i], ':')
-			if !v4Shaped(s[j+1:]) {
-				return false
-			}
-			groups += 2
-			n = 0
-			i = len(s)
-		case '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F':
-			if n++; n > 4 {
-				return false
-			}
-		default:
-			return false
-		}
-	}
-	if n > 0 {
-		groups++
-	}
-	if dbl >= 0 {
-		return groups <= 7
-	}
-	return groups == 8
 }
 
 // WithLogger sets the logger the one-time warnings go to: forwarded headers
