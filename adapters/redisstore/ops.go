@@ -180,13 +180,13 @@ func (s *Store) refund(ctx context.Context, now time.Time, reqs []core.Request, 
 	if len(reqs) == 0 {
 		return nil
 	}
-	if reqs[0].Fallback {
-		return s.refundFallback(ctx, now, reqs)
-	}
 	for i := range reqs {
-		if reqs[i].Fallback {
+		if reqs[i].Fallback != reqs[0].Fallback {
 			return errMixedRefund
 		}
+	}
+	if reqs[0].Fallback {
+		return s.refundFallback(ctx, now, reqs)
 	}
 	infos, nowArg, err := s.opsPrepare(now, reqs)
 	if err != nil {
@@ -213,11 +213,6 @@ var errMixedRefund = errors.New("redisstore: a refund batch mixes charges of Red
 
 // refundFallback refunds reqs, charges the Fallback made, to the Fallback.
 func (s *Store) refundFallback(ctx context.Context, now time.Time, reqs []core.Request) error {
-	for i := range reqs {
-		if !reqs[i].Fallback {
-			return errMixedRefund
-		}
-	}
 	if s.fallback == nil {
 		return core.ErrFallbackCharge
 	}
