@@ -195,37 +195,20 @@ type forwardedSet struct {
 	addr [len(forwardedHeaders) * MaxForwardedEntries]netip.Addr
 }
 
-// read fills s from r's forwarded headers (list elements, and Forwarded's
-// for= parameters), as parseIPEntry reads them, which allocates nothing.
+// read fills s from r's forwarded headers, walked as ClientIP walks them
+// (entryWalker), which allocates nothing: entries that are no address are
+// passed over.
 func (s *forwardedSet) read(r *http.Request) {
 	for _, h := range forwardedHeaders {
 		lines := r.Header[h]
-		entries, bytes := 0, 0
-		for li := len(lines) - 1; li >= 0; li-- {
-			v := lines[li]
-			for v != "" {
-				e := v
-				if i := strings.LastIndexByte(v, ','); i >= 0 {
-					e, v = v[i+1:], v[:i]
-				} else {
-					v = ""
-				}
-				if entries++; entries > MaxForwardedEntries {
-					break
-				}
-				if bytes += len(e) + 1; bytes > MaxForwardedBytes {
-					break
-				}
-				if h == "Forwarded" {
-					e, _ = forwardedFor(e)
-				}
-				if a, ok := parseIPEntry(e); ok {
-					s.addr[s.n] = a
-					s.n++
-				}
-			}
-			if entries > MaxForwardedEntries || bytes > MaxForwardedBytes {
-				break
+		w := entryWalker{lines: lines, li: len(lines), forwarded: h == "Forwarded"}
+		for {
+			a, st := w.next()
+			if st == walkOK {
+				s.addr[s.n] = a
+				s.n++
+			} else if st != walkGarbage {
+				break // done, or at the walk's bounds
 			}
 		}
 	}
