@@ -287,9 +287,9 @@ func IPv4Prefix(bits int) IPOption {
 // put in a forged header.
 func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	c := &ipConfig{v4Bits: 32, v6Bits: 64}
-	for _, opt := range opts {
+	for i, opt := range opts {
 		if opt == nil {
-			continue
+			return nil, fmt.Errorf("%w: IPOption %d is nil", ErrInvalidKeyConfig, i)
 		}
 		if err := opt(c); err != nil {
 			return nil, err

@@ -329,6 +329,7 @@ func TestClientIPConfigErrors(t *testing.T) {
 		{"header without trust", []ratelimit.IPOption{ratelimit.FromHeader("X-Real-IP")}},
 		{"xff without trust", []ratelimit.IPOption{ratelimit.FromHeader("X-Forwarded-For")}},
 		{"single-ip header with hops", []ratelimit.IPOption{ratelimit.TrustedHops(2), ratelimit.FromHeader("X-Real-IP")}},
+		{"nil option", []ratelimit.IPOption{ratelimit.TrustedHops(1), nil}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

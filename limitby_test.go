@@ -278,6 +278,7 @@ func TestLimitByPanicsOnInvalidArguments(t *testing.T) {
 		{"bad IPv6 prefix", ip(100, time.Minute, ratelimit.IPv6Prefix(0)), ratelimit.ErrInvalidKeyConfig, "IPv6Prefix"},
 		{"nil LimitOption", ip(100, time.Minute, nil), nil, "LimitOption 0 is nil"},
 		{"nil Option", ip(100, time.Minute, ratelimit.Option(nil)), nil, "nil Option"},
+		{"nil IPOption", ip(100, time.Minute, ratelimit.IPOption(nil)), ratelimit.ErrInvalidKeyConfig, "IPOption 0 is nil"},
 		{"invalid Option", ip(100, time.Minute, ratelimit.WithStore(nil)), nil, "WithStore: nil store"},
 		{"empty LayerName", ip(100, time.Minute, ratelimit.LayerName("")), nil, "LayerName is empty"},
 		{"bad LayerName", ip(100, time.Minute, ratelimit.LayerName(`a"b`)), core.ErrInvalidRule, "Name"},
