@@ -352,9 +352,12 @@ func (l *Limiter) Peek(r *http.Request) Result {
 // Name, core.DefaultName for an unnamed layer), so that the key's next
 // request finds that layer's quota whole: after a successful login, say.
 // For a layer with a Resolver, the key is reset under the policy the
-// Resolver picks for it. It returns an error wrapping ErrUnknownLayer for a
-// name no layer has, and one wrapping core.ErrUnsupported when the store is
-// not a core.Resetter.
+// Resolver picks for it. key is the layer's key as its KeyFunc gives it
+// (LayerResult.Key): for a client-IP layer, an IPv6 client's key is its
+// network ("2001:db8::/64" with the default IPv6Prefix), not its address,
+// and resetting a key that holds no state does nothing. It returns an error
+// wrapping ErrUnknownLayer for a name no layer has, and one wrapping
+// core.ErrUnsupported when the store is not a core.Resetter.
 func (l *Limiter) Reset(ctx context.Context, layerName, key string) error {
 	rs := l.rules.Load()
 	for i := range l.layers {
