@@ -112,8 +112,20 @@ end
 -- the algorithm module that wrote it; nil for a missing key or anything
 -- else) and its identity tag ('' for a record without one, which this
 -- store never writes).
+-- typed returns v, the reply of a redis.pcall read of a key that may hold
+-- another type. Only WRONGTYPE is an answer (the key holds another type);
+-- any other error (NOPERM from an ACL that denies the read, ...) is
+-- raised, as redis.call raises it: read as a missing key, it would give
+-- every request a fresh quota.
+local function typed(v)
+  if type(v) == 'table' and v.err ~= nil and sfind(v.err, 'WRONGTYPE', 1, true) ~= 1 then
+    error(v)
+  end
+  return v
+end
+
 local function record(key)
-  local v = redis.pcall('GET', key)
+  local v = typed(redis.pcall('GET', key))
   if type(v) == 'string' then
     local kind = smatch(v, '^([gfc]):')
     if kind == nil then
@@ -123,7 +135,7 @@ local function record(key)
   end
   if type(v) == 'table' then
     -- WRONGTYPE: the sliding log's list, or a foreign type
-    local head = redis.pcall('LINDEX', key, 0)
+    local head = typed(redis.pcall('LINDEX', key, 0))
     if type(head) == 'string' and smatch(head, '^%d+') then
       return v, 'l', smatch(head, ';([^;]*)$') or ''
     end

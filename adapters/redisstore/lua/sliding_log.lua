@@ -57,7 +57,7 @@ modules.swlog = function()
   end
 
   function swlog.load(key)
-    local head = redis.pcall('LINDEX', key, 0)
+    local head = typed(redis.pcall('LINDEX', key, 0))
     if type(head) == 'table' and head.err then
       -- a key of another type: read as fresh, replaced on write
       local st = swlog.fresh(nil, 0, 0)
@@ -66,7 +66,7 @@ modules.swlog = function()
     end
     if type(head) ~= 'string' then
       -- a new key: written whole by the first charge
-      return { len = 0, base = 0, virt = true, t = {}, n = {}, c = {} }
+      return { len = 0, base = 0, virt = true, missing = true, t = {}, n = {}, c = {} }
     end
     local len = redis.call('LLEN', key) - 1
     local base = smatch(head, '^(%d+);')
@@ -187,7 +187,6 @@ modules.swlog = function()
     if newC >= M then newC = newC - M end
     if st.virt or st.bad then
       -- rewrite whole: the (at most one) live entry, then the charge's
-      redis.call('DEL', key)
       local live = st.len - k
       local parts = { head_string(0, P) }
       if live > 0 then
@@ -202,7 +201,17 @@ modules.swlog = function()
         parts[2] = entry_string(now, cost, cost)
       end
       if #parts == 1 then
+        if not st.missing then redis.call('DEL', key) end
         return now
+      end
+      if not st.missing then
+        -- what the key holds (another policy's record, another type) is
+        -- replaced, SET first: out of memory (maxmemory, noeviction),
+        -- Redis refuses a script's first write only if it may grow
+        -- memory, as SET and RPUSH may and DEL may not, and lets every
+        -- write after it through
+        redis.call('SET', key, '')
+        redis.call('DEL', key)
       end
       redis.call('RPUSH', key, unpack(parts))
     else
