@@ -1,6 +1,7 @@
 package ratelimit_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -240,6 +241,82 @@ func TestRefusalsAreNotCached(t *testing.T) {
 		rec := e.do(t, mwReq("203.0.113.9:1"))
 		if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Cache-Control") != "no-store" {
 			t.Fatalf("refused: %d, Cache-Control %q, want 429 and no-store", rec.Code, rec.Header().Get("Cache-Control"))
+		}
+	}
+}
+
+// heldStore holds the first Take after hold is set until release is
+// closed: a request that read the clock and then waited for a store's
+// lock while others went first.
+type heldStore struct {
+	core.Store
+	hold    atomic.Bool
+	reached chan struct{}
+	release chan struct{}
+}
+
+func (s *heldStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	if s.hold.CompareAndSwap(true, false) {
+		close(s.reached)
+		<-s.release
+	}
+	return s.Store.Take(ctx, now, reqs, out)
+}
+
+// TestStaleRequestCreditsNothing: a request that read the Limiter's clock
+// and was held before the store while time moved on and other requests
+// drained the key (across a window's end, for the window algorithms) is
+// decided without making room: the key admits no more than when that
+// request is decided at the current time instead, for every algorithm.
+func TestStaleRequestCreditsNothing(t *testing.T) {
+	for _, alg := range core.Algorithms() {
+		for _, advance := range []time.Duration{150 * time.Millisecond, 700 * time.Millisecond} {
+			t.Run(fmt.Sprintf("%s/%v", alg.Name(), advance), func(t *testing.T) {
+				run := func(held bool) int {
+					clk := core.NewFakeClock(mwT0.Add(900 * time.Millisecond)) // 100ms before a window's end
+					hs := &heldStore{Store: core.MustMemoryStore(nil), reached: make(chan struct{}), release: make(chan struct{})}
+					rule := core.Rule{Name: "stale", Algorithm: alg, Limit: 5, Window: time.Second}
+					if alg == core.LeakyBucket {
+						rule.Burst = 5
+					}
+					l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: rule}},
+						ratelimit.WithClock(clk), ratelimit.WithStore(hs)))
+					admitted := 0
+					drain := func() {
+						for range 20 {
+							if !l.Decide(getFrom("192.0.2.1")).Proceed {
+								return
+							}
+							admitted++
+						}
+					}
+					drain()
+					done := make(chan bool)
+					if held {
+						hs.hold.Store(true)
+						go func() { done <- l.Decide(getFrom("192.0.2.1")).Proceed }()
+						<-hs.reached
+					}
+					clk.Advance(advance)
+					drain()
+					if held {
+						close(hs.release)
+					} else {
+						go func() { done <- l.Decide(getFrom("192.0.2.1")).Proceed }()
+					}
+					if <-done {
+						admitted++
+					}
+					for range 8 {
+						drain()
+						clk.Advance(100 * time.Millisecond)
+					}
+					return admitted
+				}
+				if stale, now := run(true), run(false); stale > now {
+					t.Errorf("%d admitted with one request decided at the time it read before the others, %d with it decided at the current time", stale, now)
+				}
+			})
 		}
 	}
 }

@@ -32,8 +32,10 @@ type Algorithm interface {
 	// reports the state without charging. If commit is false, Decide leaves
 	// s unchanged.
 	//
-	// A state written at a later time than now (the clock stepped back)
-	// never credits quota and never refuses the key for longer than the
+	// A state written at a later time than now never credits quota. Up to
+	// ClockTolerance later, the state's time is the decision's (nothing
+	// moved back; durations still count from now). Further (the clock
+	// stepped back), it never refuses the key for longer than the
 	// policy's full-recovery time from now; with commit true, Decide may
 	// rewrite such a state to its equivalent at now, admitted or not, so
 	// that the bound holds from the first decision after the step.
@@ -75,6 +77,40 @@ const (
 	// MaxTime is the latest instant a Store decides at: 2^62-1 ns, in 2116.
 	MaxTime = 1<<62 - 1
 )
+
+// ClockTolerance is how far behind a key's state a decision's time may lie
+// and still be read as the state's own time rather than as a clock that
+// stepped back. A caller that read its clock before another caller whose
+// decision went first (both waiting on one lock, say, or a fleet's clocks a
+// little apart in the Redis store's ClientTime mode) decides at a time
+// earlier than the key's state: every algorithm then decides as at the
+// state's time, moving nothing back, so such a decision never makes room
+// for more requests than its absence would, and the durations it reports
+// count from the caller's own time. A time further behind is a clock that
+// stepped back (see Store).
+const ClockTolerance = time.Second
+
+// settle returns the time to decide at for a decision at now on a state
+// last written at at (or later): at itself when now lies behind it by at
+// most ClockTolerance, with shift, how far now moved forward; now
+// otherwise.
+func settle(now, at int64) (t, shift int64) {
+	if at > now && at-now <= int64(ClockTolerance) {
+		return at, at - now
+	}
+	return now, 0
+}
+
+// later adds shift (see settle) to d's durations, which count from the
+// caller's own time.
+func (d *Decision) later(shift int64) {
+	if d.RetryAfter > 0 {
+		d.RetryAfter += time.Duration(shift)
+	}
+	if d.ResetAfter > 0 {
+		d.ResetAfter += time.Duration(shift)
+	}
+}
 
 // ClampTime returns t as Unix nanoseconds clamped to [MinTime, MaxTime].
 // Unlike t.UnixNano, it is defined for every t.

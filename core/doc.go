@@ -27,6 +27,9 @@
 // Unix nanoseconds: nothing in an algorithm reads the wall clock. A clock that
 // steps backwards never credits quota: every algorithm treats a time earlier
 // than one it has already seen for a key as that later time (or stricter).
+// A time at most [ClockTolerance] behind the key's state (a caller that read
+// the clock before another whose decision went first) is decided as the
+// state's time, with nothing moved back.
 //
 // # Errors
 //

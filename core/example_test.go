@@ -188,3 +188,30 @@ func ExamplePolicyChecker() {
 	// micros store: policy "api": ratelimit: the store cannot decide this policy true
 	// <nil>
 }
+
+// A request that read the clock just before a fixed window ended reaches
+// the store after the next window's requests have used its quota: it is
+// decided in that window, as at its start, so it finds no room, and the
+// next window's count stays as it was. Its Retry-After counts from its own
+// time.
+func ExampleClockTolerance() {
+	store := core.MustMemoryStore(nil)
+	policy := core.MustPolicy(core.Rule{Name: "api", Algorithm: core.FixedWindow, Limit: 2, Window: time.Second})
+	ctx := context.Background()
+	take := func(at time.Time) core.Decision {
+		var out [1]core.Decision
+		if err := store.Take(ctx, at, []core.Request{{Policy: policy, Key: "client", Cost: 1}}, out[:]); err != nil {
+			panic(err)
+		}
+		return out[0]
+	}
+	next := time.Unix(1_700_000_001, 0) // a window starts
+	take(next)
+	take(next)
+	late := take(next.Add(-10 * time.Millisecond)) // read before the window started
+	fmt.Println("late request:", late.Allowed, late.RetryAfter)
+	fmt.Println("then:", take(next.Add(time.Millisecond)).Allowed)
+	// Output:
+	// late request: false 1.01s
+	// then: false
+}

@@ -14,10 +14,13 @@ import (
 // instant (before 1970 too). A unit costs Window/Limit ns of TAT; the bucket
 // admits while TAT' - now <= tau, tau being capacity x Window/Limit.
 //
-// A clock that stepped back finds TAT further ahead than any admission can
-// put it (now + tau + MaxDelay): that arrival time is read as exactly
-// now + tau + MaxDelay, an empty bucket, so the key is refused for at most
-// its own refill time (plus MaxDelay) and is never credited.
+// A TAT further ahead than any admission can put it (now + tau + MaxDelay)
+// comes from a decision at a later time. By at most ClockTolerance, it is
+// read as it is (a caller that read its clock before another, decided
+// after it: refused, nothing written). Further, the clock stepped back:
+// that arrival time is read as exactly now + tau + MaxDelay, an empty
+// bucket, so the key is refused for at most its own refill time (plus
+// MaxDelay) and is never credited.
 
 type tokenBucket struct{}
 
@@ -77,7 +80,7 @@ func gcraDecide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) 
 	clamped := false
 	if s.B != 0 && (s.A > now || (s.A == now && s.B > 1)) {
 		bq, br = s.A, uint64(s.B-1)
-		if lq := now + p.tauQ + p.maxDelay; !lessEq(bq, br, lq, p.tauR) {
+		if lq := now + p.tauQ + p.maxDelay; !lessEq(bq, br, lq+int64(ClockTolerance), p.tauR) {
 			bq, br, clamped = lq, p.tauR, true
 		}
 	}
@@ -159,15 +162,20 @@ func (leakyBucket) RefundCharge(p *Policy, s *State, cost, start, now int64) {
 
 // ChargeStart returns the time from which a charge of cost, decided as d at
 // at, gives its units back: what a refund of it names as Request.ChargedAt.
-// It is at for every algorithm but the buckets, which give units back in
-// the order they were charged: a charge made when the bucket was not full
-// starts to give its units back only once the units in use before it have
-// come back, at + d.ResetAfter less the charge's own refill time. For a
-// Decision that did not come from a charge of cost under p it returns at,
-// from which a refund gives back less, never more.
+// For the window algorithms it is when the charge was recorded: at, or the
+// key's own later time when at lay behind it (see ClockTolerance), which
+// d.ResetAfter shows. The buckets give units back in the order they were
+// charged: a charge made when the bucket was not full starts to give its
+// units back only once the units in use before it have come back, at +
+// d.ResetAfter less the charge's own refill time. For a Decision that did
+// not come from a charge of cost under p it returns at, from which a
+// refund gives back less, never more.
 func (p *Policy) ChargeStart(at time.Time, cost int64, d Decision) time.Time {
-	if p == nil || !isGCRA(p) || cost < 1 || cost > p.capacity || d.ResetAfter <= 0 {
+	if p == nil || cost < 1 || cost > p.capacity || d.ResetAfter <= 0 || !d.Allowed {
 		return at
+	}
+	if !isGCRA(p) {
+		return p.recordedAt(at, d)
 	}
 	q, r := mulAddDiv(uint64(cost), uint64(p.window), 0, p.limit) // the charge's refill time
 	if r > 0 {
@@ -182,19 +190,48 @@ func (p *Policy) ChargeStart(at time.Time, cost int64, d Decision) time.Time {
 	return at
 }
 
+// recordedAt returns when a window algorithm recorded a charge admitted as
+// d at at: at, unless at lay behind the key's state and the charge went to
+// the state's time (see settle), which d.ResetAfter, counted from at, then
+// reaches past the end it would have from at: the window after at's (for a
+// sliding counter, the window after that), or Window past at (a sliding
+// log's newest entry). A store that keeps time to the microsecond (Redis)
+// reports ResetAfter from its own reading of at, up to a microsecond
+// earlier: the windows are read a microsecond before the end.
+func (p *Policy) recordedAt(at time.Time, d Decision) time.Time {
+	t, w := ClampTime(at), p.window
+	margin := min(int64(time.Microsecond), w)
+	end := t + int64(d.ResetAfter) - margin
+	switch p.alg {
+	case FixedWindow:
+		if idx := windowIndex(end, w); idx > windowIndex(t, w) {
+			return time.Unix(0, idx*w)
+		}
+	case SlidingWindowCounter:
+		if idx := windowIndex(end, w) - 1; idx > windowIndex(t, w) {
+			return time.Unix(0, idx*w)
+		}
+	case SlidingWindowLog:
+		if lead := int64(d.ResetAfter) - w; lead > 0 {
+			return at.Add(time.Duration(lead))
+		}
+	}
+	return at
+}
+
 // isGCRA reports whether p decides by a theoretical arrival time (the token
 // and leaky buckets).
 func isGCRA(p *Policy) bool { return p.alg == TokenBucket || p.alg == LeakyBucket }
 
 // gcraTAT returns s's arrival time as Decide reads it at now: clamped at
-// now + tau + MaxDelay after a clock stepped back (clamped reports it), or
-// ok false when the bucket is whole at now.
-func gcraTAT(p *Policy, s *State, now int64) (aq int64, ar uint64, clamped, ok bool) {
+// now + tau + MaxDelay when beyond it by more than tol (ClockTolerance;
+// clamped reports it), or ok false when the bucket is whole at now.
+func gcraTAT(p *Policy, s *State, now, tol int64) (aq int64, ar uint64, clamped, ok bool) {
 	if s.B == 0 || s.A < now || (s.A == now && s.B == 1) {
 		return 0, 0, false, false
 	}
 	aq, ar = s.A, uint64(s.B-1)
-	if lq := now + p.tauQ + p.maxDelay; !lessEq(aq, ar, lq, p.tauR) {
+	if lq := now + p.tauQ + p.maxDelay; !lessEq(aq, ar, lq+tol, p.tauR) {
 		aq, ar, clamped = lq, p.tauR, true
 	}
 	return aq, ar, clamped, true
@@ -202,9 +239,11 @@ func gcraTAT(p *Policy, s *State, now int64) (aq int64, ar uint64, clamped, ok b
 
 // gcraInUse returns the units s has in use under p at now, ceil((TAT -
 // now) x Limit / Window), a shaping bucket's queue beyond its capacity
-// included: saturated at 1<<62, beyond any capacity.
+// included: saturated at 1<<62, beyond any capacity. A TAT beyond now +
+// tau + MaxDelay is read there, by however much: within ClockTolerance it
+// is a later decision's, which left exactly that much in use at its time.
 func gcraInUse(p *Policy, s *State, now int64) int64 {
-	aq, dr, _, ok := gcraTAT(p, s, now)
+	aq, dr, _, ok := gcraTAT(p, s, now, 0)
 	if !ok {
 		return 0
 	}
@@ -225,7 +264,7 @@ func gcraInUse(p *Policy, s *State, now int64) int64 {
 // gcraRoomWait returns the time until s has at most x units in use under p
 // (see gcraInUse), at least 0.
 func gcraRoomWait(p *Policy, s *State, x, now int64) int64 {
-	aq, dr, _, ok := gcraTAT(p, s, now)
+	aq, dr, _, ok := gcraTAT(p, s, now, int64(ClockTolerance))
 	if !ok {
 		return 0
 	}
@@ -248,7 +287,7 @@ func gcraRoomWait(p *Policy, s *State, x, now int64) int64 {
 // gives nothing back (which charges it holds is then unknown). Otherwise
 // such a TAT is first clamped as Decide clamps it.
 func gcraRefund(p *Policy, s *State, cost, start, now int64, byCharge bool) {
-	aq, ar, clamped, ok := gcraTAT(p, s, now)
+	aq, ar, clamped, ok := gcraTAT(p, s, now, int64(ClockTolerance))
 	if !ok || (clamped && byCharge) {
 		return // whole at now, or which charges it holds is unknown
 	}

@@ -99,15 +99,19 @@ func (l *timeLog) clampFuture(now, capacity int64) {
 func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
 	*d = Decision{Limit: p.capacity, Policy: p}
 	l := s.log
-	// Units admitted in (now-Window, now] count. Units recorded after now,
-	// by a clock that has since stepped back, count as admitted at now: they
-	// leave the window one Window from now, so the key recovers within a
-	// Window and nothing is credited. A commit moves them to now, keeping
-	// the log ordered.
+	// Units admitted in (now-Window, now] count. Units recorded after now
+	// by more than ClockTolerance, by a clock that has since stepped back,
+	// count as admitted at now: they leave the window one Window from now,
+	// so the key recovers within a Window and nothing is credited. A commit
+	// moves them to now, keeping the log ordered.
 	var k int
-	var gone, valid, newest int64
+	var gone, valid, newest, shift int64
 	future := false
 	if l != nil && l.len > 0 {
+		// Units recorded at most ClockTolerance after now are those of a
+		// decision made first by a caller that read its clock later:
+		// decided as at the newest's time (see settle).
+		now, shift = settle(now, l.newest())
 		k, gone = l.expired(now - p.window)
 		valid = l.total - gone
 		newest = l.newest()
@@ -137,6 +141,9 @@ func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool
 				l.push(now, cost, p.capacity)
 			}
 		}
+		if shift > 0 {
+			d.later(shift)
+		}
 		return
 	}
 	// Refused: wait until enough of the oldest units leave the window.
@@ -154,6 +161,9 @@ func (slidingWindowLog) Decide(p *Policy, s *State, cost, now int64, commit bool
 	if commit && future {
 		l.drop(k, gone)
 		l.clampFuture(now, p.capacity)
+	}
+	if shift > 0 {
+		d.later(shift)
 	}
 }
 

@@ -80,11 +80,17 @@ type Request struct {
 //     other's units go sooner (give such tiers Names of their own). Two policies with one Identity share the
 //     record as one. Within a batch, the same Name and key twice is
 //     ErrDuplicateRequest, whatever the identities.
+//   - A decision at a time behind the key's state by at most
+//     ClockTolerance (a caller that read its clock before another whose
+//     decision went first) decides as at the state's time and moves
+//     nothing back: it never makes room for more requests than its
+//     absence would.
 //   - A clock that steps back never credits quota and never refuses a key
 //     for longer than its policy's full-recovery time from the first
-//     decision after the step: the refill time Burst x Window / Limit
-//     (plus MaxDelay) for the buckets, one Window for FixedWindow and
-//     SlidingWindowLog, two Windows for SlidingWindowCounter.
+//     decision after the step (plus up to ClockTolerance for a step within
+//     it): the refill time Burst x Window / Limit (plus MaxDelay) for the
+//     buckets, one Window for FixedWindow and SlidingWindowLog, two
+//     Windows for SlidingWindowCounter.
 //   - A never-seen key is whole at every instant, before 1970 and the zero
 //     time.Time included. The memory store clamps now to [MinTime, MaxTime].
 //

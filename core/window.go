@@ -37,6 +37,13 @@ func (fixedWindow) Capacity(r Rule) int64 { return r.Limit }
 
 func (fixedWindow) Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
 	*d = Decision{Limit: p.capacity, Policy: p}
+	var shift int64
+	if s.B > 0 {
+		// A window that starts at most ClockTolerance after now is the
+		// window of a decision made first by a caller that read its clock
+		// later: decided in it, as at its start.
+		now, shift = settle(now, s.A*p.window)
+	}
 	idx := windowIndex(now, p.window)
 	var count int64
 	moved := false
@@ -45,9 +52,10 @@ func (fixedWindow) Decide(p *Policy, s *State, cost, now int64, commit bool, d *
 		case s.A == idx:
 			count = s.B
 		case s.A > idx:
-			// The clock stepped back: the count of a window that lies in
-			// the future is this window's count, so the key recovers when
-			// this window ends, and nothing is credited.
+			// The clock stepped back (by more than ClockTolerance, see
+			// settle above): the count of a window that lies in the future
+			// is this window's count, so the key recovers when this window
+			// ends, and nothing is credited.
 			count, moved = s.B, true
 		}
 	}
@@ -64,6 +72,9 @@ func (fixedWindow) Decide(p *Policy, s *State, cost, now int64, commit bool, d *
 	d.Remaining = p.capacity - count
 	if count > 0 {
 		d.ResetAfter = time.Duration(end - now)
+	}
+	if shift > 0 {
+		d.later(shift)
 	}
 }
 
@@ -91,7 +102,8 @@ func (slidingWindowCounter) Capacity(r Rule) int64 { return r.Limit }
 
 // swcCounts returns the window index and the previous and current counts
 // as of now. A record of a window that lies in the future (the clock
-// stepped back) counts in full, capped at the capacity, as the current
+// stepped back; Decide and Refund first settle a time within
+// ClockTolerance of the record's window) counts in full, capped at the capacity, as the current
 // window's count, and moved reports it: the key recovers within two
 // windows, and nothing is credited, since the weighted count of the record
 // never exceeded min(prev + curr, capacity).
@@ -146,6 +158,10 @@ func swcEarliest(prev, room, w int64) int64 {
 func (slidingWindowCounter) Decide(p *Policy, s *State, cost, now int64, commit bool, d *Decision) {
 	*d = Decision{Limit: p.capacity, Policy: p}
 	w := p.window
+	var shift int64
+	if s.B != 0 {
+		now, shift = settle(now, s.A*w) // as in fixedWindow.Decide
+	}
 	idx, prev, curr, moved := swcCounts(p, s, now)
 	start := idx * w
 	e := now - start
@@ -182,6 +198,9 @@ func (slidingWindowCounter) Decide(p *Policy, s *State, cost, now int64, commit 
 	case prev > 0:
 		d.ResetAfter = time.Duration(start + w - now)
 	}
+	if shift > 0 {
+		d.later(shift)
+	}
 }
 
 func (slidingWindowCounter) Expiry(p *Policy, s *State) int64 {
@@ -208,6 +227,9 @@ func (fixedWindow) RefundCharge(p *Policy, s *State, cost, at, now int64) {
 // Refund gives back up to cost units of the current window's count; a
 // charge made in an earlier window has already expired.
 func (fixedWindow) Refund(p *Policy, s *State, cost, now int64) {
+	if s.B > 0 {
+		now, _ = settle(now, s.A*p.window)
+	}
 	idx := windowIndex(now, p.window)
 	if s.B == 0 || s.A < idx {
 		return
@@ -240,6 +262,9 @@ func (slidingWindowCounter) RefundCharge(p *Policy, s *State, cost, at, now int6
 // Refund gives back up to cost units, from the current window's count
 // first (the most recent charges), then from the previous window's.
 func (slidingWindowCounter) Refund(p *Policy, s *State, cost, now int64) {
+	if s.B != 0 {
+		now, _ = settle(now, s.A*p.window)
+	}
 	idx, prev, curr, _ := swcCounts(p, s, now)
 	if prev == 0 && curr == 0 {
 		if s.B != 0 {

@@ -77,9 +77,16 @@
 // deterministic tests (core/storetest passes whole milliseconds); it makes
 // the callers' clock skew part of every decision.
 //
-// A clock that steps back (a failover to a node with a slower clock, a VM
-// restore, or ClientTime) never credits quota, and refuses a key for at
-// most its policy's recovery time: a bucket's theoretical arrival time is
+// A decision whose time lies behind the key's state by at most
+// core.ClockTolerance (in ClientTime mode, a caller that read its clock
+// before another whose call went first, or callers' clocks a little apart)
+// decides as at the key's own time and moves nothing back, as in the
+// memory store: it never makes room for more requests than its absence
+// would. A clock that steps back further (a failover to a node with a
+// slower clock, a VM restore, or ClientTime) never credits quota, and
+// refuses a key for at most its policy's recovery time (plus up to
+// core.ClockTolerance for a step within it): a bucket's theoretical
+// arrival time is
 // clamped to now plus the refill time (Burst x Window / Limit, plus
 // MaxDelay when shaping, the most an admitted state can hold); a fixed
 // window or sliding counter record whose window lies in the future counts

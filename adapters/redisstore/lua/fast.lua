@@ -65,11 +65,14 @@ if #KEYS == 1 and #ARGV <= 4 then
       now = tonumber(nowArg)
     end
     if alg == 'f' then
-      -- fixed.decide: the window's index is floor(now / W); a window in
-      -- the future (the clock stepped back) counts as the current one
+      -- fixed.decide: the window's index is floor(now / W), or the
+      -- record's when it starts at most TOL after now (settle); a window
+      -- further in the future (the clock stepped back) counts as the
+      -- current one
       local r = fmod(now, W)
       if r < 0 then r = r + W end
       local idx = (now - r) / W
+      if B > 0 and idx < A and A * W - now <= TOL then idx = A end
       local count, clamped = 0, false
       if B > 0 and idx <= A then
         count, clamped = B, idx < A
@@ -118,7 +121,8 @@ if #KEYS == 1 and #ARGV <= 4 then
     if not fresh and (A > now or (A == now and B > 0)) then
       bq, br = A, B
       local mq = now + tauQ + md
-      if bq > mq or (bq == mq and br > tauR) then
+      local mt = mq + TOL
+      if bq > mt or (bq == mt and br > tauR) then
         bq, br = mq, tauR
         clamped = true
       end

@@ -24,8 +24,9 @@ modules.fixed = function()
 
   function fixed.decide(st, P, cost, now)
     local d = newdecision()
-    local idx = floordiv(now, P.W)
     local count = 0
+    local idx = floordiv(now, P.W)
+    if st.B > 0 then idx = floordiv(settle(now, st.A * P.W), P.W) end
     -- A window in the future (the clock stepped back) counts as the
     -- current one: never credited, refused for at most one window.
     if st.B > 0 and idx <= st.A then

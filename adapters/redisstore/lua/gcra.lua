@@ -47,13 +47,15 @@ modules.gcra = function()
   function gcra.decide(st, P, cost, now)
     local d = newdecision()
     -- base = max(TAT, now): a clock behind TAT sees fewer tokens, never
-    -- more; and at most now + tau + MaxDelay, where no admitted state can
-    -- be, so a clock stepped back refuses for at most the refill time.
+    -- more. A TAT beyond now + tau + MaxDelay, where no admitted state can
+    -- be, comes from a later decision: by at most TOL, read as it is;
+    -- further (the clock stepped back), read as now + tau + MaxDelay, so
+    -- that it refuses for at most the refill time.
     local bq, br = now, 0
     if not st.fresh and (st.A > now or (st.A == now and st.B > 0)) then
       bq, br = st.A, st.B
       local mq = now + P.tauQ + P.maxDelay
-      if not lesseq(bq, br, mq, P.tauR) then
+      if not lesseq(bq, br, mq + TOL, P.tauR) then
         bq, br = mq, P.tauR
         d.clamped, d.cA, d.cB = true, bq, br
       end

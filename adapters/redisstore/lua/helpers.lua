@@ -112,6 +112,17 @@ end
 -- the algorithm module that wrote it; nil for a missing key or anything
 -- else) and its identity tag ('' for a record without one, which this
 -- store never writes).
+-- settle returns the time to decide at for a decision at now on a state
+-- last written at at (or later): at itself when now lies behind it by at
+-- most TOL, as core's settle; now otherwise. The durations a decision
+-- reports still count from now.
+local function settle(now, at)
+  if at > now and at - now <= TOL then
+    return at
+  end
+  return now
+end
+
 -- typed returns v, the reply of a redis.pcall read of a key that may hold
 -- another type. Only WRONGTYPE is an answer (the key holds another type);
 -- any other error (NOPERM from an ACL that denies the read, ...) is

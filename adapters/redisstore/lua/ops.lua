@@ -50,7 +50,8 @@ end
 local refunders = {}
 
 -- The buckets move TAT back by cost x W/L, never before now; a TAT beyond
--- now + tau + MaxDelay (the clock stepped back) is first clamped there.
+-- now + tau + MaxDelay by more than TOL (the clock stepped back) is first
+-- clamped there.
 -- Given at (when the charge began to give its units back), less now - at,
 -- what it has given back since, and nothing from a TAT ahead of the clock.
 function refunders.g(alg, key, st, P, cost, at)
@@ -60,7 +61,7 @@ function refunders.g(alg, key, st, P, cost, at)
   end
   local aq, ar = st.A, st.B
   local mq = now + P.tauQ + P.maxDelay
-  if not lesseq(aq, ar, mq, P.tauR) then
+  if not lesseq(aq, ar, mq + TOL, P.tauR) then
     if at ~= nil then
       if st.rewrite or st.bad then alg.save(key, st, P, now, slack) end
       return -- which charges a TAT ahead of the clock holds is unknown
@@ -92,6 +93,7 @@ end
 -- (the clock stepped back) counts as the current one.
 function refunders.f(alg, key, st, P, cost, at)
   local idx = floordiv(now, P.W)
+  if st.B > 0 then idx = floordiv(settle(now, st.A * P.W), P.W) end
   if at ~= nil then
     -- only the count of the charge's window, while the state holds it and
     -- it is not over (a later window's holds later charges)
@@ -118,6 +120,7 @@ end
 -- went to (the current or the previous one).
 function refunders.c(alg, key, st, P, cost, at)
   local idx = floordiv(now, P.W)
+  if st.prev > 0 or st.curr > 0 then idx = floordiv(settle(now, st.A * P.W), P.W) end
   local prev, curr = 0, 0
   if idx == st.A then
     prev, curr = st.prev, st.curr

@@ -9,6 +9,11 @@
 -- (policyargs), and the take script's reply, an array of integers.
 
 local P53 = 9007199254740992
+-- TOL is core.ClockTolerance in microseconds: a decision at most TOL behind
+-- the time a key's state was written at decides as at that time, moving
+-- nothing back (settle, in helpers.lua; the buckets read such a state as
+-- it is, and clamp only one further ahead).
+local TOL = 1000000
 local floor, fmod, frexp = math.floor, math.fmod, math.frexp
 local sformat, smatch, sfind, sbyte = string.format, string.match, string.find, string.byte
 

@@ -76,10 +76,13 @@ modules.counter = function()
   function counter.decide(st, P, cost, now)
     local d = newdecision()
     local w = P.W
-    local idx, prev, curr = swc_counts(st, P, now)
+    -- dnow: the time to decide at (settle); durations count from now
+    local dnow = now
+    if st.prev > 0 or st.curr > 0 then dnow = settle(now, st.A * w) end
+    local idx, prev, curr = swc_counts(st, P, dnow)
     d.clamped = (prev > 0 or curr > 0) and idx < st.A
     local start = idx * w
-    local e = now - start
+    local e = dnow - start
     local used = swc_weighted(prev, e, w) + curr
     if used + cost <= P.cap then
       d.allowed = true
@@ -99,8 +102,8 @@ modules.counter = function()
           at = start + 2 * w
         end
       end
-      if at <= now then
-        at = now + 1
+      if at <= dnow then
+        at = dnow + 1
       end
       d.retry = at - now
     end

@@ -130,28 +130,31 @@ modules.swlog = function()
   function swlog.decide(st, P, cost, now)
     local d = newdecision()
     -- Units recorded in (now-W, now] count, and so do any recorded after
-    -- now by a clock that has since stepped back, as if made at now (the
-    -- charge that follows moves them to now): never credited, refused for
-    -- at most one Window.
-    local k, ck, valid = 0, st.base, 0
+    -- now by more than TOL, by a clock that has since stepped back, as if
+    -- made at now (the charge that follows moves them to now): never
+    -- credited, refused for at most one Window. Units recorded at most
+    -- TOL after now are a later decision's: decided at dnow, the newest's
+    -- time (settle), the charge recorded then. Durations count from now.
+    local k, ck, valid, dnow = 0, st.base, 0, now
     if st.len > 0 then
-      k, ck = expired(st, now - P.W)
+      dnow = settle(now, st.newest)
+      k, ck = expired(st, dnow - P.W)
       valid = cdiff(st.newestC, ck)
-      d.clamped = st.newest > now
+      d.clamped = st.newest > dnow
     end
     d.k, d.ck = k, ck
     if valid + cost <= P.cap then
       d.allowed = true
       d.rem = P.cap - valid - cost
       if cost > 0 then
-        d.reset = P.W
+        d.reset = dnow + P.W - now
       elseif valid > 0 then
         local newest = st.newest
-        if newest > now then newest = now end
+        if newest > dnow then newest = dnow end
         d.reset = newest + P.W - now
       end
-      d.at = now
-      d.extra = now
+      d.at = dnow
+      d.extra = dnow
       return d
     end
     -- Refused: wait until enough of the oldest units leave the window: the
@@ -165,13 +168,13 @@ modules.swlog = function()
         if cdiff(c, ck) >= need then hi = mid else lo = mid + 1 end
       end
       local t = entry(st, lo)
-      if t > now then t = now end
+      if t > dnow then t = dnow end
       d.retry = t + P.W - now
     end
     d.rem = P.cap - valid
     if d.rem < 0 then d.rem = 0 end
     local newest = st.newest
-    if newest > now then newest = now end
+    if newest > dnow then newest = dnow end
     d.reset = newest + P.W - now
     return d
   end
@@ -180,6 +183,13 @@ modules.swlog = function()
   -- moves the entries after now (a clock stepped back) to now, merged with
   -- the charge's entry.
   local function write(key, st, P, cost, now, d, slack)
+    local ttl = ceilms(P.W) + slack
+    if d.at ~= nil and d.at > now then
+      -- decided at the newest entry's time (settle): the charge is recorded
+      -- then, and the key lives a Window from it
+      ttl = ceilms(P.W + d.at - now) + slack
+      now = d.at
+    end
     local k, ck = d.k, d.ck
     local last = st.base
     if st.len > 0 then last = st.newestC end
@@ -249,7 +259,7 @@ modules.swlog = function()
         redis.call('LPUSH', key, head_string(base, P))
       end
     end
-    redis.call('PEXPIRE', key, fmt(ceilms(P.W) + slack))
+    redis.call('PEXPIRE', key, fmt(ttl))
     return now
   end
 

@@ -1,0 +1,148 @@
+package storetest
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit/core"
+)
+
+// testStale checks takes and refunds at a time behind the key's state by
+// at most core.ClockTolerance (a caller that read its clock before another
+// whose decision went first): against the same history with the operation
+// at the state's own time, the take is decided alike, and at every later
+// time over the next two and a half windows the key has no more room (a
+// Peek of one unit, every half second, finds no more Remaining and no
+// earlier retry time).
+func testStale(t *testing.T, newStore func(*testing.T) core.Store) {
+	s := newStore(t)
+	if _, ok := s.(core.Peeker); !ok {
+		t.Skip("the store is not a core.Peeker")
+	}
+	_, refunds := s.(core.Refunder)
+	h := Harness{t, s}
+	ops := []string{"take"}
+	if refunds {
+		ops = append(ops, "refund")
+	}
+	for _, r := range suiteRules(10, 10*time.Second) {
+		p := mustPolicy(t, r)
+		for _, off := range []time.Duration{0, 5 * time.Second, 10*time.Second - ms} {
+			for _, gap := range []time.Duration{ms, core.ClockTolerance} {
+				for _, op := range ops {
+					name := fmt.Sprintf("%s/%s/t2=%v/gap=%v", r.Algorithm.Name(), op, off, gap)
+					// run plays the history with the operation gap behind
+					// t2 (0: at t2), and returns the operation's decision
+					// (a take's) and Peeks of one unit after it.
+					t2 := time.Minute + off
+					run := func(gap time.Duration) (core.Decision, []core.Decision) {
+						key := uniqueKey(t, "stale")
+						drain := func(at time.Duration) {
+							for range 40 {
+								if d, err := h.Take(p, key, 1, at); err != nil {
+									t.Fatalf("%s: at %v: %v", name, at, err)
+								} else if !d.Allowed {
+									return
+								}
+							}
+						}
+						drain(-5 * time.Second) // T0 starts a window
+						drain(t2)
+						var own core.Decision
+						var err error
+						if op == "take" {
+							own, err = h.Take(p, key, 1, t2-gap)
+						} else {
+							err = h.Refund([]core.Request{{Policy: p, Key: key, Cost: 1}}, t2-gap)
+						}
+						if err != nil {
+							t.Fatalf("%s: %v", name, err)
+						}
+						var after []core.Decision
+						for at := t2; at <= t2+25*time.Second; at += 500 * ms {
+							out, err := h.Peek([]core.Request{{Policy: p, Key: key, Cost: 1}}, at)
+							if err != nil {
+								t.Fatalf("%s: peek at %v: %v", name, at, err)
+							}
+							after = append(after, out[0])
+						}
+						return own, after
+					}
+					own, stale := run(gap)
+					ctl, control := run(0)
+					if own.Allowed != ctl.Allowed {
+						t.Errorf("%s: the take %v behind the key's state: %+v; at its time: %+v", name, gap, own, ctl)
+					}
+					for i := range stale {
+						at := t2 + time.Duration(i)*500*ms
+						sd, cd := stale[i], control[i]
+						if sd.Remaining > cd.Remaining || sd.Allowed && !cd.Allowed ||
+							!sd.Allowed && !cd.Allowed && sd.RetryAfter < cd.RetryAfter {
+							t.Errorf("%s: at %v, after the operation %v behind the key's state: %+v; after it at the state's time: %+v", name, at, gap, sd, cd)
+							break
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// testStaleRefundCharge: a charge decided behind the key's state (by at
+// most core.ClockTolerance) is recorded at the state's time, and a refund
+// naming it by Policy.ChargeStart gives all of it back: the key is then
+// as if it had never been made.
+func testStaleRefundCharge(t *testing.T, newStore func(*testing.T) core.Store) {
+	s := newStore(t)
+	if _, ok := s.(core.Peeker); !ok {
+		t.Skip("the store is not a core.Peeker")
+	}
+	if _, ok := s.(core.Refunder); !ok {
+		t.Skip("the store is not a core.Refunder")
+	}
+	h := Harness{t, s}
+	for _, r := range suiteRules(10, 10*time.Second) {
+		p := mustPolicy(t, r)
+		for _, off := range []time.Duration{0, ms, 5 * time.Second} {
+			for _, gap := range []time.Duration{ms, 300 * ms} {
+				name := fmt.Sprintf("%s/t2=%v/gap=%v", r.Algorithm.Name(), off, gap)
+				t2 := time.Minute + off
+				run := func(stale bool) []core.Decision {
+					key := uniqueKey(t, "stale-refund")
+					for _, at := range []time.Duration{t2 - 2*time.Second, t2} {
+						if d, err := h.Take(p, key, 3, at); err != nil || !d.Allowed {
+							t.Fatalf("%s: 3 at %v: %+v %v", name, at, d, err)
+						}
+					}
+					if stale {
+						d, err := h.Take(p, key, 2, t2-gap)
+						if err != nil || !d.Allowed {
+							t.Fatalf("%s: 2 at %v: %+v %v", name, t2-gap, d, err)
+						}
+						charged := p.ChargeStart(T0.Add(t2-gap), 2, d)
+						if err := h.Refund([]core.Request{{Policy: p, Key: key, Cost: 2, ChargedAt: charged}}, t2+ms); err != nil {
+							t.Fatalf("%s: refund: %v", name, err)
+						}
+					}
+					var after []core.Decision
+					for at := t2 + ms; at <= t2+25*time.Second; at += 500 * ms {
+						out, err := h.Peek([]core.Request{{Policy: p, Key: key, Cost: 1}}, at)
+						if err != nil {
+							t.Fatalf("%s: peek at %v: %v", name, at, err)
+						}
+						after = append(after, out[0])
+					}
+					return after
+				}
+				refunded, never := run(true), run(false)
+				for i := range never {
+					if refunded[i] != never[i] {
+						t.Errorf("%s: at %v after the refund: %+v; without the charge: %+v", name, t2+ms+time.Duration(i)*500*ms, refunded[i], never[i])
+						break
+					}
+				}
+			}
+		}
+	}
+}
