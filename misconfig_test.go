@@ -1057,6 +1057,17 @@ func (s switchStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 	return err
 }
 
+func (s switchStore) Peek(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	if s.down.Load() {
+		return errBackendDown
+	}
+	err := s.m.Peek(ctx, now, reqs, out)
+	for i := range reqs {
+		out[i].Fallback = s.fellBack.Load()
+	}
+	return err
+}
+
 // TestDegradedModesLogged checks that each way of limiting less is logged
 // on its own line, once: a slot store failing open (concurrency layers
 // off, rate layers on) does not use up the line of a rate store failing
@@ -1111,5 +1122,32 @@ func TestDegradedModesLogged(t *testing.T) {
 	}
 	if n := logs.count("fail-open"); n != 0 {
 		t.Errorf("nothing served fail-open, yet logged:\n%s", logs)
+	}
+}
+
+// TestFallbackPeekNotLogged checks that a Limiter.Peek its store's
+// fallback answers reports it (Decision.Fallback) without logging the
+// fallback line, which is logged once, for the first decision that
+// charges: a peek limits nothing.
+func TestFallbackPeekNotLogged(t *testing.T) {
+	var down, fellBack atomic.Bool
+	fellBack.Store(true)
+	logs, logOpt := newLogBuf()
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(2).Named("rate")}}, logOpt,
+		ratelimit.WithStore(switchStore{&down, &fellBack, core.MustMemoryStore(nil)}))
+	res := e.l.Peek(mwReq("192.0.2.1:1"))
+	if len(res.Layers) != 1 || !res.Layers[0].Decision.Fallback || !res.Proceed {
+		t.Fatalf("peek: %+v, want one admitted layer decided by the fallback", res)
+	}
+	if n := logs.count("its Fallback decides"); n != 0 {
+		t.Fatalf("a peek logged the fallback line:\n%s", logs)
+	}
+	for range 2 {
+		if c := e.do(t, mwReq("192.0.2.1:1")).Code; c != 200 {
+			t.Fatalf("decided by the fallback: %d", c)
+		}
+	}
+	if n := logs.count("its Fallback decides"); n != 1 {
+		t.Errorf("fallback line logged %d times, want once:\n%s", n, logs)
 	}
 }

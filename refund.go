@@ -333,7 +333,9 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // costs and decisions, through the store's core.Peeker. A store that is not
 // a Peeker gives a Result whose Err wraps [ErrStoreFailure] and
 // core.ErrUnsupported. It takes no waiting-room slot, so a shaping layer's
-// Delay is reported but not reserved.
+// Delay is reported but not reserved. Decisions a store's fallback made
+// carry core.Decision.Fallback, as Decide's do, but a peek is not logged as
+// one (the line is logged for a decision that charges).
 func (l *Limiter) Peek(r *http.Request) Result {
 	var (
 		res  Result

@@ -61,7 +61,8 @@ const (
 // core.Peeker says). One script call per
 // Cluster slot of the batch (per hash tag for other clients). A backend
 // failure goes to the Fallback's Peek when the Fallback is a core.Peeker,
-// and is returned otherwise.
+// whose decisions then carry core.Decision.Fallback as Take's do, and is
+// returned otherwise.
 func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
 	if !s.gate.enter() {
 		return ErrClosed
@@ -105,7 +106,11 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 		}
 		if pk, ok := s.fallback.(core.Peeker); ok && !IsCallerGone(err) {
 			s.observe(reqs, err, 0)
-			return pk.Peek(ctx, now, reqs, out)
+			err = pk.Peek(ctx, now, reqs, out)
+			for i := range reqs {
+				out[i].Fallback = true // as Take marks the Fallback's decisions
+			}
+			return err
 		}
 		return err
 	}

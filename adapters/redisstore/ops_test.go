@@ -276,6 +276,28 @@ func TestPeekFallback(t *testing.T) {
 	}
 }
 
+// TestPeekFallbackMarked: a Peek the Fallback answers marks its decisions
+// with Decision.Fallback, as Take does: it decides exactly as Take would.
+func TestPeekFallbackMarked(t *testing.T) {
+	p := mustPolicy(t, core.Rule{Name: "api", Limit: 3, Window: time.Hour, Algorithm: core.FixedWindow})
+	ctx := context.Background()
+	s := newStore(t, deadClient(t), &Config{ClientTime: true, Fallback: core.MustMemoryStore(nil), Timeout: time.Second})
+	reqs := []core.Request{{Policy: p, Key: "k", Cost: 1}}
+	var peek, tk [1]core.Decision
+	if err := s.Peek(ctx, storetest.T0, reqs, peek[:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Take(ctx, storetest.T0, reqs, tk[:]); err != nil {
+		t.Fatal(err)
+	}
+	if !tk[0].Fallback {
+		t.Fatalf("Take: %+v, want Fallback", tk[0])
+	}
+	if !peek[0].Fallback {
+		t.Errorf("Peek decided by the Fallback: %+v, Fallback not set", peek[0])
+	}
+}
+
 // TestOpsBoundedByTimeout: Peek, Refund and Reset are bounded by the
 // store's Timeout also for a client without ContextTimeoutEnabled (whose
 // reads would wait for its ReadTimeout), with an error matching
