@@ -916,6 +916,79 @@ func TestInFlightWaitFailureReleases(t *testing.T) {
 	}
 }
 
+// TestInFlightWaitReportsSlots: the concurrency layer of a request with a
+// shaping delay is reported to the Observer once, as admitted exactly when
+// its slot stayed taken: not when the wait fails (Wait after Decide, or the
+// Handler's own wait) and gives it back; admitted when the wait succeeds,
+// and at Release for a Result released without a Wait (it was held until
+// then).
+func TestInFlightWaitReportsSlots(t *testing.T) {
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	cases := []struct {
+		name string
+		// second decides the client's second request, shaped, while the
+		// first holds its slot.
+		second   func(t *testing.T, l *ratelimit.Limiter)
+		held     int64 // slots held afterwards
+		admitted int   // in-flight decisions reported admitted, of 2
+	}{
+		{"Wait fails", func(t *testing.T, l *ratelimit.Limiter) {
+			res := l.Decide(getFrom("192.0.2.1"))
+			defer res.Release()
+			if err := l.Wait(ended, &res); err == nil {
+				t.Fatal("Wait succeeded")
+			}
+		}, 1, 1},
+		{"Handler's wait fails", func(t *testing.T, l *ratelimit.Limiter) {
+			h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("served") }))
+			h.ServeHTTP(httptest.NewRecorder(), getFrom("192.0.2.1").WithContext(ended))
+		}, 1, 1},
+		{"Wait succeeds", func(t *testing.T, l *ratelimit.Limiter) {
+			res := l.Decide(getFrom("192.0.2.1"))
+			if err := l.Wait(context.Background(), &res); err != nil {
+				t.Fatal(err)
+			}
+		}, 2, 2},
+		{"released without Wait", func(t *testing.T, l *ratelimit.Limiter) {
+			res := l.Decide(getFrom("192.0.2.1"))
+			copyOf := res
+			res.Release()
+			copyOf.Release()
+		}, 1, 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			slots := core.NewSlotTable(0)
+			obs := &mwObserver{}
+			l := mwLimiter(t, []ratelimit.Layer{
+				{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 100, Window: time.Second, MaxDelay: 10 * time.Second}},
+				inFlightLayer(3),
+			}, ratelimit.WithSlotStore(slots), ratelimit.WithObserver(obs))
+			first := l.Decide(getFrom("192.0.2.1"))
+			defer first.Release()
+			tc.second(t, l)
+			if held := slots.InFlight("in-flight", "192.0.2.1"); held != tc.held {
+				t.Fatalf("%d slots held, want %d", held, tc.held)
+			}
+			admitted, events := 0, 0
+			obs.mu.Lock()
+			for _, e := range obs.decisions {
+				if e.Decision.Policy.Name() == "in-flight" {
+					events++
+					if e.Admitted {
+						admitted++
+					}
+				}
+			}
+			obs.mu.Unlock()
+			if events != 2 || admitted != tc.admitted {
+				t.Errorf("in-flight layer: %d decisions reported, %d admitted; want 2, %d admitted", events, admitted, tc.admitted)
+			}
+		})
+	}
+}
+
 // TestInFlightNoReleaseDryRun: a request whose context never ends cannot
 // give its slots back: Admit and AdmitWithResult refuse it with a
 // configuration error, except in dry-run, which serves every
