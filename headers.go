@@ -120,7 +120,8 @@ func sharedDigits(remaining int64) bool {
 const pkLen = 12
 
 // WriteHeaders sets the rate-limit headers of res, a Result of this
-// Limiter's Decide, on h, per the Limiter's
+// Limiter's Decide (or one built by hand from its exported fields, see
+// [Limiter.Refuse]), on h, per the Limiter's
 // header sets (see [HeaderSet]), and Retry-After when res is a refusal that
 // promises a retry time. Headers are set, replacing earlier values, never
 // added. It writes nothing for a skipped Result or one without Layers (no
@@ -138,7 +139,8 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 	if res.rs == nil { // a Result built by hand
 		res.rs = l.rules.Load()
 	}
-	retry := !res.Proceed && (res.kind == outcomeRefused || res.kind == outcomeQueueFull)
+	kind := outcomeOf(res, ls)
+	retry := !res.Proceed && (kind == outcomeRefused || kind == outcomeQueueFull)
 	set := l.cfg.headers
 	n := 0
 	if set&XRateLimitHeaders != 0 {

@@ -546,3 +546,50 @@ func TestRemainingXOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestHandBuiltResult: a Result built by hand from its exported fields is
+// answered as the one Decide would give: a refusal gets Retry-After (from
+// WriteHeaders, whatever the header set) and RetryAfter reports the
+// refusing layer's; a cost above capacity is answered 413 without one.
+func TestHandBuiltResult(t *testing.T) {
+	rule := core.PerMinute(1).Named("a")
+	p := core.MustPolicy(rule)
+	refused := core.Decision{Limit: 1, ResetAfter: time.Minute, RetryAfter: 30 * time.Second, Policy: p}
+	cases := []struct {
+		name    string
+		set     ratelimit.HeaderSet
+		res     ratelimit.Result
+		code    int
+		retry   string
+		retryIn time.Duration
+	}{
+		{"refused", ratelimit.AllHeaders, ratelimit.Result{
+			Layers: []ratelimit.LayerResult{{Key: "k", Cost: 1, Refused: true, Decision: refused}},
+		}, http.StatusTooManyRequests, "30", 30 * time.Second},
+		{"refused, no headers", ratelimit.NoHeaders, ratelimit.Result{
+			Layers: []ratelimit.LayerResult{{Key: "k", Cost: 1, Refused: true, Decision: refused}},
+		}, http.StatusTooManyRequests, "30", 30 * time.Second},
+		{"too costly", ratelimit.AllHeaders, ratelimit.Result{
+			Err:    fmt.Errorf("%w: cost 2", core.ErrCostExceedsCapacity),
+			Layers: []ratelimit.LayerResult{{Key: "k", Cost: 2, Refused: true, Decision: core.Decision{Limit: 1, Remaining: 1, Policy: p}}},
+		}, http.StatusRequestEntityTooLarge, "", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.Global("k"), Rule: rule}}, ratelimit.WithHeaders(tc.set))
+			res := tc.res
+			if got := res.RetryAfter(); got != tc.retryIn {
+				t.Errorf("RetryAfter() = %v, want %v", got, tc.retryIn)
+			}
+			rec := httptest.NewRecorder()
+			l.WriteHeaders(rec.Header(), &res)
+			l.Refuse(rec, httptest.NewRequest(http.MethodGet, "/", nil), &res)
+			if rec.Code != tc.code {
+				t.Errorf("status %d, want %d", rec.Code, tc.code)
+			}
+			if got := rec.Header().Get("Retry-After"); got != tc.retry {
+				t.Errorf("Retry-After %q, want %q", got, tc.retry)
+			}
+		})
+	}
+}

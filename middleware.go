@@ -251,6 +251,37 @@ const (
 	outcomeGone                      // the request ended before it was decided: nothing written
 )
 
+// outcomeOf returns the outcome of res, whose applied layers are layers:
+// the kind its Limiter set or, for a Result built by hand from its
+// exported fields (kind unset) that does not proceed, the outcome those
+// fields describe (see handOutcome). A Result the Limiter built costs one
+// more comparison.
+func outcomeOf(res *Result, layers []LayerResult) outcome {
+	if res.kind != outcomeOK || res.Proceed {
+		return res.kind
+	}
+	return handOutcome(res, layers)
+}
+
+// handOutcome is the outcome of a Result built by hand that does not
+// proceed: too costly when its Err wraps core.ErrCostExceedsCapacity,
+// refused when it has no Err and some layer Refused, and outcomeOK (the
+// default denied response, without a retry time) otherwise.
+func handOutcome(res *Result, layers []LayerResult) outcome {
+	if res.Err != nil {
+		if errors.Is(res.Err, core.ErrCostExceedsCapacity) {
+			return outcomeTooCostly
+		}
+		return outcomeOK
+	}
+	for i := range layers {
+		if layers[i].Refused {
+			return outcomeRefused
+		}
+	}
+	return outcomeOK
+}
+
 // RetryAfter returns how long a refused client should wait before retrying:
 // the longest RetryAfter among the refusing layers (for ErrTooManyWaiting,
 // the shaping delay, or the longest MaxDelay of the shaping layers when the
@@ -265,7 +296,7 @@ func retryAfter(res *Result, layers []LayerResult) time.Duration {
 	if res.Proceed {
 		return 0
 	}
-	switch res.kind {
+	switch outcomeOf(res, layers) {
 	case outcomeRefused:
 		var ra time.Duration
 		for i := range layers {
@@ -1495,18 +1526,26 @@ func waitTimer(ctx context.Context, d time.Duration) error {
 // writes a response, a request error (key, cost) is answered 400 Bad Request
 // and a store failure 503 Service Unavailable, with short text bodies. A
 // request whose context ended during its shaping delay is answered 503.
+//
+// A Result built by hand from its exported fields is read from them, by
+// Refuse, [Limiter.WriteHeaders] and [Result.RetryAfter] alike: Proceed
+// false, Err nil and a layer Refused is a refusal (429, with the Retry-After
+// of its refusing layers); Err wrapping core.ErrCostExceedsCapacity is a
+// cost above capacity (413); anything else that does not proceed gets the
+// denied response without a retry time.
 func (l *Limiter) Refuse(w http.ResponseWriter, r *http.Request, res *Result) {
-	switch res.kind {
+	kind := outcomeOf(res, res.Layers)
+	switch kind {
 	case outcomeGone:
 		return
 	case outcomeBadRequest, outcomeStore, outcomeConfig, outcomeMissingKey, outcomeStoreFull:
-		if res.kind == outcomeStoreFull {
+		if kind == outcomeStoreFull {
 			w.Header()[canonRetry] = []string{itoa(ceilSeconds(res.RetryAfter()))}
 		}
 		if l.cfg.errHandler != nil && res.Err != nil && l.callErrorHandler(w, r, res.Err) {
 			return
 		}
-		switch res.kind {
+		switch kind {
 		case outcomeStore:
 			writeText(w, http.StatusServiceUnavailable, "Service Unavailable: rate limiter unavailable\n")
 		case outcomeConfig:
@@ -1533,7 +1572,7 @@ func (l *Limiter) Refuse(w http.ResponseWriter, r *http.Request, res *Result) {
 		l.cfg.denied(w, r, res)
 		return
 	}
-	if res.kind == outcomeTooCostly {
+	if kind == outcomeTooCostly {
 		if l.cfg.problem {
 			writeProblem(w, problemTooCostly(res))
 		} else {
