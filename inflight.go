@@ -8,7 +8,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/limitry/ratelimit/core"
@@ -253,9 +252,7 @@ func (l *Limiter) acquireWith(ctx context.Context, res *Result, buf []LayerResul
 
 // settle ends a decision that took in-flight slots: it puts the applied
 // layers back in layer order, reports the slot layers' decisions, and gives
-// the slots back unless the request proceeds. The report of a request that
-// proceeds on condition that it waits a shaping delay waits for the end of
-// that wait (see slotReport).
+// the slots back unless the request proceeds.
 func (l *Limiter) settle(res *Result, buf []LayerResult) {
 	for i := 1; i < len(buf); i++ {
 		for j := i; j > 0 && buf[j].index < buf[j-1].index; j-- {
@@ -263,63 +260,29 @@ func (l *Limiter) settle(res *Result, buf []LayerResult) {
 		}
 	}
 	if !res.Proceed && res.held != nil {
-		l.giveBack(res, buf)
+		// Given back before anything else runs (an Observer that panics
+		// must not keep them), and reported without this request's slot,
+		// as a layer whose cost another layer refused is.
+		res.held()
+		res.held = nil
+		for i := range buf {
+			if d := &buf[i].Decision; l.layers[buf[i].index].inFlight > 0 && d.Allowed {
+				d.Remaining = min(d.Remaining+1, d.Limit)
+			}
+		}
 	}
 	if l.cfg.observer != nil {
-		if res.Proceed && res.held != nil && res.Delay > 0 && !res.DryRun && res.kind == outcomeOK {
-			// Whether the slots stay held is known once the delay is
-			// waited out: a failed wait gives them back.
-			res.report = &slotReport{l: l}
-			return
-		}
 		// Admitted when the slots stay held: the request proceeds (also a
 		// dry-run refusal, which is served, and a request a failed rate
 		// store served fail-open).
-		l.reportSlots(res, buf, res.Proceed)
-	}
-}
-
-// giveBack gives back the in-flight slots res holds, for a request that
-// does not proceed, before anything else runs (an Observer that panics
-// must not keep them), and counts its slot back in the Remaining of the
-// concurrency layers in layers that allowed it: they are reported without
-// this request's slot, as a layer whose cost another layer refused is.
-// It requires res.held set.
-func (l *Limiter) giveBack(res *Result, layers []LayerResult) {
-	res.held()
-	res.held = nil
-	for i := range layers {
-		if d := &layers[i].Decision; l.layers[layers[i].index].inFlight > 0 && d.Allowed {
-			d.Remaining = min(d.Remaining+1, d.Limit)
+		admitted := res.Proceed
+		for i := range buf {
+			if l.layers[buf[i].index].inFlight > 0 {
+				l.observeSlots(res, buf[i:i+1], admitted)
+			}
 		}
 	}
 }
-
-// reportSlots reports the decisions of the concurrency layers among
-// layers to the Observer, if any, as admitted or not.
-func (l *Limiter) reportSlots(res *Result, layers []LayerResult, admitted bool) {
-	for i := range layers {
-		if l.layers[layers[i].index].inFlight > 0 {
-			l.observeSlots(res, layers[i:i+1], admitted)
-		}
-	}
-}
-
-// slotReport is the report, still to be made, of the concurrency layers of
-// a Result that holds their slots on condition that it waits its shaping
-// delay (see [Limiter.Wait]): each is reported once, as admitted when the
-// wait succeeds, as not admitted when it fails and the slots are given
-// back, so that the Observer counts as admitted exactly the slots that stay
-// taken. A Result released without a wait (its caller held the delay
-// itself) reports them as admitted at Release. Shared by the Result's
-// copies, so that the report is made once whichever copy makes it.
-type slotReport struct {
-	l    *Limiter
-	done atomic.Bool
-}
-
-// take reports whether the report is still to be made, and claims it.
-func (r *slotReport) take() bool { return r != nil && r.done.CompareAndSwap(false, true) }
 
 // observeSlots reports the decisions of the slot layers ls to the Observer,
 // if any. Slots taken are reported once the rate layers have decided (see
@@ -339,14 +302,10 @@ func (l *Limiter) observeSlots(res *Result, ls []LayerResult, admitted bool) {
 // concurrency layer until it is released. Call it when the request has
 // been served. Only the first call on any copy of the Result gives the
 // slots back; later calls, and calls on a Result that holds no slot, do
-// nothing. A Result with a Delay whose concurrency layers were not yet
-// reported to the Observer (see [Limiter.Wait]) reports them as admitted.
+// nothing.
 func (res *Result) Release() {
 	if res.held != nil {
 		res.held()
-	}
-	if rep := res.report; rep.take() {
-		rep.l.reportSlots(res, res.Layers, true)
 	}
 }
 

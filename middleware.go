@@ -203,9 +203,6 @@ type Result struct {
 	// refunded, so that it is refunded once whichever copy asks; nil for
 	// a Result the caller cannot copy.
 	claim *uint32
-	// report is the slot layers' report still to be made once a shaping
-	// delay is waited out, or nil (see slotReport).
-	report *slotReport
 }
 
 // LayerResult is the decision of one applied layer.
@@ -1412,25 +1409,20 @@ func keyPrefix(key string) (netip.Prefix, bool) {
 // so their full-room refusals charge nothing; after Decide, Wait can only
 // count the waiters afterwards.) In the last two cases the charge stays,
 // the in-flight slots res holds are given back (see [Result.Release]: a
-// refusal holds none; the concurrency layers' Remaining counts the slot
-// back), and Wait turns res into a refusal for
+// refusal holds none), and Wait turns res into a refusal for
 // [Limiter.Refuse]: Proceed false,
 // Err set, and for ErrTooManyWaiting the delaying layers marked Refused and
 // the refusal reported to the Observer (Refuse then answers 429 with
 // Retry-After set to the delay, or to when the requests waiting are served
 // if that is later; 503 for an ended context).
 //
-// With an Observer (see [WithObserver]), the concurrency layers of a
-// Result that holds slots and has a Delay are reported once that Delay is
-// waited out, not by Decide: as admitted when Wait returns nil, as not
-// admitted when it fails and gives their slots back (a Result released
-// without a Wait reports them as admitted at [Result.Release]). So an
-// Observer counts as admitted exactly the slots that stay taken, as it
-// does for a request another layer refuses.
-//
 // The delay is waited on a real timer, whatever the Limiter's clock.
 func (l *Limiter) Wait(ctx context.Context, res *Result) error {
-	return l.wait(ctx, res, res.Layers)
+	err := l.wait(ctx, res, res.Layers)
+	if err != nil && res.held != nil {
+		res.held() // a refusal holds no slot; Release on any copy is then a no-op
+	}
+	return err
 }
 
 // wait is Wait with the layers passed apart (see Limiter.Admit).
@@ -1477,14 +1469,6 @@ func (l *Limiter) wait(ctx context.Context, res *Result, layers []LayerResult) e
 			}
 			l.observeRoomFull(ps)
 		}
-		if res.held != nil {
-			// A refusal holds no slot; Release on any copy is then a no-op.
-			l.giveBack(res, layers)
-		}
-	}
-	if rep := res.report; rep.take() {
-		// Admitted only when the slots stay held (see settle).
-		l.reportSlots(res, layers, err == nil)
 	}
 	return err
 }

@@ -52,9 +52,7 @@
 // "denied" over rules counts a request refused by two layers twice. For a
 // concurrency layer (ratelimit.Layer.InFlight), a charge is a slot that
 // stays taken: a request another layer refuses gives its slot back
-// ("not_charged"), as does one whose shaping delay is not waited out (its
-// context ends, or the waiting room is full: see ratelimit.Limiter.Wait),
-// but one served in dry-run mode keeps it ("allowed").
+// ("not_charged"), but one served in dry-run mode keeps it ("allowed").
 //
 // ratelimit_decision_duration_seconds is the time the store took to decide
 // the batch that held the rule's decision (the same batch time is observed

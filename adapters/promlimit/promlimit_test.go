@@ -377,26 +377,6 @@ func TestInFlightLayerNotCharged(t *testing.T) {
 	compare(t, reg, decisionsHelp+decisions("conc", 1, 0, 0, 2)+decisions("rate", 1, 2, 0, 0), "ratelimit_decisions_total")
 }
 
-// TestInFlightLayerWaitFailed: a concurrency layer's slot given back
-// because its request's shaping delay was not waited out (its context
-// ended) counts as not_charged, not allowed; the shaping charge stays.
-func TestInFlightLayerWaitFailed(t *testing.T) {
-	m, reg := newMetrics(t)
-	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
-		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: 10 * time.Second}},
-		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "conc"}, InFlight: 5},
-	}, ratelimit.WithClock(core.NewFakeClock(t0)), ratelimit.WithObserver(m)))
-	h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	ended, cancel := context.WithCancel(context.Background())
-	cancel()
-	for _, ctx := range []context.Context{context.Background(), ended} { // served; delayed, gone
-		r := httptest.NewRequest("GET", "/", nil).WithContext(ctx)
-		r.RemoteAddr = "192.0.2.1:1"
-		h.ServeHTTP(httptest.NewRecorder(), r)
-	}
-	compare(t, reg, decisionsHelp+decisions("conc", 1, 0, 0, 1)+decisions("shape", 2, 0, 0, 0), "ratelimit_decisions_total")
-}
-
 // TestInFlightLayerDryRun: in dry-run mode a request a rate layer refuses
 // is served and keeps its slot, so the slot counts as allowed.
 func TestInFlightLayerDryRun(t *testing.T) {
