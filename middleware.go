@@ -1409,7 +1409,9 @@ func keyPrefix(key string) (netip.Prefix, bool) {
 // so their full-room refusals charge nothing; after Decide, Wait can only
 // count the waiters afterwards.) In the last two cases the charge stays,
 // the in-flight slots res holds are given back (see [Result.Release]: a
-// refusal holds none), and Wait turns res into a refusal for
+// refusal holds none; the Observer, told of the concurrency layers when
+// they were decided, still counts them admitted), and Wait turns res into
+// a refusal for
 // [Limiter.Refuse]: Proceed false,
 // Err set, and for ErrTooManyWaiting the delaying layers marked Refused and
 // the refusal reported to the Observer (Refuse then answers 429 with

@@ -53,6 +53,10 @@
 // concurrency layer (ratelimit.Layer.InFlight), a charge is a slot that
 // stays taken: a request another layer refuses gives its slot back
 // ("not_charged"), but one served in dry-run mode keeps it ("allowed").
+// One exception: a request admitted with a shaping delay is counted when
+// decided, so one whose wait then fails (its context ended, or the waiting
+// room was full after Decide) stays counted "allowed" under its
+// concurrency layers, though its slot is given back.
 //
 // ratelimit_decision_duration_seconds is the time the store took to decide
 // the batch that held the rule's decision (the same batch time is observed
