@@ -222,6 +222,10 @@ func (l *Limiter) acquireWith(ctx context.Context, res *Result, buf []LayerResul
 			return m, false
 		default:
 			l.failed(res, outcomeStore, wrap(ErrStoreFailure, "", err))
+			// The slot store's failure, logged on a line of its own (see
+			// noteFailedOpen) when served: a rate store failing later is
+			// logged too.
+			res.slotsFailed = true
 		}
 		return 0, true
 	}

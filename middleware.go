@@ -188,9 +188,10 @@ type Result struct {
 	at       int64  // Unix ns of the decision, 0 before one was made
 	reserved bool   // holds a waiting-room slot that wait releases
 	held     func() // gives back the in-flight slots the request holds
-	// slotsFailed reports that the slot store failed and, under fail-open,
-	// the request was decided by its rate layers alone; slotErr is that
-	// failure, for the error handler.
+	// slotsFailed reports that the slot store failed: under fail-open,
+	// the request was decided by its rate layers alone, and slotErr is that
+	// failure, for the error handler; with no rate layer applied (or under
+	// fail-closed), Err is that failure and slotErr nil.
 	slotsFailed bool
 	slotErr     error
 	// slotLatency is the time the slot store took, for the slot layers'
@@ -920,10 +921,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 		if l.cfg.errHandler != nil && l.callErrorHandler(w, r, res.Err) {
 			return false
 		}
-		if res.kind == outcomeStore && !res.DryRun {
-			l.logOnce(logFailOpen, msgFailOpen, "error", res.Err.Error())
-		}
-		l.noteSlotsFailedOpen(res)
+		l.noteFailedOpen(res)
 		return true
 	case outcomeQueueFull:
 		if len(layers) == 0 { // refused before anything was charged
@@ -945,7 +943,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 			return false
 		}
 	}
-	l.noteSlotsFailedOpen(res) // served: logged only now
+	l.noteFailedOpen(res) // served: logged only now
 	return true
 }
 
@@ -955,11 +953,13 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 // composed flow). It allocates the Result's Layers; Admit does not. With
 // concurrency layers, a Result that proceeds holds their slots until
 // [Result.Release] is called; when their slot store failed, the Result
-// proceeds on the rate layers alone, and Decide logs that once (see
-// [WithLogger]), whether or not the caller then serves the request.
+// proceeds on the rate layers alone. A Result that proceeds past a failed
+// store (fail-open, see [WithFailClosed]) or slot store is logged once (see
+// [WithLogger]) by Decide, whether or not the caller then serves the
+// request.
 func (l *Limiter) Decide(r *http.Request) Result {
 	res := l.decideResult(r, false)
-	l.noteSlotsFailedOpen(&res) // the caller serves it: logged now
+	l.noteFailedOpen(&res) // the caller serves it: logged now
 	return res
 }
 
@@ -1274,12 +1274,24 @@ func (l *Limiter) releaseOnPanic(res *Result) {
 	}
 }
 
-// noteSlotsFailedOpen logs, once, a request that proceeds without its
-// concurrency layers, their slot store having failed (the rate layers
-// still decided): a line of its own, so that a rate store failing later,
+// noteFailedOpen logs, once, a request that proceeds past a failed store
+// (outside dry-run): the rate store's failure on its line, and the slot
+// store's (the rate layers decided without the concurrency layers, or
+// none applied) on a line of its own, so that a rate store failing later,
 // which limits nothing at all, is logged too.
-func (l *Limiter) noteSlotsFailedOpen(res *Result) {
-	if res.slotErr != nil && res.Proceed && !res.DryRun {
+func (l *Limiter) noteFailedOpen(res *Result) {
+	if !res.Proceed || res.DryRun {
+		return
+	}
+	if res.kind == outcomeStore {
+		if res.slotsFailed && res.slotErr == nil {
+			// The slot store failed, and no rate layer applied to decide.
+			l.logOnce(logSlotFailOpen, msgSlotFailOpen, "error", res.Err.Error())
+		} else {
+			l.logOnce(logFailOpen, msgFailOpen, "error", res.Err.Error())
+		}
+	}
+	if res.slotErr != nil {
 		l.logOnce(logSlotFailOpen, msgSlotFailOpen, "error", res.slotErr.Error())
 	}
 }

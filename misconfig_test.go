@@ -660,6 +660,66 @@ func TestFailOpenLoggedOnce(t *testing.T) {
 	}
 }
 
+// TestDecideFailOpenLogged: a Result of Decide that proceeds past a failed
+// store, which its caller serves, is logged once, as the handlers log it.
+func TestDecideFailOpenLogged(t *testing.T) {
+	logs, logOpt := newLogBuf()
+	l := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10).Named("ip")}},
+		ratelimit.WithStore(&mwFailStore{}), logOpt)
+	for range 3 {
+		if res := l.Decide(mwReq("192.0.2.1:1")); !res.Proceed || res.Err == nil {
+			t.Fatalf("fail-open: %+v", res)
+		}
+	}
+	if n := logs.count("store errors are being served fail-open"); n != 1 {
+		t.Fatalf("logged %d times:\n%s", n, logs)
+	}
+}
+
+// flakySlots is a SlotTable whose calls fail while down is set.
+type flakySlots struct {
+	down *atomic.Bool
+	t    *core.SlotTable
+}
+
+func (s flakySlots) Acquire(ctx context.Context, reqs []core.SlotRequest, out []core.SlotDecision) (func(), error) {
+	if s.down.Load() {
+		return nil, errors.New("slot backend down")
+	}
+	return s.t.Acquire(ctx, reqs, out)
+}
+
+// TestSlotOnlyFailOpenKeepsRateLine: a slot store failing for a request
+// whose only applied layers are concurrency layers (an anonymous request,
+// the per-user rate layer skipped) is logged on the slot store's line, so
+// that the rate store failing later is logged on its own.
+func TestSlotOnlyFailOpenKeepsRateLine(t *testing.T) {
+	var slotsDown, storeDown, fellBack atomic.Bool
+	logs, logOpt := newLogBuf()
+	e := mwNew(t, []ratelimit.Layer{
+		{Key: ratelimit.User(), Rule: core.PerMinute(1).Named("per-user")},
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "conc"}, InFlight: 2},
+	}, logOpt, ratelimit.WithSlotStore(flakySlots{&slotsDown, core.NewSlotTable(0)}),
+		ratelimit.WithStore(switchStore{&storeDown, &fellBack, core.MustMemoryStore(nil)}))
+	slotsDown.Store(true)
+	if c := e.do(t, mwReq("192.0.2.1:1")).Code; c != 200 {
+		t.Fatalf("slot store down: %d", c)
+	}
+	slotsDown.Store(false)
+	storeDown.Store(true)
+	for range 3 {
+		if c := e.do(t, mwUserReq("192.0.2.1:1", "alice")).Code; c != 200 {
+			t.Fatalf("rate store down: %d", c)
+		}
+	}
+	if n := logs.count("in-flight slot store errors are being served fail-open"); n != 1 {
+		t.Errorf("the slot store's line logged %d times:\n%s", n, logs)
+	}
+	if n := logs.count(`ratelimit: store errors are being served fail-open`); n != 1 {
+		t.Errorf("the rate store's line logged %d times:\n%s", n, logs)
+	}
+}
+
 // TestForwardedFromPrivatePeerLogged checks the one-time warning for
 // forwarded headers from a loopback or private peer nothing trusts, whatever
 // else the key holds, that it never carries the address, and that a trusted

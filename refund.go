@@ -244,7 +244,7 @@ func (l *Limiter) Refund(ctx context.Context, res *Result) error {
 	if n == 0 || !claimRefund(res) {
 		return nil
 	}
-	if err := l.cl.Refund(ctx, reqs[:n]); err != nil {
+	if err := l.refund(ctx, reqs[:n]); err != nil {
 		if res.claim != nil {
 			atomic.StoreUint32(res.claim, 0) // the charge stays: it may be refunded again
 		}
@@ -253,15 +253,16 @@ func (l *Limiter) Refund(ctx context.Context, res *Result) error {
 	return nil
 }
 
-// refund gives back the batch reqs, reporting a failure.
-func (l *Limiter) refund(ctx context.Context, reqs []core.Request) {
+// refund gives back the batch reqs, reporting a failure (to the Observer,
+// and logged once) other than a store that cannot refund, and returns it.
+func (l *Limiter) refund(ctx context.Context, reqs []core.Request) error {
 	var start time.Time
 	if l.cfg.observer != nil {
 		start = l.clock.Now() // the Limiter's clock, as every latency it reports
 	}
 	err := l.cl.Refund(ctx, reqs)
-	if err == nil {
-		return
+	if err == nil || errors.Is(err, core.ErrUnsupported) {
+		return err
 	}
 	if l.cfg.observer != nil {
 		ps := make([]*core.Policy, len(reqs))
@@ -271,6 +272,7 @@ func (l *Limiter) refund(ctx context.Context, reqs []core.Request) {
 		l.cfg.observer.ObserveError(core.ErrorEvent{Policies: ps, Err: fmt.Errorf("ratelimit: refund: %w", err), Latency: l.clock.Now().Sub(start)})
 	}
 	l.logOnce(logRefund, msgRefund, "error", err.Error())
+	return err
 }
 
 // refundStopped gives back the charge of res, a request whose rate layers

@@ -746,6 +746,36 @@ func (s slowRefundStore) Refund(context.Context, time.Time, []core.Request) erro
 	return errors.New("refund failed")
 }
 
+// TestLimiterRefundFailureReported: a refund through Limiter.Refund that
+// fails is returned, reported to the Observer and logged once, as
+// WithRefund's are.
+func TestLimiterRefundFailureReported(t *testing.T) {
+	logs, logOpt := newLogBuf()
+	obs := &mwObserver{}
+	clk := core.NewFakeClock(mwT0)
+	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(5)}},
+		ratelimit.WithClock(clk), logOpt, ratelimit.WithObserver(obs),
+		ratelimit.WithStore(slowRefundStore{core.MustMemoryStore(nil), clk}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		res := l.Decide(mwReq("192.0.2.1:1"))
+		if err := l.Refund(context.Background(), &res); err == nil {
+			t.Fatal("the refund succeeded")
+		}
+	}
+	obs.mu.Lock()
+	nerr := len(obs.errs)
+	obs.mu.Unlock()
+	if nerr != 2 {
+		t.Errorf("%d errors reported to the Observer, want 2", nerr)
+	}
+	if n := logs.count("refunding a request failed"); n != 1 {
+		t.Errorf("logged %d times:\n%s", n, logs)
+	}
+}
+
 // TestRefundFailureLatency: a failed refund's latency, as the Observer
 // sees it, is measured on the Limiter's clock, as every other latency.
 func TestRefundFailureLatency(t *testing.T) {

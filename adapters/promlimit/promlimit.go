@@ -66,7 +66,8 @@
 // A Limiter on a fake clock reports 0.
 //
 // ratelimit_errors_total counts the errors a Store returned, once under each
-// rule of the batch: store failures, core.ErrStoreFull from a full
+// rule of the batch: store failures (of a refund too, through
+// ratelimit.WithRefund or Limiter.Refund), core.ErrStoreFull from a full
 // MemoryStore with KeepActive (its requests are answered 429, but no rule
 // refused them, so they are not "denied": a growing count means the store
 // is too small for its busy keys, or under a flood of new ones),
