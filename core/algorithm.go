@@ -101,6 +101,34 @@ func settle(now, at int64) (t, shift int64) {
 	return now, 0
 }
 
+// stateTime returns the time a decision at now reads s at under p, a
+// built-in algorithm, to convert it to another policy: the time s was last
+// written at (for a token bucket, the earliest a decision could have left
+// its arrival time, TAT less tau, rounded up) when now lies behind it by
+// at most ClockTolerance (see settle), now otherwise. A leaky bucket's is
+// now: its record in the Redis store, which converts alike, does not carry
+// the MaxDelay that says how far ahead of its last decision its arrival
+// time may be.
+func stateTime(p *Policy, s *State, now int64) int64 {
+	at := now
+	switch p.alg {
+	case FixedWindow, SlidingWindowCounter:
+		if s.B != 0 {
+			at = s.A * p.window
+		}
+	case SlidingWindowLog:
+		if s.log != nil && s.log.len > 0 {
+			at = s.log.newest()
+		}
+	case TokenBucket:
+		if s.B != 0 {
+			at = s.A - p.tauQ + b2i(uint64(s.B-1) > p.tauR)
+		}
+	}
+	t, _ := settle(now, at)
+	return t
+}
+
 // later adds shift (see settle) to d's durations, which count from the
 // caller's own time.
 func (d *Decision) later(shift int64) {

@@ -198,9 +198,18 @@ func (s *memShard) adopt(e *memEntry, p *Policy, now int64) (lost bool) {
 		return false
 	}
 	used := s.inUse(old, &e.st, now)
+	// Under a window or a log, recorded at the old record's own time when
+	// now lies behind it (see settle): at now, the units would go to a
+	// window or instant before the record's, which the next decision at
+	// the record's time would find over. A bucket starts to give them back
+	// at now (ahead of now, it would read them as more than it holds).
+	at := now
+	if !isGCRA(p) {
+		at = stateTime(old, &e.st, now)
+	}
 	e.st = State{}
 	if used > 0 {
-		p.alg.Decide(p, &e.st, min(used, p.capacity), now, true, &s.dec)
+		p.alg.Decide(p, &e.st, min(used, p.capacity), at, true, &s.dec)
 	}
 	return used > p.capacity
 }

@@ -146,3 +146,60 @@ func testStaleRefundCharge(t *testing.T, newStore func(*testing.T) core.Store) {
 		}
 	}
 }
+
+// testStaleConversion: a request under a policy of another identity (same
+// Name) decided behind the key's record by at most core.ClockTolerance
+// converts the record's units in use where the record says they are (a
+// window's start, a log's newest entry, a bucket's arrival time), never in
+// a window or at an instant before: right after the record's time, the
+// key has no more room under the new policy than after the same request
+// at the record's time, but for what recovers under it in the request's
+// lag (a window's record does not say when within its window it was
+// charged: their recovery may start at the request's time, as for any
+// conversion).
+func testStaleConversion(t *testing.T, newStore func(*testing.T) core.Store) {
+	s := newStore(t)
+	if _, ok := s.(core.Peeker); !ok {
+		t.Skip("the store is not a core.Peeker")
+	}
+	h := Harness{t, s}
+	for _, ra := range suiteRules(10, 10*time.Second) {
+		if ra.Algorithm == core.LeakyBucket {
+			// Converted at the request's time: its record does not carry
+			// the MaxDelay that says how far ahead its arrival time may be.
+			continue
+		}
+		for _, rb := range suiteRules(20, 10*time.Second) {
+			ra.Name, rb.Name = "conv", "conv"
+			a, b := mustPolicy(t, ra), mustPolicy(t, rb)
+			for _, off := range []time.Duration{0, 5 * time.Second} {
+				name := fmt.Sprintf("%s to %s/t2=%v", ra.Algorithm.Name(), rb.Algorithm.Name(), off)
+				t2 := time.Minute + off
+				run := func(gap time.Duration) (core.Decision, core.Decision) {
+					key := uniqueKey(t, "stale-conv")
+					if d, err := h.Take(a, key, 10, t2); err != nil || !d.Allowed {
+						t.Fatalf("%s: 10 at %v: %+v %v", name, t2, d, err)
+					}
+					own, err := h.Take(b, key, 1, t2-gap)
+					if err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					out, err := h.Peek([]core.Request{{Policy: b, Key: key, Cost: 1}}, t2+ms)
+					if err != nil {
+						t.Fatalf("%s: peek: %v", name, err)
+					}
+					return own, out[0]
+				}
+				own, sd := run(500 * ms)
+				ctl, cd := run(0)
+				// What recovers under b in the request's lag: a window's
+				// record does not say when within its window it was
+				// charged, and a bucket's recovery starts at the request.
+				lag := (500*ms*time.Duration(b.Limit()) + b.Window() - 1) / b.Window()
+				if own.Allowed != ctl.Allowed || sd.Remaining > cd.Remaining+int64(lag) {
+					t.Errorf("%s: the request 500ms behind the record: %+v, then %+v; at the record's time: %+v, then %+v", name, own, sd, ctl, cd)
+				}
+			}
+		}
+	}
+}

@@ -58,6 +58,7 @@ func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
 	t.Run("ClockBackwardsBounded", func(t *testing.T) { testBackwardsBounded(t, newStore) })
 	t.Run("StaleTimeNeverCredits", func(t *testing.T) { testStale(t, newStore) })
 	t.Run("StaleChargeRefunded", func(t *testing.T) { testStaleRefundCharge(t, newStore) })
+	t.Run("StaleConversion", func(t *testing.T) { testStaleConversion(t, newStore) })
 	t.Run("NewKeyWholeAtAnyInstant", func(t *testing.T) { testAnyInstant(t, newStore) })
 	t.Run("PolicyIdentity", func(t *testing.T) { testIdentity(t, newStore) })
 	t.Run("HugeAndTinyWindows", func(t *testing.T) { testWindows(t, newStore) })
