@@ -546,23 +546,28 @@ end
 
 var (
 	// slotAcquireLua: ARGV = now, expiry ms, slot id, then the limit of
-	// each key. Returns {1 if admitted else 0, slots held per key}.
+	// each key. Returns {1 if admitted else 0, slots held per key}. The
+	// slots held are counted before anything is written, and an admission
+	// writes its ZADD first: out of memory (maxmemory, noeviction), Redis
+	// refuses a script's first write only if it may grow memory, as ZADD
+	// may and ZREMRANGEBYSCORE may not, and lets every write after it
+	// through.
 	slotAcquireLua = newLua(nowLua + `
 local ttl = tonumber(ARGV[2])
 local id = ARGV[3]
 local res = {1}
 for i, k in ipairs(KEYS) do
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-  local n = redis.call('ZCARD', k)
+  local n = redis.call('ZCARD', k) - redis.call('ZCOUNT', k, '-inf', now)
   res[i + 1] = n
   if n >= tonumber(ARGV[3 + i]) then res[1] = 0 end
 end
-if res[1] == 1 then
-  for i, k in ipairs(KEYS) do
+for i, k in ipairs(KEYS) do
+  if res[1] == 1 then
     redis.call('ZADD', k, now + ttl, id)
-    settle(k)
     res[i + 1] = res[i + 1] + 1
   end
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
+  if res[1] == 1 then settle(k) end
 end
 return res
 `)

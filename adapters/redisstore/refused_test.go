@@ -81,27 +81,7 @@ func TestOutOfMemoryRefusesWrites(t *testing.T) {
 	for _, key := range keys {
 		held[key] = admin.Dump(ctx, key).Val()
 	}
-	// Filled, then given a maxmemory below what it uses: over the limit
-	// whatever the next write's size.
-	filler := strings.Repeat("x", 16<<10)
-	for i := range 64 {
-		if err := admin.Set(ctx, "filler:"+strconv.Itoa(i), filler, 0).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	used, err := strconv.Atoi(redistest.ParseInfo(admin.Info(ctx, "memory").Val())["used_memory"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := admin.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := admin.ConfigSet(ctx, "maxmemory", strconv.Itoa(used-512<<10)).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := admin.Set(ctx, "probe", "x", 0).Err(); err == nil || !strings.Contains(err.Error(), "OOM") {
-		t.Fatalf("a write to the full server: %v, want OOM", err)
-	}
+	fillServer(t, admin)
 	for _, alg := range refusedAlgorithms {
 		for _, tc := range []struct {
 			name string
@@ -134,5 +114,75 @@ func TestOutOfMemoryRefusesWrites(t *testing.T) {
 		if v, err := admin.Dump(ctx, key).Result(); err != nil || v != was {
 			t.Errorf("%s changed under OOM (%v)", key, err)
 		}
+	}
+}
+
+// fillServer fills the server of admin, then gives it a maxmemory below
+// what it uses, under noeviction: over the limit whatever the next write's
+// size.
+func fillServer(t *testing.T, admin *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	filler := strings.Repeat("x", 16<<10)
+	for i := range 64 {
+		if err := admin.Set(ctx, "filler:"+strconv.Itoa(i), filler, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used, err := strconv.Atoi(redistest.ParseInfo(admin.Info(ctx, "memory").Val())["used_memory"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(ctx, "maxmemory", strconv.Itoa(used-512<<10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Set(ctx, "probe", "x", 0).Err(); err == nil || !strings.Contains(err.Error(), "OOM") {
+		t.Fatalf("a write to the full server: %v, want OOM", err)
+	}
+}
+
+// TestOutOfMemoryBatchBehindLog: on a full noeviction server, a batch
+// whose first request is a sliding log that drops expired entries, or
+// merges its charge into the newest entry, writes first what Redis
+// refuses: the batch fails, and the new key of its next request is not
+// written. So do in-flight slots for new keys.
+func TestOutOfMemoryBatchBehindLog(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := newClient(t, srv.Addr())
+	ctx := context.Background()
+	s := newStore(t, newClient(t, srv.Addr()), &Config{ClientTime: true, Breaker: &BreakerConfig{Failures: 1 << 30}})
+	log := mustPolicy(t, core.Rule{Name: "global", Algorithm: core.SlidingWindowLog, Limit: 100, Window: time.Second})
+	ip := mustPolicy(t, core.Rule{Name: "ip", Limit: 10, Window: time.Minute})
+	t0 := time.Unix(1_800_000_000, 0)
+	var one [1]core.Decision
+	if err := s.Take(ctx, t0, []core.Request{{Policy: log, Key: "all", Cost: 1}}, one[:]); err != nil || !one[0].Allowed {
+		t.Fatal(err, one[0])
+	}
+	slots, err := NewInFlight(newClient(t, srv.Addr()), &InFlightConfig{Prefix: uniquePrefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { slots.Close() })
+	fillServer(t, admin)
+	keys := admin.DBSize(ctx).Val()
+	for _, at := range []time.Time{t0, t0.Add(2 * time.Second)} { // merged into the newest entry; after it expired
+		out := make([]core.Decision, 2)
+		err := s.Take(ctx, at, []core.Request{{Policy: log, Key: "all", Cost: 1}, {Policy: ip, Key: "203.0.113.7", Cost: 1}}, out)
+		if err == nil || !strings.Contains(err.Error(), "OOM") {
+			t.Errorf("at %v: %v, %+v; want the server's OOM error", at.Sub(t0), err, out)
+		}
+	}
+	for i := range 5 {
+		var out [1]core.SlotDecision
+		if release, err := slots.Acquire(ctx, []core.SlotRequest{{Name: "conc", Key: "client" + strconv.Itoa(i), Limit: 2}}, out[:]); err == nil {
+			release()
+			t.Errorf("a slot for a new key acquired on a full server: %+v", out[0])
+		}
+	}
+	if n := admin.DBSize(ctx).Val(); n != keys {
+		t.Errorf("keys on the full server: %d, then %d", keys, n)
 	}
 }

@@ -225,10 +225,16 @@ modules.swlog = function()
       end
       redis.call('RPUSH', key, unpack(parts))
     else
-      -- Drop the head and at most TRIM of the k expired entries (the rest
-      -- go with later charges; they never count, being before the window);
-      -- the head, with the running count before the first entry kept, goes
-      -- back last.
+      -- The charge's entry, merged with the newest entries at or after now
+      -- (a clock stepped back, or charges at now), goes in first; then the
+      -- head and at most TRIM of the k expired entries are dropped (the
+      -- rest go with later charges; they never count, being before the
+      -- window), the head, with the running count before the first entry
+      -- kept, taking the place of the last one dropped. So the first write
+      -- is one that may grow memory (LSET, RPUSH): out of memory
+      -- (maxmemory, noeviction), Redis refuses a script's first write only
+      -- if so, and lets every write after it through, a batch's other
+      -- requests' too.
       local base = st.base
       if k > TRIM then
         k = TRIM
@@ -237,26 +243,29 @@ modules.swlog = function()
       elseif k > 0 then
         base = ck
       end
-      if k > 0 then
-        redis.call('LTRIM', key, k + 1, -1)
-      end
       local units = cost
       local live = st.len - k
+      local m = 0 -- the newest entries merged into the charge's
       if live > 0 and st.newest >= now then
-        local t, n = st.newest, st.newestN
-        while live > 0 and t >= now do
-          units = units + n
-          redis.call('RPOP', key)
-          live = live - 1
-          if live == 0 then break end
-          t, n = parse_entry(redis.call('LINDEX', key, -1))
+        units, m = units + st.newestN, 1
+        while m < live do
+          local t, n = entry(st, st.len - m)
+          if t < now then break end
+          units, m = units + n, m + 1
         end
       end
-      if units > 0 then
+      if m > 0 then
+        local i = st.len - m + 1 -- the oldest merged entry's index (the head's is 0)
+        redis.call('LSET', key, i, entry_string(now, units, newC))
+        if m > 1 then
+          redis.call('LTRIM', key, 0, i)
+        end
+      elseif units > 0 then
         redis.call('RPUSH', key, entry_string(now, units, newC))
       end
       if k > 0 then
-        redis.call('LPUSH', key, head_string(base, P))
+        redis.call('LSET', key, k, head_string(base, P))
+        redis.call('LTRIM', key, k, -1)
       end
     end
     redis.call('PEXPIRE', key, fmt(ttl))
