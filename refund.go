@@ -239,6 +239,9 @@ func (l *Limiter) Refund(ctx context.Context, res *Result) error {
 	if res == nil || !charged(res, res.Layers) {
 		return nil
 	}
+	if _, ok := l.cl.Store().(core.Refunder); !ok {
+		return fmt.Errorf("ratelimit: refund: %w: the store (%T) does not implement core.Refunder", core.ErrUnsupported, l.cl.Store())
+	}
 	var reqs [core.MaxBatch]core.Request
 	n := l.refundRequests(res.Layers, res.rs, res.at, &reqs)
 	if n == 0 || !claimRefund(res) {
@@ -254,14 +257,15 @@ func (l *Limiter) Refund(ctx context.Context, res *Result) error {
 }
 
 // refund gives back the batch reqs, reporting a failure (to the Observer,
-// and logged once) other than a store that cannot refund, and returns it.
+// and logged once), and returns it. The end of the caller's context (its
+// client went away) is no store failure: returned, not reported.
 func (l *Limiter) refund(ctx context.Context, reqs []core.Request) error {
 	var start time.Time
 	if l.cfg.observer != nil {
 		start = l.clock.Now() // the Limiter's clock, as every latency it reports
 	}
 	err := l.cl.Refund(ctx, reqs)
-	if err == nil || errors.Is(err, core.ErrUnsupported) {
+	if err == nil || ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return err
 	}
 	if l.cfg.observer != nil {

@@ -776,6 +776,47 @@ func TestLimiterRefundFailureReported(t *testing.T) {
 	}
 }
 
+// ctxRefundStore is a MemoryStore whose Refund, as a network store's does,
+// fails with the context's error once it has ended.
+type ctxRefundStore struct{ *core.MemoryStore }
+
+func (s ctxRefundStore) Refund(ctx context.Context, now time.Time, reqs []core.Request) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.MemoryStore.Refund(ctx, now, reqs)
+}
+
+// TestRefundClientGoneNotReported: Limiter.Refund with a context that has
+// ended (the request's, after its client hung up) returns the context's
+// error, which is no store failure: neither reported to the Observer nor
+// logged as a failed refund.
+func TestRefundClientGoneNotReported(t *testing.T) {
+	logs, logOpt := newLogBuf()
+	obs := &mwObserver{}
+	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(5)}},
+		ratelimit.WithClock(core.NewFakeClock(mwT0)), logOpt, ratelimit.WithObserver(obs),
+		ratelimit.WithStore(ctxRefundStore{core.MustMemoryStore(nil)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := l.Decide(mwReq("192.0.2.1:1"))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := l.Refund(ctx, &res); !errors.Is(err, context.Canceled) {
+		t.Fatalf("refund: %v, want context.Canceled", err)
+	}
+	obs.mu.Lock()
+	n := len(obs.errs)
+	obs.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d errors reported to the Observer", n)
+	}
+	if logs.count("refunding a request failed") != 0 {
+		t.Errorf("logged:\n%s", logs)
+	}
+}
+
 // TestRefundFailureLatency: a failed refund's latency, as the Observer
 // sees it, is measured on the Limiter's clock, as every other latency.
 func TestRefundFailureLatency(t *testing.T) {

@@ -142,3 +142,36 @@ type takeOnly struct{ s core.Store }
 func (o takeOnly) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
 	return o.s.Take(ctx, now, reqs, out)
 }
+
+// TestRefundByFallbackThatCannotRefundReported: WithRefund over a store
+// whose Fallback cannot refund (Redis down, the Fallback charged): the
+// refund fails with an error wrapping core.ErrUnsupported and the charge
+// stays, which is reported to the Observer like any failed refund.
+func TestRefundByFallbackThatCannotRefundReported(t *testing.T) {
+	var rec errorRecorder
+	s := newStore(t, deadClient(t), &Config{ClientTime: true, Fallback: takeOnly{core.MustMemoryStore(nil)}})
+	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.Header("X-User"), Rule: core.Rule{Name: "login", Algorithm: core.FixedWindow, Limit: 3, Window: time.Hour}}},
+		ratelimit.WithStore(s), ratelimit.WithClock(core.NewFakeClock(time.Unix(1_800_000_000, 0))), ratelimit.WithObserver(&rec),
+		ratelimit.WithRefund(func(*http.Request, int) bool { return true }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodPost, "/login", nil)
+	r.Header.Set("X-User", "alice")
+	w := httptest.NewRecorder()
+	l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).ServeHTTP(w, r)
+	if w.Code != http.StatusOK {
+		t.Fatalf("status %d", w.Code)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	var refunds int
+	for _, e := range rec.errs {
+		if errors.Is(e, core.ErrUnsupported) {
+			refunds++
+		}
+	}
+	if refunds != 1 {
+		t.Errorf("the failed refund reported %d times; errors: %v", refunds, rec.errs)
+	}
+}
