@@ -102,13 +102,11 @@ func settle(now, at int64) (t, shift int64) {
 }
 
 // stateTime returns the time a decision at now reads s at under p, a
-// built-in algorithm, to convert it to another policy: the time s was last
-// written at (for a token bucket, the earliest a decision could have left
-// its arrival time, TAT less tau, rounded up) when now lies behind it by
-// at most ClockTolerance (see settle), now otherwise. A leaky bucket's is
-// now: its record in the Redis store, which converts alike, does not carry
-// the MaxDelay that says how far ahead of its last decision its arrival
-// time may be.
+// built-in algorithm, to convert it to another policy: the time s says it
+// was last written at (a window's start, a log's newest entry) when now
+// lies behind it by at most ClockTolerance (see settle), now otherwise. A
+// bucket's is now: its arrival time does not say when its last decision
+// was made.
 func stateTime(p *Policy, s *State, now int64) int64 {
 	at := now
 	switch p.alg {
@@ -119,10 +117,6 @@ func stateTime(p *Policy, s *State, now int64) int64 {
 	case SlidingWindowLog:
 		if s.log != nil && s.log.len > 0 {
 			at = s.log.newest()
-		}
-	case TokenBucket:
-		if s.B != 0 {
-			at = s.A - p.tauQ + b2i(uint64(s.B-1) > p.tauR)
 		}
 	}
 	t, _ := settle(now, at)

@@ -60,13 +60,13 @@ local function load(key, alg, kind, P)
     local oalg = algorithm(okind)
     local ost = oalg.load(key, v)
     -- at: the old record's own time when now lies behind it by at most TOL
-    -- (settle; a token bucket's, its TAT less tau, rounded up), where the
-    -- units carried over are recorded: at now, they would go to a window
-    -- or instant before the record's, which the next decision at its time
-    -- would find over (core's stateTime). A leaky bucket's is now: its tag
-    -- does not carry the MaxDelay that says how far ahead of its last
-    -- decision its TAT may be. A bucket P starts to give the units back at
-    -- now (ahead of now, it would read them as more than it holds).
+    -- (settle: a window's start, a log's newest entry), where the units
+    -- carried over are recorded: at now, they would go to a window or
+    -- instant before the record's, which the next decision at its time
+    -- would find over (core's stateTime). A bucket's is now: its TAT does
+    -- not say when its last decision was made. A bucket P starts to give
+    -- the units back at now (ahead of now, it would read them as more than
+    -- it holds).
     local at = now
     if kind == 'g' then
       -- at now
@@ -76,10 +76,6 @@ local function load(key, alg, kind, P)
       if ost.prev > 0 or ost.curr > 0 then at = settle(now, ost.A * oldP.W) end
     elseif okind == 'l' then
       if ost.len > 0 then at = settle(now, ost.newest) end
-    elseif not ost.fresh and sbyte(rtag) ~= 107 then -- 't'
-      local a = ost.A - oldP.tauQ
-      if ost.B > oldP.tauR then a = a + 1 end
-      at = settle(now, a)
     end
     local od = oalg.decide(ost, oldP, 0, now)
     local used = oldP.cap - od.rem

@@ -279,7 +279,8 @@ modules.swlog = function()
       redis.call('DEL', key)
       return
     end
-    write(key, st, P, 0, now, { k = 0, ck = 0 }, slack)
+    -- a converted state's entry at most TOL after now stays at its time
+    write(key, st, P, 0, now, { k = 0, ck = 0, at = settle(now, st.newest) }, slack)
   end
 
   function swlog.commit(key, st, P, cost, now, d, slack)
