@@ -36,9 +36,10 @@ type Algorithm interface {
 	// ClockTolerance later, the state's time is the decision's (nothing
 	// moved back; durations still count from now). Further (the clock
 	// stepped back), it never refuses the key for longer than the
-	// policy's full-recovery time from now; with commit true, Decide may
-	// rewrite such a state to its equivalent at now, admitted or not, so
-	// that the bound holds from the first decision after the step.
+	// policy's full-recovery time plus ClockTolerance from now; with
+	// commit true, Decide may rewrite such a state to its equivalent at
+	// now, admitted or not, so that the bound holds from the first
+	// decision after the step.
 	//
 	// Decide is called only with 0 <= cost <= p.Capacity() and with now in
 	// [MinTime, MaxTime]. A zero State is a key never seen before, whose

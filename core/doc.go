@@ -25,8 +25,10 @@
 //
 // Algorithms are pure functions of (state, policy, cost, now), with now in
 // Unix nanoseconds: nothing in an algorithm reads the wall clock. A clock that
-// steps backwards never credits quota: every algorithm treats a time earlier
-// than one it has already seen for a key as that later time (or stricter).
+// steps backwards, and runs on from there, never credits quota: every
+// algorithm treats a time earlier than one it has already seen for a key as
+// that later time (or stricter). Times that keep alternating by more than
+// ClockTolerance do not run on: see Store.
 // A time at most [ClockTolerance] behind the key's state (a caller that read
 // the clock before another whose decision went first) is decided as the
 // state's time, with nothing moved back.

@@ -20,7 +20,7 @@ import (
 // after it: refused, nothing written). Further, the clock stepped back:
 // that arrival time is read as exactly now + tau + MaxDelay, an empty
 // bucket, so the key is refused for at most its own refill time (plus
-// MaxDelay) and is never credited.
+// MaxDelay and ClockTolerance) and is never credited.
 
 type tokenBucket struct{}
 

@@ -65,7 +65,10 @@ type Request struct {
 //     request under a policy B of the same Name with another Identity is
 //     never read as B's: at now, the units A has in use (A.Capacity() minus
 //     A's Remaining) carry over as a fresh state of B charged
-//     min(used, B.Capacity()) at now, tagged B, and the request is then
+//     min(used, B.Capacity()) at now (under a window or log B, at the
+//     time A's record says it was written, a window's start or a log's
+//     newest entry, when now lies at most ClockTolerance behind it),
+//     tagged B, and the request is then
 //     decided under B. The converted state is stored only with B's charge:
 //     a refused request leaves A's record as it was, and its RetryAfter is
 //     when A's own units in use leave room for it under B; a conversion
@@ -85,12 +88,15 @@ type Request struct {
 //     decision went first) decides as at the state's time and moves
 //     nothing back: it never makes room for more requests than its
 //     absence would.
-//   - A clock that steps back never credits quota and never refuses a key
-//     for longer than its policy's full-recovery time from the first
-//     decision after the step (plus up to ClockTolerance for a step within
-//     it): the refill time Burst x Window / Limit (plus MaxDelay) for the
-//     buckets, one Window for FixedWindow and SlidingWindowLog, two
-//     Windows for SlidingWindowCounter.
+//   - A clock that steps back (and runs on from there) never credits
+//     quota and never refuses a key for longer than its policy's
+//     full-recovery time plus ClockTolerance from the first decision after
+//     the step: the refill time Burst x Window / Limit (plus MaxDelay) for
+//     the buckets, one Window for FixedWindow and SlidingWindowLog, two
+//     Windows for SlidingWindowCounter. Times that keep alternating by
+//     more than ClockTolerance (callers whose clocks are further apart
+//     sharing a store that decides at their times) are a step back each
+//     time, and may admit well beyond the quota.
 //   - A never-seen key is whole at every instant, before 1970 and the zero
 //     time.Time included. The memory store clamps now to [MinTime, MaxTime].
 //

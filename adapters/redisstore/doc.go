@@ -83,12 +83,12 @@
 // decides as at the key's own time and moves nothing back, as in the
 // memory store: it never makes room for more requests than its absence
 // would. A clock that steps back further (a failover to a node with a
-// slower clock, a VM restore, or ClientTime) never credits quota, and
-// refuses a key for at most its policy's recovery time (plus up to
-// core.ClockTolerance for a step within it): a bucket's theoretical
-// arrival time is
-// clamped to now plus the refill time (Burst x Window / Limit, plus
-// MaxDelay when shaping, the most an admitted state can hold); a fixed
+// slower clock, a VM restore, or ClientTime), and runs on from there,
+// never credits quota, and refuses a key for at most its policy's
+// recovery time plus core.ClockTolerance: a bucket's theoretical arrival
+// time more than core.ClockTolerance beyond now plus the refill time
+// (Burst x Window / Limit, plus MaxDelay when shaping, the most an
+// admitted state can hold) is clamped there; a fixed
 // window or sliding counter record whose window lies in the future counts
 // as the current window's (refused for at most one Window, two for the
 // sliding counter); sliding log entries after now count as made at now.
@@ -96,11 +96,17 @@
 // by another layer, a request over capacity, a batch spanning several
 // slots refused at its check), so the bound holds at every later
 // decision, counted from the first decision after the step. A key never
-// seen is whole at every time the store accepts. One exception: a leaky
-// bucket's record met by a policy of another identity (see below) is read
-// from its raw arrival time, its MaxDelay not being stored with it, so
-// that after a step back of d it counts up to d's worth of units more in
-// use, and may refuse the key for up to d (it never credits).
+// seen is whole at every time the store accepts. Times that keep
+// alternating by more than core.ClockTolerance (ClientTime callers whose
+// clocks are further apart) are a step back each time and may admit well
+// beyond the quota: share ClientTime only among callers whose clocks agree
+// within it, or decide on the server's clock (the default). One exception:
+// a leaky bucket's record met by a policy of another identity (see below)
+// is read from its raw arrival time, its MaxDelay not being stored with
+// it, so that a request d behind it (after a step back, or by at most
+// core.ClockTolerance) counts up to d's worth of units more in use than
+// the memory store does, and may refuse the key for up to d (it never
+// credits).
 //
 // # Policy identity
 //

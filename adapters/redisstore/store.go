@@ -88,7 +88,10 @@ type Config struct {
 	// and keys live, by Redis's own clock, for as long as their state
 	// matters in the caller's timeline plus ClientTimeSlack, so a fake clock
 	// that is slower than real time does not lose state. With several
-	// processes it makes their clock skew part of every decision. The
+	// processes it makes their clock skew part of every decision: callers
+	// whose clocks are more than core.ClockTolerance apart are each a
+	// clock step back for the others, and may admit well beyond the quota
+	// (a fixed window's count is dropped each time they alternate). The
 	// default value, false, reads the server's clock once per decision (per
 	// Redis node in a Cluster) and ignores the time passed to Take.
 	ClientTime bool
