@@ -193,7 +193,9 @@ func claimRefund(res *Result) bool {
 // refunded under the rule in force: its key's state is carried over to
 // that rule by the next decision, if not already, and refunding under the
 // old one would carry it back, clamped to the old capacity, crediting what
-// was charged since (see core.Refunder).
+// was charged since (see core.Refunder). A key no request under the new
+// rule has met yet still holds the old rule's record, which the refund,
+// naming its charge, leaves as it is: the charge stays.
 func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, reqs *[core.MaxBatch]core.Request) int {
 	cur := l.rules.Load()
 	n := 0
