@@ -241,12 +241,15 @@ func (l *Limiter) Refund(ctx context.Context, res *Result) error {
 	if res == nil || !charged(res, res.Layers) {
 		return nil
 	}
-	if _, ok := l.cl.Store().(core.Refunder); !ok {
-		return fmt.Errorf("ratelimit: refund: %w: the store (%T) does not implement core.Refunder", core.ErrUnsupported, l.cl.Store())
-	}
 	var reqs [core.MaxBatch]core.Request
 	n := l.refundRequests(res.Layers, res.rs, res.at, &reqs)
-	if n == 0 || !claimRefund(res) {
+	if n == 0 {
+		return nil // only concurrency layers applied: a slot is no charge
+	}
+	if _, ok := l.cl.Store().(core.Refunder); !ok {
+		return fmt.Errorf("%w: refund: the store (%T) does not implement core.Refunder", core.ErrUnsupported, l.cl.Store())
+	}
+	if !claimRefund(res) {
 		return nil
 	}
 	if err := l.refund(ctx, reqs[:n]); err != nil {

@@ -817,6 +817,34 @@ func TestRefundClientGoneNotReported(t *testing.T) {
 	}
 }
 
+// plainStore hides a store's optional methods: a core.Store that is not a
+// core.Refunder.
+type plainStore struct{ core.Store }
+
+// TestRefundStoreThatCannotRefund: Limiter.Refund over a store that is not
+// a core.Refunder returns an error wrapping core.ErrUnsupported for a
+// charge, and nil for a Result that charged nothing (only a concurrency
+// layer applied: a slot is no charge).
+func TestRefundStoreThatCannotRefund(t *testing.T) {
+	l, err := ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.User(), Rule: core.PerMinute(5).Named("user")},
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 2},
+	}, ratelimit.WithStore(plainStore{core.MustMemoryStore(nil)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slotOnly := l.Decide(getFrom("192.0.2.1")) // anonymous: the user layer is skipped
+	defer slotOnly.Release()
+	if err := l.Refund(context.Background(), &slotOnly); err != nil {
+		t.Errorf("a Result holding only a slot: %v, want nil", err)
+	}
+	charged := l.Decide(mwUserReq("192.0.2.1:1", "alice"))
+	defer charged.Release()
+	if err := l.Refund(context.Background(), &charged); !errors.Is(err, core.ErrUnsupported) {
+		t.Errorf("a charge: %v, want core.ErrUnsupported", err)
+	}
+}
+
 // TestRefundFailureLatency: a failed refund's latency, as the Observer
 // sees it, is measured on the Limiter's clock, as every other latency.
 func TestRefundFailureLatency(t *testing.T) {

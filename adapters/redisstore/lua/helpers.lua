@@ -107,11 +107,6 @@ local function newdecision()
   return { allowed = false, rem = 0, reset = 0, retry = 0, delay = 0, extra = 0 }
 end
 
--- record reads what key holds: the GET reply v (a string state, or false
--- for a missing key), the state's kind ('g', 'f', 'c' or 'l', the code of
--- the algorithm module that wrote it; nil for a missing key or anything
--- else) and its identity tag ('' for a record without one, which this
--- store never writes).
 -- settle returns the time to decide at for a decision at now on a state
 -- last written at at (or later): at itself when now lies behind it by at
 -- most TOL, as core's settle; now otherwise. The durations a decision
@@ -135,6 +130,11 @@ local function typed(v)
   return v
 end
 
+-- record reads what key holds: the GET reply v (a string state, or false
+-- for a missing key), the state's kind ('g', 'f', 'c' or 'l', the code of
+-- the algorithm module that wrote it; nil for a missing key or anything
+-- else) and its identity tag ('' for a record without one, which this
+-- store never writes).
 local function record(key)
   local v = typed(redis.pcall('GET', key))
   if type(v) == 'string' then
