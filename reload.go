@@ -39,10 +39,17 @@ type RulesObserver interface {
 // recover under the new rule, from the moment of the change (a token
 // bucket refills them at the new rate, a fixed or sliding window counts
 // them in the window that holds that moment, a log records them at it).
-// This holds when the algorithm changes too. A request charged under the
-// old rule and refunded after the change (WithRefund, Limiter.Refund) is
-// refunded under the new one, so that the refund gives back its own charge
-// without carrying the key back to the old rule.
+// This holds when the algorithm changes too. Requests decided while the
+// change happens may still hold the old rules (at most one per request in
+// flight): one that meets a key the new rule has charged carries its record
+// back, and the key's units then recover at the pace of the rule that
+// charged last (see core.Store), so a key may briefly admit up to that many
+// more than either rule. A request charged under the old rule and refunded
+// after the change (WithRefund, Limiter.Refund) is refunded under the new
+// one, so that the refund gives back its own charge without carrying the
+// key back to the old rule: once a request under the new rule has met the
+// key; before that, the charge stays (see the README, "Changing rules at
+// runtime").
 //
 // SetRules validates everything first and changes nothing on an error: a
 // name that is no layer's, a Rule whose Name is set and differs from its
