@@ -1107,21 +1107,21 @@ type switchStore struct {
 }
 
 func (s switchStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
-	if s.down.Load() {
-		return errBackendDown
-	}
-	err := s.m.Take(ctx, now, reqs, out)
-	for i := range reqs {
-		out[i].Fallback = s.fellBack.Load()
-	}
-	return err
+	return s.decide(ctx, s.m.Take, now, reqs, out)
 }
 
 func (s switchStore) Peek(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	return s.decide(ctx, s.m.Peek, now, reqs, out)
+}
+
+// decide is Take or Peek by f, failing while down is set and marking the
+// decisions while fellBack is set.
+func (s switchStore) decide(ctx context.Context, f func(context.Context, time.Time, []core.Request, []core.Decision) error,
+	now time.Time, reqs []core.Request, out []core.Decision) error {
 	if s.down.Load() {
 		return errBackendDown
 	}
-	err := s.m.Peek(ctx, now, reqs, out)
+	err := f(ctx, now, reqs, out)
 	for i := range reqs {
 		out[i].Fallback = s.fellBack.Load()
 	}

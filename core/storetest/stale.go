@@ -59,15 +59,7 @@ func testStale(t *testing.T, newStore func(*testing.T) core.Store) {
 						if err != nil {
 							t.Fatalf("%s: %v", name, err)
 						}
-						var after []core.Decision
-						for at := t2; at <= t2+25*time.Second; at += 500 * ms {
-							out, err := h.Peek([]core.Request{{Policy: p, Key: key, Cost: 1}}, at)
-							if err != nil {
-								t.Fatalf("%s: peek at %v: %v", name, at, err)
-							}
-							after = append(after, out[0])
-						}
-						return own, after
+						return own, peekEvery(h, p, key, t2, name)
 					}
 					own, stale := run(gap)
 					ctl, control := run(0)
@@ -125,15 +117,7 @@ func testStaleRefundCharge(t *testing.T, newStore func(*testing.T) core.Store) {
 							t.Fatalf("%s: refund: %v", name, err)
 						}
 					}
-					var after []core.Decision
-					for at := t2 + ms; at <= t2+25*time.Second; at += 500 * ms {
-						out, err := h.Peek([]core.Request{{Policy: p, Key: key, Cost: 1}}, at)
-						if err != nil {
-							t.Fatalf("%s: peek at %v: %v", name, at, err)
-						}
-						after = append(after, out[0])
-					}
-					return after
+					return peekEvery(h, p, key, t2+ms, name)
 				}
 				refunded, never := run(true), run(false)
 				for i := range never {
@@ -202,4 +186,19 @@ func testStaleConversion(t *testing.T, newStore func(*testing.T) core.Store) {
 			}
 		}
 	}
+}
+
+// peekEvery returns the decisions of Peeks of one unit of key under p every
+// half second over the 25 seconds from T0+from.
+func peekEvery(h Harness, p *core.Policy, key string, from time.Duration, name string) []core.Decision {
+	h.T.Helper()
+	var after []core.Decision
+	for at := from; at <= from+25*time.Second; at += 500 * ms {
+		out, err := h.Peek([]core.Request{{Policy: p, Key: key, Cost: 1}}, at)
+		if err != nil {
+			h.T.Fatalf("%s: peek at %v: %v", name, at, err)
+		}
+		after = append(after, out[0])
+	}
+	return after
 }
