@@ -178,7 +178,10 @@ func TrustedHops(n int) IPOption {
 // header such as "X-Real-IP", "CF-Connecting-IP" or "True-Client-IP", whose
 // last line is used (a proxy that appends its line after a forged one wins);
 // a value that is not one address is a key error, and a missing header means
-// the trusted peer itself is the client. FromHeader requires [TrustedProxies], [TrustedHops] or [TrustUnixSocketPeer];
+// the trusted peer itself is the client. In a Forwarded element, a
+// quoted-pair (a backslash) or a comma inside a quoted-string (a host= value
+// the client chose, say) is a key error too: the element cannot be read
+// without trusting text the client wrote. FromHeader requires [TrustedProxies], [TrustedHops] or [TrustUnixSocketPeer];
 // with TrustedHops a single-IP header allows only TrustedHops(1). A name that
 // is empty or not a valid header name (RFC 9110's token) is an error.
 func FromHeader(name string) IPOption {
@@ -613,7 +616,11 @@ const (
 // Entries are split at every comma, quoted or not. For X-Forwarded-For that is
 // the grammar; for Forwarded it means a quoted-string cannot hide a comma, so a
 // client's unbalanced quote can never swallow the elements a trusted proxy
-// appended to its right (an address never contains a comma).
+// appended to its right (an address never contains a comma). A trusted proxy
+// may itself quote a value the client chose (its Host, in host=), and a
+// quoted-string may hold commas: a Forwarded element cut inside one is
+// garbage (see parseForwardedElement), so the request fails closed rather
+// than be keyed by an address the client wrote.
 type entryWalker struct {
 	lines     []string
 	li        int    // index of the line being consumed, counting down
@@ -684,8 +691,16 @@ func (w *entryWalker) next() (netip.Addr, walkStatus) {
 // parseForwardedElement returns the address in the for= parameter of one
 // RFC 7239 forwarded-element ("for=192.0.2.60;proto=http;by=203.0.113.43").
 // A missing or repeated for=, a quoted-pair, or a non-address node
-// ("unknown", "_hidden") makes the element garbage.
+// ("unknown", "_hidden") makes the element garbage, and so does an element
+// with a backslash or an odd number of quotes: the walker splits at every
+// comma, and an element cut inside a quoted-string (a host= value the
+// client chose, holding ",for=6.6.6.6;") always has an odd number of quotes
+// once quoted-pairs are refused. Parameters are split at semicolons outside
+// quoted-strings, so a quoted value cannot hold a for= either.
 func parseForwardedElement(elem string) (netip.Addr, bool) {
+	if strings.IndexByte(elem, '\\') >= 0 || strings.Count(elem, `"`)%2 != 0 {
+		return netip.Addr{}, false
+	}
 	val, ok := forwardedFor(elem)
 	if !ok {
 		return netip.Addr{}, false
@@ -695,7 +710,9 @@ func parseForwardedElement(elem string) (netip.Addr, bool) {
 
 // forwardedFor returns the value of the for= parameter of one RFC 7239
 // forwarded-element, unquoted; false for a missing or repeated for=, or a
-// quoted-pair.
+// quoted-pair. elem has balanced quotes and no backslash
+// (parseForwardedElement): its parameters are split at the semicolons
+// outside quoted-strings.
 func forwardedFor(elem string) (string, bool) {
 	var (
 		val   string
@@ -703,7 +720,7 @@ func forwardedFor(elem string) (string, bool) {
 	)
 	for elem != "" {
 		pair := elem
-		if i := strings.IndexByte(elem, ';'); i >= 0 {
+		if i := semicolonOutsideQuotes(elem); i >= 0 {
 			pair, elem = elem[:i], elem[i+1:]
 		} else {
 			elem = ""
@@ -731,6 +748,23 @@ func forwardedFor(elem string) (string, bool) {
 		}
 	}
 	return val, true
+}
+
+// semicolonOutsideQuotes returns the index of the first ';' of s outside a
+// quoted-string, or -1. s has no quoted-pairs.
+func semicolonOutsideQuotes(s string) int {
+	quoted := false
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '"':
+			quoted = !quoted
+		case ';':
+			if !quoted {
+				return i
+			}
+		}
+	}
+	return -1
 }
 
 // maxIPEntryLen bounds the text parseIPEntry looks at: the longest address

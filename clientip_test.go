@@ -2,10 +2,13 @@ package ratelimit_test
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/limitry/ratelimit"
 	"github.com/limitry/ratelimit/core"
@@ -115,7 +118,41 @@ func TestClientIPForwarded(t *testing.T) {
 		{name: "quoted pair", remote: peer, headers: []hdr{fwd(`for="198.51.100.\17"`)}, wantErr: ratelimit.ErrInvalidClientIP},
 		{name: "garbage in trusted part", remote: peer, headers: []hdr{fwd("for=198.51.100.17, for=unknown, for=10.0.0.7")}, wantErr: ratelimit.ErrInvalidClientIP},
 		{name: "unquoted bracket missing", remote: peer, headers: []hdr{fwd(`for="[2001:db8::1"`)}, wantErr: ratelimit.ErrInvalidClientIP},
+		// A trusted proxy quotes values the client chose (its Host, say),
+		// and a quoted-string may hold ',', ';' and '=': none of them may
+		// name the client's address.
+		{name: "proxy's quoted comma", remote: peer, headers: []hdr{fwd(`for=198.51.100.17;host="x,for=6.6.6.6;y="`)}, wantErr: ratelimit.ErrInvalidClientIP},
+		{name: "proxy's quoted comma, quoted-pair", remote: peer, headers: []hdr{fwd(`for=198.51.100.17;host="x,for=6.6.6.6;y=\"\""`)}, wantErr: ratelimit.ErrInvalidClientIP},
+		{name: "proxy's quoted semicolon without for", remote: peer, headers: []hdr{fwd(`host="x;for=6.6.6.6;y="`)}, wantErr: ratelimit.ErrInvalidClientIP},
+		{name: "proxy's quoted semicolon before for", remote: peer, headers: []hdr{fwd(`host="x;for=6.6.6.6";for=198.51.100.17`)}, want: "198.51.100.17"},
+		{name: "proxy's quoted semicolon after for", remote: peer, headers: []hdr{fwd(`for=198.51.100.17;host="x;for=6.6.6.6;y="`)}, want: "198.51.100.17"},
+		{name: "quoted host", remote: peer, headers: []hdr{fwd(`for=198.51.100.17;host="example.com";proto=https`)}, want: "198.51.100.17"},
 	})
+}
+
+// A client behind a trusted proxy that writes its Host into the Forwarded
+// element it appends cannot choose a key of its own, or a skipped address,
+// with a Host holding a quoted comma: each such request fails closed.
+func TestClientIPForwardedQuotedHostEscapesNothing(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	opts := []ratelimit.IPOption{ratelimit.TrustedProxyCIDRs("10.0.0.0/8"), ratelimit.FromHeader("Forwarded")}
+	h := ratelimit.LimitByIP(1, time.Hour, ratelimit.TrustedProxyCIDRs("10.0.0.0/8"), ratelimit.FromHeader("Forwarded"),
+		ratelimit.WithSkipCIDRsFrom(mustKF(t, opts...), "198.51.100.10"), ratelimit.WithLogger(nil))(ok)
+	admitted := 0
+	for i := range 20 {
+		host := fmt.Sprintf("x,for=6.6.6.%d;y=", i)
+		if i >= 10 {
+			host = "x,for=198.51.100.10;y=" // the skipped monitoring host
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, newReq(t, "10.0.0.1:4321", fwd(`for=203.0.113.7;proto=https;host="`+host+`"`)))
+		if w.Code == http.StatusOK {
+			admitted++
+		}
+	}
+	if admitted > 1 {
+		t.Fatalf("client 203.0.113.7 admitted %d times under a limit of 1 per hour", admitted)
+	}
 }
 
 func TestClientIPSingleIPHeader(t *testing.T) {
