@@ -127,11 +127,16 @@ type IdempotencyConfig struct {
 // with it is decided afresh.
 //
 // Keys are scoped per client (see IdempotencyConfig.Client), per method,
-// per URL path and per charge (the key and cost of every layer that applies
-// to the request), and hashed (SHA-256) before they reach the store, so a
-// raw key is never stored, one client cannot replay another's (nor one user
-// another's behind the same address), and a replay is never of a costlier
-// request than the one charged.
+// per host, per path (as the server received it, before a handler such as
+// http.StripPrefix changed it) and per charge (the rule name, key and cost
+// of every layer that applies to the request), and hashed (SHA-256) before
+// they reach the store, so a raw key is never stored, one client cannot
+// replay another's (nor one user another's behind the same address), a
+// replay is never of a costlier request than the one charged, and filters
+// over different Limiters may share one ReplayStore: a key charged by one
+// is never replayed by another. The layers' keys and the cost are read
+// once per request, for the scope and the decision alike (a KeyFunc or
+// cost function that reads the body reads it once, as without the filter).
 //
 // Claiming a key and charging are one step for concurrent requests: the
 // first request with a fresh key claims it in the ReplayStore, is decided,
@@ -236,7 +241,7 @@ func (f *Idempotency) Handler(next http.Handler) http.Handler {
 // the response. A request that waited MaxWait for a concurrent request with
 // the same key is answered 409 Conflict.
 func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
-	skey, ok := f.scopedKey(r)
+	skey, pre, ok := f.scopedKey(r)
 	if !ok {
 		return f.l.Admit(w, r)
 	}
@@ -271,14 +276,16 @@ func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
 		if f.onError != nil {
 			f.onError(r, fmt.Errorf("ratelimit: idempotency store: %w", err))
 		}
-		return f.l.Admit(w, r)
+		res := f.l.decideResultWith(r, true, pre)
+		return f.l.serve(w, r, &res, res.Layers)
 	case token == "":
 		replayHeaders(w.Header(), rec)
 		return true
 	}
 	// Decided as Admit decides: a request meeting a full waiting room is
-	// refused before anything is charged.
-	res := f.l.decideResult(r, true)
+	// refused before anything is charged. The layers' keys and costs are
+	// the ones the scope was computed from, read once.
+	res := f.l.decideResultWith(r, true, pre)
 	rec = nil
 	if admittedResult(&res) {
 		h := make(http.Header, 4)
@@ -318,35 +325,65 @@ func admittedResult(res *Result) bool {
 }
 
 // scopedKey returns the store key of r's idempotency key: a hash of the
-// client, method, path and key, and of what r would be charged (see
-// writeChargeScope). ok is false when r has no usable key.
-func (f *Idempotency) scopedKey(r *http.Request) (string, bool) {
+// client, method, host, path (as received, before any prefix was stripped)
+// and key, and of what r would be charged (see writeChargeScope), with the
+// layers' keys and costs it read, for the decision to use. ok is false when
+// r has no usable key.
+func (f *Idempotency) scopedKey(r *http.Request) (string, []preparedLayer, bool) {
 	k, err := f.key(r)
 	if err != nil || k == "" {
-		return "", false
+		return "", nil, false
 	}
 	client, err := f.client(r)
 	if err != nil || client == "" {
-		return "", false
+		return "", nil, false
 	}
 	h := sha256.New()
-	for _, part := range []string{client, r.Method, r.URL.EscapedPath(), k} {
+	for _, part := range []string{client, r.Method, r.Host, receivedPath(r), k} {
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}
-	f.l.writeChargeScope(h, r)
+	pre := f.l.writeChargeScope(h, r)
 	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0])[:16]), true
+	return hex.EncodeToString(h.Sum(sum[:0])[:16]), pre, true
 }
 
-// writeChargeScope writes to h what deciding r would charge: the index, key
-// and cost of every layer that applies to it. A replay is then of a request
-// with the same charges: neither a costlier one (one unit charged would
-// otherwise buy replays of any cost) nor another user's or API key's behind
-// the same address (which the client scope alone would let through). A
-// layer whose key fails is left out, as deciding r leaves it out or fails.
-func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) {
+// receivedPath returns r's path as the server received it (RequestURI's),
+// before a handler such as http.StripPrefix changed r.URL; the URL's when r
+// has no RequestURI (a request built by hand).
+func receivedPath(r *http.Request) string {
+	p := r.RequestURI
+	if i := strings.IndexAny(p, "?#"); i >= 0 {
+		p = p[:i]
+	}
+	if p == "" {
+		return r.URL.EscapedPath()
+	}
+	return p
+}
+
+// preparedLayer is what the charge scope read of one layer, so that the
+// decision reads nothing twice: the key, or the error reading it, and the
+// cost (read only for a layer whose key was read).
+type preparedLayer struct {
+	read, costRead bool
+	key            string
+	err            error
+	cost           int64
+}
+
+// writeChargeScope writes to h what deciding r would charge: the index,
+// policy name, key and cost of every layer that applies to it, and returns
+// what it read of each layer. A replay is then of a request with the same
+// charges, by the same rules: neither a costlier one (one unit charged
+// would otherwise buy replays of any cost) nor another user's or API key's
+// behind the same address (which the client scope alone would let
+// through), nor one charged by another Limiter's layer sharing the store.
+// A layer whose key fails is left out, as deciding r leaves it out or
+// fails.
+func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) []preparedLayer {
 	r = l.routeRequest(r)
+	pre := make([]preparedLayer, len(l.layers))
 	var (
 		rc       routeOnce
 		defCost  int64
@@ -361,17 +398,23 @@ func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) {
 			}
 		}
 		key, err := ly.key(r)
-		if err != nil {
+		pre[i] = preparedLayer{read: true, key: key, err: err}
+		if err != nil || key == "" {
 			continue
 		}
+		cost := l.layerCost(ly, r, &defCost, &haveCost)
+		pre[i].costRead, pre[i].cost = true, cost
 		b = strconv.AppendInt(b[:0], int64(i), 10)
+		b = append(b, 0)
+		b = append(b, ly.name...)
 		b = append(b, 0)
 		b = append(b, key...)
 		b = append(b, 0)
-		b = strconv.AppendInt(b, l.layerCost(ly, r, &defCost, &haveCost), 10)
+		b = strconv.AppendInt(b, cost, 10)
 		b = append(b, 0)
 		h.Write(b)
 	}
+	return pre
 }
 
 // encodeHeaders serialises the rate-limit headers of a decision as

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -526,6 +527,132 @@ func TestIdempotencyReplaySetsHeaders(t *testing.T) {
 	for _, name := range []string{ratelimit.HeaderRateLimitLimit, ratelimit.HeaderRateLimitRemaining, ratelimit.HeaderRateLimitReset, ratelimit.HeaderRateLimit, ratelimit.HeaderRateLimitPolicy} {
 		if got, want := replay.Values(name), fresh.Values(name); !slices.Equal(got, want) || len(got) != 1 {
 			t.Errorf("replayed response: %s = %q, want the fresh decision's %q", name, got, want)
+		}
+	}
+}
+
+// Through the filter, as through the Limiter alone, the cost function and
+// every layer's key are read once per request: a cost or a key read from
+// the request and consumed (as a body is) charges what the request said.
+func TestIdempotencyReadsKeysAndCostOnce(t *testing.T) {
+	for _, viaFilter := range []bool{false, true} {
+		clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+		var costs, keys int
+		// The account named in the body, consumed as a handler would find it.
+		account := func(r *http.Request) (string, error) {
+			keys++
+			b, _ := io.ReadAll(r.Body)
+			if len(b) == 0 {
+				return "", ratelimit.ErrNoKey
+			}
+			return string(b), nil
+		}
+		units := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+			Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "units", Limit: 10, Window: time.Hour},
+		}}, ratelimit.WithClock(clock), ratelimit.WithCost(func(r *http.Request) int64 {
+			costs++
+			b, _ := io.ReadAll(r.Body) // the units asked for, consumed
+			n, _ := strconv.ParseInt(string(b), 10, 64)
+			return max(n, 1)
+		})))
+		payments := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+			Key: account, Rule: core.Rule{Name: "per-account", Limit: 1, Window: time.Hour},
+		}}, ratelimit.WithClock(clock)))
+		served := 0
+		next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served++ })
+		hUnits, hPay := units.Handler(next), payments.Handler(next)
+		if viaFilter {
+			fu, err := ratelimit.NewIdempotency(units, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fp, err := ratelimit.NewIdempotency(payments, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hUnits, hPay = fu.Handler(next), fp.Handler(next)
+		}
+		req := func(body, key string) *http.Request {
+			r := httptest.NewRequest("POST", "/export", strings.NewReader(body))
+			r.RemoteAddr = "192.0.2.1:1"
+			r.Header.Set("Idempotency-Key", key)
+			return r
+		}
+		w := httptest.NewRecorder()
+		hUnits.ServeHTTP(w, req("8", "u"))
+		if got := w.Header().Get("X-RateLimit-Remaining"); got != "2" || costs != 1 {
+			t.Errorf("filter %v: a request of 8 units (limit 10): remaining %q, cost read %d times; want 2, once", viaFilter, got, costs)
+		}
+		served = 0
+		for i := range 3 {
+			hPay.ServeHTTP(httptest.NewRecorder(), req("acct-42", "p"+strconv.Itoa(i)))
+		}
+		if served != 1 || keys != 3 {
+			t.Errorf("filter %v: three payments of one account (limit 1): served %d, account read %d times; want 1, once each", viaFilter, served, keys)
+		}
+	}
+}
+
+// Filters over different Limiters may share one ReplayStore: a key one of
+// them charged is never replayed by another, whose Limiter it did not
+// charge. (Two hosts, one path, with distinct and equal rule names; and two
+// prefixes stripped to one path.)
+func TestIdempotencySharedStoreNeverReplaysAnotherLimitersCharge(t *testing.T) {
+	for _, shape := range []string{"hosts", "prefixes", "same names"} {
+		clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+		store := ratelimit.NewMemoryReplayStore(0, clock)
+		lenientName, strictName := "search", "payout"
+		if shape == "same names" {
+			lenientName, strictName = "default", "default"
+		}
+		lenient := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+			Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: lenientName, Limit: 1000, Window: time.Hour},
+		}}, ratelimit.WithClock(clock)))
+		strict := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+			Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: strictName, Limit: 1, Window: time.Hour},
+		}}, ratelimit.WithClock(clock)))
+		fa, err := ratelimit.NewIdempotency(lenient, &ratelimit.IdempotencyConfig{Store: store})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fb, err := ratelimit.NewIdempotency(strict, &ratelimit.IdempotencyConfig{Store: store})
+		if err != nil {
+			t.Fatal(err)
+		}
+		payouts := 0
+		search := fa.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		payout := fb.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { payouts++ }))
+		mux := http.NewServeMux()
+		searchURL, payoutURL := "http://search.example/submit", "http://payout.example/submit"
+		switch shape {
+		case "hosts", "same names":
+			mux.Handle("POST search.example/submit", search)
+			mux.Handle("POST payout.example/submit", payout)
+		case "prefixes":
+			mux.Handle("POST /search/", http.StripPrefix("/search", search))
+			mux.Handle("POST /payout/", http.StripPrefix("/payout", payout))
+			searchURL, payoutURL = "http://api.example/search/submit", "http://api.example/payout/submit"
+		}
+		do := func(url string) int {
+			r := httptest.NewRequest("POST", url, nil)
+			r.RemoteAddr = "192.0.2.1:1"
+			r.Header.Set("Idempotency-Key", "k")
+			w := httptest.NewRecorder()
+			mux.ServeHTTP(w, r)
+			return w.Code
+		}
+		if c := do(searchURL); c != http.StatusOK {
+			t.Fatalf("%s: search: %d", shape, c)
+		}
+		for range 5 {
+			do(payoutURL)
+		}
+		// Its retries are replays of its own admission (the handler runs
+		// again, uncharged): the strict Limiter must have been charged.
+		r := httptest.NewRequest("POST", payoutURL, nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		if res := strict.Peek(r); payouts == 0 || len(res.Layers) != 1 || res.Layers[0].Decision.Allowed {
+			t.Errorf("%s: the payout handler (1 per hour) ran %d times for a key the search Limiter charged, and the payout Limiter was never charged", shape, payouts)
 		}
 	}
 }

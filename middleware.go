@@ -965,6 +965,12 @@ func (l *Limiter) Decide(r *http.Request) Result {
 
 // decideResult is Decide, with reserve as for decide.
 func (l *Limiter) decideResult(r *http.Request, reserve bool) Result {
+	return l.decideResultWith(r, reserve, nil)
+}
+
+// decideResultWith is decideResult with the layers' keys and costs already
+// read into pre (nil: read them).
+func (l *Limiter) decideResultWith(r *http.Request, reserve bool, pre []preparedLayer) Result {
 	var (
 		res  Result
 		reqs [core.MaxBatch]core.Request
@@ -973,7 +979,7 @@ func (l *Limiter) decideResult(r *http.Request, reserve bool) Result {
 	n := len(l.layers)
 	buf := make([]LayerResult, n+1) // and the claim cell, out of any copy's Layers
 	res.claim = &buf[n].claim
-	if n := l.decide(l.routeRequest(r), &res, buf[:n], reqs[:], out[:], reserve); n > 0 {
+	if n := l.decideOrPeek(l.routeRequest(r), &res, buf[:n], reqs[:], out[:], reserve, false, pre); n > 0 {
 		res.Layers = buf[:n:n] // an append to them never reaches the claim
 	}
 	return res
@@ -985,11 +991,11 @@ func (l *Limiter) decideResult(r *http.Request, reserve bool) Result {
 // meeting a shaping layer takes a waiting-room slot before anything is
 // charged (see [WithMaxWaiting]); the slot stays with res when it must wait.
 func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve bool) int {
-	return l.decideOrPeek(r, res, buf, reqs, out, reserve, false)
+	return l.decideOrPeek(r, res, buf, reqs, out, reserve, false, nil)
 }
 
 // decideOrPeek is decide, or with peek, its dry form for [Limiter.Peek].
-func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve, peek bool) int {
+func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve, peek bool, pre []preparedLayer) int {
 	res.DryRun = l.cfg.dryRun
 	rs := l.rules.Load()
 	res.rs = rs
@@ -1034,7 +1040,15 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			}
 			l.noteRoute(i, true, route)
 		}
-		key, err := ly.key(r)
+		var (
+			key string
+			err error
+		)
+		if pre != nil && pre[i].read {
+			key, err = pre[i].key, pre[i].err
+		} else {
+			key, err = ly.key(r)
+		}
 		if err != nil {
 			if errors.Is(err, ErrNoRoute) || errors.Is(err, ErrConfig) {
 				l.configError(res, ly, err)
@@ -1076,7 +1090,12 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 				p = rp
 			}
 		}
-		cost := l.layerCost(ly, r, &defCost, &haveCost)
+		var cost int64
+		if pre != nil && pre[i].costRead {
+			cost = pre[i].cost
+		} else {
+			cost = l.layerCost(ly, r, &defCost, &haveCost)
+		}
 		if cost < 1 {
 			l.failed(res, outcomeBadRequest, fmt.Errorf("ratelimit: layer %s: cost %d: %w", ly.desc, cost, errInvalidCost))
 			return 0

@@ -354,7 +354,7 @@ func (l *Limiter) Peek(r *http.Request) Result {
 		out  [core.MaxBatch]core.Decision
 	)
 	buf := make([]LayerResult, len(l.layers))
-	if n := l.decideOrPeek(l.routeRequest(r), &res, buf, reqs[:], out[:], false, true); n > 0 {
+	if n := l.decideOrPeek(l.routeRequest(r), &res, buf, reqs[:], out[:], false, true, nil); n > 0 {
 		res.Layers = buf[:n]
 	}
 	res.peeked = true
