@@ -259,6 +259,12 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 			}
 		}
 	}
+	if rest == "/" && !strings.HasSuffix(path, "/") {
+		// A mount point's own path ("/users" for r.Route("/users", ...)),
+		// which chi routes as the sub-router's "/": its route is the one
+		// "/users/" finds from the root.
+		path += "/"
+	}
 	methods := []string{method}
 	if method == http.MethodHead {
 		methods = append(methods, http.MethodGet) // as GetHead serves it
@@ -427,17 +433,56 @@ func stripExt(p string) string {
 }
 
 // routeKey returns the route key of pattern, which matched method and
-// path: a route registered for every method matches any other method too,
-// and then the method is not part of the route.
+// path: a route registered for every method (r.Handle) matches every other
+// method too, and then the method is not part of the route. A route that a
+// method outside its registration does not reach is keyed with its method,
+// whatever other methods it also has (r.Get plus r.Method("TRACE", ...)).
 func routeKey(rctx *chi.Context, fc *chi.Context, method, path, pattern string) string {
+	// The usual route, registered for its methods only: one probe says so.
 	probe := http.MethodTrace
 	if method == probe {
 		probe = http.MethodConnect
 	}
-	if find(rctx.Routes, fc, probe, path) == pattern {
-		return pattern
+	if find(rctx.Routes, fc, probe, path) != pattern || !everyMethodOf(rctx.Routes, fc, path, pattern) {
+		return method + " " + pattern
 	}
-	return method + " " + pattern
+	return pattern
+}
+
+// standardMethods are the methods chi's Handle registers a route for,
+// besides any registered with chi.RegisterMethod.
+var standardMethods = [...]string{
+	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace,
+}
+
+// everyKey is the key of an entry of mounts remembering whether a pattern
+// is served for every method.
+type everyKey struct {
+	routes  chi.Routes
+	pattern string
+}
+
+// everyMethodOf reports whether every standard method reaches pattern at
+// path, remembered in mounts by router and pattern.
+func everyMethodOf(routes chi.Routes, fc *chi.Context, path, pattern string) bool {
+	k := everyKey{routes, pattern}
+	if v, ok := mounts.Load(k); ok {
+		return v.(bool)
+	}
+	every := true
+	for _, m := range standardMethods {
+		if find(routes, fc, m, path) != pattern {
+			every = false
+			break
+		}
+	}
+	if nmounts.Add(1) > maxMounts {
+		mounts.Clear()
+		nmounts.Store(1)
+	}
+	mounts.Store(k, every)
+	return every
 }
 
 // find returns the pattern chi serves method and path with, as Mux.Find
@@ -472,9 +517,9 @@ type mountKey struct {
 // mountVal is an entry of mounts: the sub-router, or nil.
 type mountVal struct{ sub chi.Routes }
 
-// mounts remembers mountAt's answers by router, pattern and method, so
-// that a request walks its router's routes once per pattern, not once per
-// request. It is emptied when it holds maxMounts entries (nmounts), so
+// mounts remembers mountAt's answers by router, pattern and method, and
+// everyMethodOf's by router and pattern, so that a request walks its
+// router's routes once per pattern, not once per request. It is emptied when it holds maxMounts entries (nmounts), so
 // that routers built and dropped over a process's life (one per tenant,
 // say) are not kept. (A Mount added at a path requests already reached,
 // after they did, is seen once the cache has been emptied.)

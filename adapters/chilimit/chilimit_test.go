@@ -636,3 +636,89 @@ func TestRouteKeyLaterRewrites(t *testing.T) {
 	r.Handle("/*", served("spa", &got))
 	check("CleanPath before the limiter in r.With", r, "POST", []string{"//login", "/x/../login", "/login"}, &got, "login")
 }
+
+// A limiter in a sub-router's own r.Use (the README: "route layers work
+// there, in sub-routers' Use") must key the mount point's own path, which
+// chi serves with the sub-router's "/" route, as it keys "/users/".
+func TestRouteKeyMountPointInSubrouterUse(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:  ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule: core.Rule{Name: "route", Limit: 1, Window: time.Minute},
+	}}, ratelimit.WithLogger(nil))
+	r := chi.NewRouter()
+	r.Route("/users", func(r chi.Router) {
+		r.Use(chilimit.Middleware(l))
+		r.Post("/", ok)
+	})
+	codes := []int{do(r, "POST", "/users/", peer).Code, do(r, "POST", "/users", peer).Code}
+	if want := []int{200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("POST /users/, POST /users (limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
+
+// A route chi registers for GET that also has a TRACE handler is still a
+// GET route: a layer with Routes "GET /x" must limit GET /x.
+func TestRouteKeyMethodRouteWithTraceHandler(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.Rule{Name: "route", Limit: 1, Window: time.Minute},
+		Routes: []string{"GET /x"},
+	}}, ratelimit.WithLogger(nil))
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Get("/x", ok)
+	r.Method(http.MethodTrace, "/x", http.HandlerFunc(ok))
+	codes := []int{do(r, "GET", "/x", peer).Code, do(r, "GET", "/x", peer).Code}
+	if want := []int{200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET /x twice (limit 1, Routes GET /x): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
+
+// The same in r.With inside the sub-router, and in a nested sub-router's
+// r.Use.
+func TestRouteKeyMountPointInSubrouterWith(t *testing.T) {
+	for _, mode := range []string{"with", "nested-use"} {
+		obs := &keys{}
+		l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+			Key:  ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+			Rule: core.Rule{Name: "route", Limit: 1, Window: time.Minute},
+		}}, ratelimit.WithLogger(nil))
+		r := chi.NewRouter()
+		base := "/users"
+		switch mode {
+		case "with":
+			r.Route("/users", func(r chi.Router) { r.With(chilimit.Middleware(l)).Post("/", ok) })
+		default:
+			base = "/api/users"
+			r.Route("/api", func(r chi.Router) {
+				r.Use(chilimit.Middleware(l))
+				r.Route("/users", func(r chi.Router) { r.Post("/", ok) })
+			})
+		}
+		codes := []int{do(r, "POST", base+"/", peer).Code, do(r, "POST", base, peer).Code}
+		if want := []int{200, 429}; !slices.Equal(codes, want) {
+			t.Errorf("%s: POST %s/, POST %s (limit 1 per route): %v, want %v; keys %q", mode, base, base, codes, want, obs.list())
+		}
+	}
+}
+
+// A sub-router mounted at a parameter ("/{org}") whose own r.Use holds the
+// limiter: GET /acme is served by its "/" route.
+func TestRouteKeyParamMountPointInSubrouterUse(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:  ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule: core.Rule{Name: "route", Limit: 1, Window: time.Minute},
+	}}, ratelimit.WithLogger(nil))
+	r := chi.NewRouter()
+	sub := chi.NewRouter()
+	sub.Use(chilimit.Middleware(l))
+	sub.Get("/", ok)
+	r.Mount("/{org}", sub)
+	codes := []int{do(r, "GET", "/acme", peer).Code, do(r, "GET", "/acme/", peer).Code}
+	if want := []int{200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET /acme, GET /acme/ (limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
