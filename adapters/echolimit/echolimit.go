@@ -62,6 +62,7 @@
 package echolimit
 
 import (
+	"fmt"
 	"net/http"
 	"reflect"
 
@@ -115,7 +116,7 @@ func MiddlewareWithConfig(l *ratelimit.Limiter, cfg Config) echo.MiddlewareFunc 
 		panic("echolimit: nil *ratelimit.Limiter")
 	}
 	if l.RefundsByStatus() {
-		panic("echolimit: the Limiter refunds by response status (ratelimit.WithRefund), which echo's middleware cannot see; use Config.Result and call Limiter.Refund on the Result after next(c)")
+		panic(errRefundsByStatus)
 	}
 	skip := cfg.Skipper
 	if skip == nil {
@@ -280,14 +281,23 @@ var (
 
 // New builds a Limiter from layers and opts with [ratelimit.New] and returns
 // its [Middleware]. It returns ratelimit.New's error for an invalid
-// configuration.
+// configuration, and an error wrapping [ratelimit.ErrConfig] for a Limiter
+// that refunds by response status ([ratelimit.WithRefund]), which
+// [Middleware] refuses.
 func New(layers []ratelimit.Layer, opts ...ratelimit.Option) (echo.MiddlewareFunc, error) {
 	l, err := ratelimit.New(layers, opts...)
 	if err != nil {
 		return nil, err
 	}
+	if l.RefundsByStatus() {
+		return nil, fmt.Errorf("%w: %s", ratelimit.ErrConfig, errRefundsByStatus)
+	}
 	return Middleware(l), nil
 }
+
+// errRefundsByStatus is why a Limiter that refunds by response status is
+// refused.
+const errRefundsByStatus = "echolimit: the Limiter refunds by response status (ratelimit.WithRefund), which echo's middleware cannot see; use Config.Result and call Limiter.Refund on the Result after next(c)"
 
 // captureWriter is the http.ResponseWriter the limiter writes to under
 // Config.HTTPError: headers go to the real response, the status is recorded

@@ -631,3 +631,19 @@ func TestRouteKeyGroupRouteAddedLater(t *testing.T) {
 		t.Fatalf("POST /users twice, limit 1: %v, want %v", codes, want)
 	}
 }
+
+// New returns an error, as its doc says, for a Limiter the middleware
+// refuses (one refunding by response status), where Middleware panics.
+func TestNewRefusesRefundByStatus(t *testing.T) {
+	defer func() {
+		if p := recover(); p != nil {
+			t.Fatalf("echolimit.New panicked: %v; want an error", p)
+		}
+	}()
+	mw, err := echolimit.New([]ratelimit.Layer{{
+		Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "login", Limit: 5, Window: time.Hour},
+	}}, ratelimit.WithRefund(ratelimit.RefundSuccessful))
+	if !errors.Is(err, ratelimit.ErrConfig) || mw != nil {
+		t.Fatalf("New with WithRefund: middleware %v, error %v; want an ErrConfig", mw != nil, err)
+	}
+}

@@ -64,6 +64,7 @@
 package ginlimit
 
 import (
+	"fmt"
 	"net/http"
 	"sync"
 
@@ -120,7 +121,7 @@ func middleware(ar *anyRoutes, l *ratelimit.Limiter, opts []Option) gin.HandlerF
 		panic("ginlimit: nil *ratelimit.Limiter")
 	}
 	if l.RefundsByStatus() {
-		panic("ginlimit: the Limiter refunds by response status (ratelimit.WithRefund), which gin's middleware cannot see; use WithResult and call Limiter.Refund on the Result after c.Next()")
+		panic(errRefundsByStatus)
 	}
 	var o options
 	for _, opt := range opts {
@@ -195,11 +196,20 @@ func (a *anyRoutes) isAny(path string) bool {
 
 // New builds a Limiter from layers and opts with [ratelimit.New] and returns
 // its [Middleware]. It returns ratelimit.New's error for an invalid
-// configuration.
+// configuration, and an error wrapping [ratelimit.ErrConfig] for a Limiter
+// that refunds by response status ([ratelimit.WithRefund]), which
+// [Middleware] refuses.
 func New(layers []ratelimit.Layer, opts ...ratelimit.Option) (gin.HandlerFunc, error) {
 	l, err := ratelimit.New(layers, opts...)
 	if err != nil {
 		return nil, err
 	}
+	if l.RefundsByStatus() {
+		return nil, fmt.Errorf("%w: %s", ratelimit.ErrConfig, errRefundsByStatus)
+	}
 	return Middleware(l), nil
 }
+
+// errRefundsByStatus is why a Limiter that refunds by response status is
+// refused.
+const errRefundsByStatus = "ginlimit: the Limiter refunds by response status (ratelimit.WithRefund), which gin's middleware cannot see; use WithResult and call Limiter.Refund on the Result after c.Next()"

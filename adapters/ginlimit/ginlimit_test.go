@@ -1,6 +1,7 @@
 package ginlimit_test
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -349,4 +350,20 @@ func TestMiddlewareNilLimiterPanics(t *testing.T) {
 		}
 	}()
 	ginlimit.Middleware(nil)
+}
+
+// New returns an error, as its doc says, for a Limiter the middleware
+// refuses (one refunding by response status), where Middleware panics.
+func TestNewRefusesRefundByStatus(t *testing.T) {
+	defer func() {
+		if p := recover(); p != nil {
+			t.Fatalf("ginlimit.New panicked: %v; want an error", p)
+		}
+	}()
+	mw, err := ginlimit.New([]ratelimit.Layer{{
+		Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "login", Limit: 5, Window: time.Hour},
+	}}, ratelimit.WithRefund(ratelimit.RefundSuccessful))
+	if !errors.Is(err, ratelimit.ErrConfig) || mw != nil {
+		t.Fatalf("New with WithRefund: middleware %v, error %v; want an ErrConfig", mw != nil, err)
+	}
 }
