@@ -59,8 +59,9 @@ type LeaseConfig struct {
 	HotPeriod time.Duration
 
 	// MaxKeys bounds the number of keys whose hotness and lease the store
-	// keeps; the least recently used beyond it are forgotten (their leased
-	// units are lost). The default value is DefaultLeaseKeys, 10,000.
+	// keeps; the least recently used beyond it are forgotten, those holding
+	// no leased units first (a forgotten lease's units are lost). The
+	// default value is DefaultLeaseKeys, 10,000.
 	MaxKeys int
 }
 
@@ -173,7 +174,10 @@ type LeaseStats struct {
 // a process holds at most one lease per key and takes a new one only when
 // the last is spent or has ended, and a lease that ends with units left
 // lived MaxAge, so over any period T at most N x Size x (T/MaxAge + 1)
-// leased units go unused. Stats reports them as ExpiredUnits. A key that
+// leased units go unused. A full store forgets keys that hold no leased
+// units first (among the 9 least recently used), so a flood of other keys
+// does not end leases early; only more than MaxKeys keys holding leases at
+// once can make it forget one, and then its leftovers are lost too. Stats reports them as ExpiredUnits. A key that
 // cools down keeps spending its lease until it ends. Keep Size small
 // against the quota and MaxAge short against its window.
 //
@@ -219,8 +223,9 @@ type LeaseStore struct {
 	hotN    int
 	hotP    int64
 
-	mu   sync.Mutex
-	keys *simplelru.LRU[leaseKey, *leaseEntry]
+	mu      sync.Mutex
+	keys    *simplelru.LRU[leaseKey, *leaseEntry]
+	maxKeys int
 
 	decisions, local, calls, leases, leased, expired, returned atomic.Uint64
 }
@@ -291,7 +296,7 @@ func NewLeaseStore(backend core.Store, cfg *LeaseConfig) (*LeaseStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidLeaseConfig, err)
 	}
-	s.keys = keys
+	s.keys, s.maxKeys = keys, c.MaxKeys
 	return s, nil
 }
 
@@ -512,12 +517,29 @@ func (s *LeaseStore) hold(ctx context.Context, k leaseKey) (*leaseEntry, error) 
 	}
 }
 
-// entry returns k's entry, created if needed.
+// leaseEvictionScan bounds the keys holding leased units that entry moves
+// past to forget one that holds none.
+const leaseEvictionScan = 8
+
+// entry returns k's entry, created if needed. When the store is full, it
+// forgets the least recently used key that holds no leased units, among
+// the leaseEvictionScan + 1 least recently used (the oldest of them if all
+// do): a flood of one-off keys must not make it forget a hot key's lease,
+// whose units would be lost.
 func (s *LeaseStore) entry(k leaseKey) *leaseEntry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e, ok := s.keys.Get(k); ok {
 		return e
+	}
+	if s.keys.Len() >= s.maxKeys {
+		for range leaseEvictionScan {
+			old, oe, ok := s.keys.GetOldest()
+			if !ok || oe.left.Load() == 0 {
+				break
+			}
+			s.keys.Get(old) // a lease's key: to the front, and look at the next
+		}
 	}
 	e := &leaseEntry{sem: make(chan struct{}, 1)}
 	s.keys.Add(k, e)

@@ -464,3 +464,48 @@ func TestLeaseExpiringUnderLoad(t *testing.T) {
 	}
 	t.Logf("admitted %d, expired %d, held %d", admitted, expired, held)
 }
+
+// A flood of one-off keys between a hot key's requests must not make the
+// store forget the hot key's lease, whose leftovers would be lost: keys
+// without leased units are forgotten first. At one instant (T = 0) the
+// documented bound of unused leased units is Size, so the hot key gets at
+// least its quota less Size.
+func TestLeaseFloodOfColdKeysKeepsHotLease(t *testing.T) {
+	const quota, size = 100, 10
+	p := core.MustPolicy(core.Rule{Name: "api", Limit: quota, Window: time.Hour})
+	run := func(flood bool) (admitted int, st LeaseStats) {
+		s, err := NewLeaseStore(core.MustMemoryStore(nil), &LeaseConfig{Size: size}) // HotThreshold 10, MaxKeys 10,000
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		var out [1]core.Decision
+		n := 0
+		for {
+			for range DefaultHotThreshold {
+				if err := s.Take(ctx, leaseT0, []core.Request{{Policy: p, Key: "victim", Cost: 1}}, out[:]); err != nil {
+					t.Fatal(err)
+				}
+				if !out[0].Allowed {
+					return admitted, s.Stats()
+				}
+				admitted++
+			}
+			if !flood {
+				continue
+			}
+			for range DefaultLeaseKeys { // one request each from as many other clients
+				n++
+				if err := s.Take(ctx, leaseT0, []core.Request{{Policy: p, Key: fmt.Sprint("c", n), Cost: 1}}, out[:]); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	quiet, _ := run(false)
+	got, st := run(true)
+	if quiet != quota || got < quota-size {
+		t.Errorf("the hot key got %d of its %d units alone and %d under a flood of other keys (stats %+v); want %d, and at least %d",
+			quiet, quota, got, st, quota, quota-size)
+	}
+}
