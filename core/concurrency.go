@@ -101,7 +101,9 @@ const DefaultSlotKeys = 1 << 20
 // request for a new key beyond that is refused with ErrStoreFull (as for a
 // full MemoryStore, the request must be refused, not served unlimited).
 // Memory is therefore bounded by the requests in flight, whatever the
-// number of distinct keys seen.
+// number of distinct keys seen: once the keys held fall to a quarter of
+// their peak (of at least slotShrinkMin keys), the table is rebuilt at
+// their size, so a burst of keys in flight does not keep its memory.
 //
 // The table is guarded by one mutex, held for a few map operations per
 // request and never across a call out. It is safe for concurrent use; the
@@ -109,8 +111,13 @@ const DefaultSlotKeys = 1 << 20
 type SlotTable struct {
 	mu      sync.Mutex
 	held    map[slotKey]int64 // requires mu held; no entry at zero
+	peak    int               // the most keys held since held was built
 	maxKeys int
 }
+
+// slotShrinkMin is the least peak of keys held after which a SlotTable
+// rebuilds its map when they fall to a quarter of it.
+const slotShrinkMin = 4096
 
 type slotKey struct{ name, key string }
 
@@ -160,6 +167,7 @@ func (t *SlotTable) Acquire(_ context.Context, reqs []SlotRequest, out []SlotDec
 		t.held[k]++
 		out[i].InFlight++
 	}
+	t.peak = max(t.peak, len(t.held))
 	t.mu.Unlock()
 	return h.release, nil
 }
@@ -190,6 +198,16 @@ func (t *SlotTable) release(keys []slotKey) {
 		} else {
 			delete(t.held, k)
 		}
+	}
+	if t.peak >= slotShrinkMin && len(t.held) <= t.peak/4 {
+		// A Go map keeps the memory of its largest size: copy the keys
+		// left into one of their size (amortised: at least 3/4 of the
+		// peak's keys were given back since it was built).
+		held := make(map[slotKey]int64, len(t.held))
+		for k, n := range t.held {
+			held[k] = n
+		}
+		t.held, t.peak = held, len(held)
 	}
 }
 

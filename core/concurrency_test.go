@@ -3,6 +3,8 @@ package core_test
 import (
 	"context"
 	"errors"
+	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -133,5 +135,45 @@ func TestSlotTableConcurrent(t *testing.T) {
 	wg.Wait()
 	if tab.Len() != 0 {
 		t.Fatalf("%d keys left after every release (twice)", tab.Len())
+	}
+}
+
+// A burst of keys in flight does not keep its memory once the slots are
+// given back: the table's memory follows the requests in flight.
+func TestSlotTableMemoryFollowsInFlight(t *testing.T) {
+	heap := func() uint64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	base := heap()
+	tbl := core.NewSlotTable(0)
+	var out [1]core.SlotDecision
+	const burst = 200_000
+	rels := make([]func(), 0, burst)
+	for i := range burst {
+		rel, err := tbl.Acquire(context.Background(), []core.SlotRequest{{Name: "in-flight", Key: "2001:db8:" + strconv.Itoa(i) + "::/64", Limit: 2}}, out[:])
+		if err != nil || rel == nil {
+			t.Fatal(err)
+		}
+		rels = append(rels, rel)
+	}
+	peak := heap()
+	for i := 1; i < len(rels); i++ {
+		rels[i]()
+		rels[i] = nil // nor does the test keep what it gave back
+	}
+	after := heap()
+	if tbl.Len() != 1 {
+		t.Fatalf("Len %d with one request in flight", tbl.Len())
+	}
+	if after > base+(peak-base)/8 {
+		t.Errorf("one request in flight after a burst of %d: the table keeps %d bytes (%d at the burst's peak)", burst, after-base, peak-base)
+	}
+	rels[0]()
+	if tbl.Len() != 0 {
+		t.Fatalf("Len %d with nothing in flight", tbl.Len())
 	}
 }
