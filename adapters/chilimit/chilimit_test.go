@@ -722,3 +722,73 @@ func TestRouteKeyParamMountPointInSubrouterUse(t *testing.T) {
 		t.Errorf("GET /acme, GET /acme/ (limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
 	}
 }
+
+// A catch-all r.Handle("/*") next to a GET route: POST /api/x is served by
+// "/*" (registered for every method), so it must be keyed "/*". And once it
+// has been, every other path "/*" serves must still be keyed "/*".
+func TestRouteKeyCatchAllNextToMethodRoute(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.Rule{Name: "spa", Limit: 1, Window: time.Minute},
+		Routes: []string{"/*"},
+	}}, ratelimit.WithLogger(nil))
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Get("/api/x", ok)
+	r.HandleFunc("/*", ok)
+	codes := []int{
+		do(r, "POST", "/api/x", "192.0.2.7:1").Code, do(r, "POST", "/api/x", "192.0.2.7:1").Code,
+		do(r, "POST", "/foo", peer).Code, do(r, "POST", "/foo", peer).Code,
+	}
+	if want := []int{200, 429, 200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("POST /api/x twice, POST /foo twice (Routes \"/*\", limit 1): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
+
+// The key of POST /foo depends on whether POST /api/x came first: the
+// every-method answer is cached by pattern but probed with one path.
+func TestRouteKeyEveryMethodNotOrderDependent(t *testing.T) {
+	run := func(warm bool) []int {
+		obs := &keys{}
+		l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+			Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+			Rule:   core.Rule{Name: "spa", Limit: 1, Window: time.Minute},
+			Routes: []string{"/*"},
+		}}, ratelimit.WithLogger(nil))
+		r := chi.NewRouter()
+		r.Use(chilimit.Middleware(l))
+		r.Get("/api/x", ok)
+		r.HandleFunc("/*", ok)
+		if warm {
+			do(r, "POST", "/api/x", "192.0.2.7:1")
+		}
+		return []int{do(r, "POST", "/foo", peer).Code, do(r, "POST", "/foo", peer).Code}
+	}
+	cold, warm := run(false), run(true)
+	if !slices.Equal(cold, warm) {
+		t.Errorf("POST /foo twice (Routes \"/*\", limit 1): %v on a fresh router, %v after one POST /api/x", cold, warm)
+	}
+}
+
+// The same cache entry splits an every-method route's quota by method: a
+// client changing the method gets the route's quota once per method.
+func TestRouteKeyEveryMethodOneQuotaForAllMethods(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:  ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule: core.Rule{Name: "route", Limit: 1, Window: time.Minute},
+	}}, ratelimit.WithLogger(nil))
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Get("/api/x", ok)
+	r.HandleFunc("/*", ok)
+	do(r, "POST", "/api/x", "192.0.2.7:1") // another client, another path of "/*"
+	var codes []int
+	for _, m := range []string{"GET", "POST", "PUT", "DELETE"} {
+		codes = append(codes, do(r, m, "/foo", peer).Code)
+	}
+	if want := []int{200, 429, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET, POST, PUT, DELETE /foo (r.HandleFunc(\"/*\"), limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
