@@ -128,13 +128,16 @@ type IdempotencyConfig struct {
 //
 // Keys are scoped per client (see IdempotencyConfig.Client), per method,
 // per host, per path (as the server received it, before a handler such as
-// http.StripPrefix changed it) and per charge (the rule name, key and cost
-// of every layer that applies to the request), and hashed (SHA-256) before
+// http.StripPrefix changed it) and per charge (the rule, key and cost of
+// every layer that applies to the request), and hashed (SHA-256) before
 // they reach the store, so a raw key is never stored, one client cannot
 // replay another's (nor one user another's behind the same address), a
 // replay is never of a costlier request than the one charged, and filters
-// over different Limiters may share one ReplayStore: a key charged by one
-// is never replayed by another. The layers' keys and the cost are read
+// over Limiters with different rules may share one ReplayStore, nested or
+// side by side: a key charged by one is never replayed by another. (Two
+// whose layers have the same rules and keys share records: each enforces
+// the same bound. A retry made after SetRules changed a layer's rule is
+// decided afresh.) The layers' keys and the cost are read
 // once per request, for the scope and the decision alike (a KeyFunc or
 // cost function that reads the body reads it once, as without the filter).
 //
@@ -352,8 +355,8 @@ func (f *Idempotency) scopedKey(r *http.Request) (string, []preparedLayer, bool)
 // before a handler such as http.StripPrefix changed r.URL; the URL's when r
 // has no RequestURI (a request built by hand).
 func receivedPath(r *http.Request) string {
-	p := r.RequestURI
-	if i := strings.IndexAny(p, "?#"); i >= 0 {
+	p := r.RequestURI // a request-target has no fragment: '#' is the path's
+	if i := strings.IndexByte(p, '?'); i >= 0 {
 		p = p[:i]
 	}
 	if p == "" {
@@ -373,8 +376,8 @@ type preparedLayer struct {
 }
 
 // writeChargeScope writes to h what deciding r would charge: the index,
-// policy name, key and cost of every layer that applies to it, and returns
-// what it read of each layer. A replay is then of a request with the same
+// policy name and identity (its rule), key and cost of every layer that
+// applies to it, and returns what it read of each layer. A replay is then of a request with the same
 // charges, by the same rules: neither a costlier one (one unit charged
 // would otherwise buy replays of any cost) nor another user's or API key's
 // behind the same address (which the client scope alone would let
@@ -383,6 +386,7 @@ type preparedLayer struct {
 // fails.
 func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) []preparedLayer {
 	r = l.routeRequest(r)
+	rs := l.rules.Load()
 	pre := make([]preparedLayer, len(l.layers))
 	var (
 		rc       routeOnce
@@ -407,6 +411,8 @@ func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) []preparedLayer
 		b = strconv.AppendInt(b[:0], int64(i), 10)
 		b = append(b, 0)
 		b = append(b, ly.name...)
+		b = append(b, 0)
+		b = append(b, rs.rules[i].policy.Identity()...)
 		b = append(b, 0)
 		b = append(b, key...)
 		b = append(b, 0)

@@ -656,3 +656,63 @@ func TestIdempotencySharedStoreNeverReplaysAnotherLimitersCharge(t *testing.T) {
 		}
 	}
 }
+
+// Nested filters over Limiters with different unnamed rules (both
+// "default") sharing one ReplayStore: the inner filter never replays the
+// outer one's charge, so the strict inner Limiter is charged.
+func TestIdempotencyNestedFiltersSharingStore(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	store := ratelimit.NewMemoryReplayStore(0, clock)
+	site := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key: ratelimit.MustClientIP(), Rule: core.Rule{Limit: 1000, Window: time.Hour},
+	}}, ratelimit.WithClock(clock)))
+	payout := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key: ratelimit.MustClientIP(), Rule: core.Rule{Limit: 1, Window: time.Hour},
+	}}, ratelimit.WithClock(clock)))
+	fs, err := ratelimit.NewIdempotency(site, &ratelimit.IdempotencyConfig{Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, err := ratelimit.NewIdempotency(payout, &ratelimit.IdempotencyConfig{Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	h := fs.Handler(fp.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ })))
+	for i := range 5 {
+		r := httptest.NewRequest("POST", "http://api.example/payout", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		r.Header.Set("Idempotency-Key", "fresh-"+strconv.Itoa(i)) // a new payout each time
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	if runs != 1 {
+		t.Fatalf("5 distinct payouts under a 1-per-hour Limiter: the handler ran %d times", runs)
+	}
+}
+
+// A '#' in a request-target is part of the path (net/http routes "/pay#x"
+// apart from "/pay"): a key charged on one is not replayed on the other.
+func TestIdempotencyHashInPathIsAnotherPath(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "writes", Limit: 1, Window: time.Hour},
+	}}, ratelimit.WithClock(clock)))
+	f, err := ratelimit.NewIdempotency(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := f.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	codes := []int{}
+	for _, target := range []string{"/pay", "/pay#refund"} {
+		r := httptest.NewRequest("POST", "http://api.example/", nil)
+		r.RequestURI, r.URL.Path = target, target // as the server parses it
+		r.RemoteAddr = "192.0.2.1:1"
+		r.Header.Set("Idempotency-Key", "k1")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		codes = append(codes, w.Code)
+	}
+	if !slices.Equal(codes, []int{http.StatusOK, http.StatusTooManyRequests}) {
+		t.Fatalf("POST /pay, then POST /pay#refund with the same key (limit 1): %v, want [200 429]", codes)
+	}
+}
