@@ -59,9 +59,10 @@ type LeaseConfig struct {
 	HotPeriod time.Duration
 
 	// MaxKeys bounds the number of keys whose hotness and lease the store
-	// keeps; the least recently used beyond it are forgotten, those holding
-	// no leased units first (a forgotten lease's units are lost). The
-	// default value is DefaultLeaseKeys, 10,000.
+	// keeps; the least recently used beyond it are forgotten, those without
+	// a running lease first (see "Bounds" in the LeaseStore
+	// documentation; a forgotten lease's units are lost). The default value
+	// is DefaultLeaseKeys, 10,000.
 	MaxKeys int
 }
 
@@ -174,10 +175,11 @@ type LeaseStats struct {
 // a process holds at most one lease per key and takes a new one only when
 // the last is spent or has ended, and a lease that ends with units left
 // lived MaxAge, so over any period T at most N x Size x (T/MaxAge + 1)
-// leased units go unused. A full store forgets keys that hold no leased
-// units first (among the 9 least recently used), so a flood of other keys
-// does not end leases early; only more than MaxKeys keys holding leases at
-// once can make it forget one, and then its leftovers are lost too. Stats reports them as ExpiredUnits. A key that
+// leased units go unused. A full store forgets first the keys without a
+// running lease (among the 65 least recently used), so a flood of other
+// keys ends no lease early unless more than 64 keys with running leases
+// sit at the least recently used end at once; then the 65th's leftovers
+// are lost too. Stats reports them as ExpiredUnits. A key that
 // cools down keeps spending its lease until it ends. Keep Size small
 // against the quota and MaxAge short against its window.
 //
@@ -239,9 +241,10 @@ type leaseKey struct{ name, key string }
 // dead are guarded by sem, a one-slot lock that a waiter can give up on
 // when its context ends.
 type leaseEntry struct {
-	sem  chan struct{}
-	dead atomic.Bool  // forgotten by the LRU
-	left atomic.Int64 // units of the lease not spent yet
+	sem   chan struct{}
+	dead  atomic.Bool  // forgotten by the LRU
+	left  atomic.Int64 // units of the lease not spent yet
+	until atomic.Int64 // expires, readable without sem (for entry)
 
 	policy      *core.Policy
 	period      int64 // start of the current hot period (Unix ns)
@@ -314,7 +317,7 @@ func (s *LeaseStore) Reset(ctx context.Context, p *core.Policy, key string) erro
 		return err
 	}
 	k := leaseKey{p.Name(), key}
-	e, err := s.hold(ctx, k)
+	e, err := s.hold(ctx, k, math.MinInt64) // no time: every lease with units left counts as running
 	if err != nil {
 		return err
 	}
@@ -360,7 +363,7 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 	}
 	t := now.UnixNano()
 	k := leaseKey{r.Policy.Name(), r.Key}
-	e, err := s.hold(ctx, k)
+	e, err := s.hold(ctx, k, t)
 	if err != nil {
 		return err
 	}
@@ -502,9 +505,9 @@ func (s *LeaseStore) grant(ctx context.Context, now time.Time, req []core.Reques
 }
 
 // hold returns k's entry with its sem held, waiting for it until ctx ends.
-func (s *LeaseStore) hold(ctx context.Context, k leaseKey) (*leaseEntry, error) {
+func (s *LeaseStore) hold(ctx context.Context, k leaseKey, t int64) (*leaseEntry, error) {
 	for {
-		e := s.entry(k)
+		e := s.entry(k, t)
 		select {
 		case e.sem <- struct{}{}:
 		case <-ctx.Done():
@@ -517,16 +520,17 @@ func (s *LeaseStore) hold(ctx context.Context, k leaseKey) (*leaseEntry, error) 
 	}
 }
 
-// leaseEvictionScan bounds the keys holding leased units that entry moves
-// past to forget one that holds none.
-const leaseEvictionScan = 8
+// leaseEvictionScan bounds the keys with a running lease that entry moves
+// past to forget one without.
+const leaseEvictionScan = 64
 
-// entry returns k's entry, created if needed. When the store is full, it
-// forgets the least recently used key that holds no leased units, among
-// the leaseEvictionScan + 1 least recently used (the oldest of them if all
-// do): a flood of one-off keys must not make it forget a hot key's lease,
-// whose units would be lost.
-func (s *LeaseStore) entry(k leaseKey) *leaseEntry {
+// entry returns k's entry, created if needed at t. When the store is full,
+// it forgets the least recently used key without a lease running at t (no
+// units left, or its lease ended), among the leaseEvictionScan + 1 least
+// recently used (the last of them if the others all have one): a flood of
+// one-off keys must not make it forget a hot key's lease, whose units
+// would be lost.
+func (s *LeaseStore) entry(k leaseKey, t int64) *leaseEntry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e, ok := s.keys.Get(k); ok {
@@ -535,10 +539,10 @@ func (s *LeaseStore) entry(k leaseKey) *leaseEntry {
 	if s.keys.Len() >= s.maxKeys {
 		for range leaseEvictionScan {
 			old, oe, ok := s.keys.GetOldest()
-			if !ok || oe.left.Load() == 0 {
+			if !ok || oe.left.Load() == 0 || t >= oe.until.Load() {
 				break
 			}
-			s.keys.Get(old) // a lease's key: to the front, and look at the next
+			s.keys.Get(old) // a running lease's key: to the front, and look at the next
 		}
 	}
 	e := &leaseEntry{sem: make(chan struct{}, 1)}
@@ -582,6 +586,7 @@ func (s *LeaseStore) lease(ctx context.Context, now time.Time, t int64, e *lease
 				// The backend's own refusal of r. Until its RetryAfter
 				// ends, ask for no lease: decide exactly, one call each.
 				e.granted, e.expires = t, t
+				e.until.Store(t)
 				e.exactUntil = t + int64(d.RetryAfter)
 				return nil
 			}
@@ -599,6 +604,7 @@ func (s *LeaseStore) lease(ctx context.Context, now time.Time, t int64, e *lease
 		s.leases.Add(1)
 		s.leased.Add(uint64(want))
 		e.granted, e.expires = t, t+s.maxAge
+		e.until.Store(e.expires)
 		e.resetAt = t + int64(d.ResetAfter)
 		e.limit = d.Limit
 		e.fallback = d.Fallback

@@ -509,3 +509,61 @@ func TestLeaseFloodOfColdKeysKeepsHotLease(t *testing.T) {
 			quiet, quota, got, st, quota, quota-size)
 	}
 }
+
+// leaseHot makes key hot and leased at now (HotThreshold requests), which
+// leaves Size-1 units in its lease.
+func leaseHot(t *testing.T, s *LeaseStore, p *core.Policy, key string, now time.Time) {
+	t.Helper()
+	var out [1]core.Decision
+	for range DefaultHotThreshold {
+		if err := s.Take(context.Background(), now, []core.Request{{Policy: p, Key: key, Cost: 1}}, out[:]); err != nil || !out[0].Allowed {
+			t.Fatalf("%s: %v %+v", key, err, out[0])
+		}
+	}
+}
+
+// leaseFlood decides n one-off keys at now.
+func leaseFlood(t *testing.T, s *LeaseStore, p *core.Policy, now time.Time, n int) {
+	t.Helper()
+	var out [1]core.Decision
+	for i := range n {
+		if err := s.Take(context.Background(), now, []core.Request{{Policy: p, Key: fmt.Sprint("c", i), Cost: 1}}, out[:]); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Several running leases at the least recently used end (keys that took a
+// lease, then paused) all outlive a flood of one-off keys; leases that
+// ended long ago protect nothing, so a running one behind them is kept.
+func TestLeaseFloodKeepsRunningLeasesOnly(t *testing.T) {
+	p := core.MustPolicy(core.Rule{Name: "api", Limit: 100, Window: time.Hour})
+	s, err := NewLeaseStore(core.MustMemoryStore(nil), &LeaseConfig{Size: 10}) // MaxAge 1s
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 9 {
+		leaseHot(t, s, p, fmt.Sprint("paused", i), leaseT0)
+	}
+	leaseFlood(t, s, p, leaseT0, DefaultLeaseKeys)
+	if st := s.Stats(); st.ExpiredUnits != 0 {
+		t.Errorf("9 running leases, then a flood of one-off keys: %d leased units lost (stats %+v)", st.ExpiredUnits, st)
+	}
+
+	s, err = NewLeaseStore(core.MustMemoryStore(nil), &LeaseConfig{Size: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range leaseEvictionScan {
+		leaseHot(t, s, p, fmt.Sprint("gone", i), leaseT0) // ended at leaseT0+1s
+	}
+	now := leaseT0.Add(time.Minute)
+	leaseHot(t, s, p, "victim", now)
+	leaseFlood(t, s, p, now, DefaultLeaseKeys)
+	s.mu.Lock()
+	e, ok := s.keys.Peek(leaseKey{"api", "victim"})
+	s.mu.Unlock()
+	if !ok || e.left.Load() != 9 {
+		t.Errorf("a running lease (9 units) behind %d ended ones, then a flood: kept %v (stats %+v)", leaseEvictionScan, ok, s.Stats())
+	}
+}
