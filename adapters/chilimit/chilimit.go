@@ -255,7 +255,7 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 		// from the root as that route.
 		if rest != "" {
 			if pattern := find(rctx.Routes, fc, method, rest); pattern != "" && pattern == rctx.RoutePattern() {
-				return routeKey(rctx, method, pattern), true, true
+				return routeKey(rctx, fc, method, rest, pattern), true, true
 			}
 		}
 	}
@@ -272,7 +272,7 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 	if rest == "" || strings.HasSuffix(path, rest) {
 		// The usual case, before any variant is built.
 		if pattern := find(rctx.Routes, fc, method, path); pattern != "" {
-			return routeKey(rctx, method, pattern), true, true
+			return routeKey(rctx, fc, method, path, pattern), true, true
 		}
 	}
 	agrees := rest == ""
@@ -283,7 +283,7 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 			}
 			agrees = true
 			if pattern := find(rctx.Routes, fc, m, p); pattern != "" {
-				return routeKey(rctx, m, pattern), true, true
+				return routeKey(rctx, fc, m, p, pattern), true, true
 			}
 		}
 	}
@@ -433,62 +433,25 @@ func stripExt(p string) string {
 }
 
 // routeKey returns the route key of pattern, which matched method and
-// path: the pattern alone for a route registered for every method
-// (r.Handle, r.HandleFunc), which any other method reaches too, and the
-// method and the pattern for a route registered for its methods (r.Get,
-// r.Method), whatever other methods it also has.
-func routeKey(rctx *chi.Context, method, pattern string) string {
-	if everyMethodOf(rctx.Routes, pattern) {
-		return pattern
-	}
-	return method + " " + pattern
-}
-
-// everyKey is the key of an entry of mounts remembering whether a pattern
-// is registered for every method.
-type everyKey struct {
-	routes  chi.Routes
-	pattern string
-}
-
-// everyMethodOf is everyMethodAt, remembered in mounts by router and
-// pattern (the answer depends on the registration alone).
-func everyMethodOf(routes chi.Routes, pattern string) bool {
-	k := everyKey{routes, pattern}
-	if v, ok := mounts.Load(k); ok {
-		return v.(bool)
-	}
-	every := everyMethodAt(routes, pattern)
-	if nmounts.Add(1) > maxMounts {
-		mounts.Clear()
-		nmounts.Store(1)
-	}
-	mounts.Store(k, every)
-	return every
-}
-
-// everyMethodAt reports whether routes registers pattern, a whole pattern
-// as find returns it ("/api/users/{id}", "/users/" for a mount point's own
-// route), for every method: chi lists such a route's handler under "*".
-func everyMethodAt(routes chi.Routes, pattern string) bool {
-	for _, rt := range routes.Routes() {
-		if rt.SubRoutes == nil {
-			if rt.Pattern == pattern {
-				return rt.Handlers["*"] != nil
-			}
+// path: a route registered for every method (r.Handle, r.HandleFunc, a
+// Mount) matches other methods too, and then the method is not part of the
+// route. Two methods other than method (of TRACE, CONNECT and OPTIONS) are
+// tried at path, so that a route registered for a few methods, one of them
+// TRACE say, keeps its method.
+func routeKey(rctx *chi.Context, fc *chi.Context, method, path, pattern string) string {
+	tried := 0
+	for _, probe := range [...]string{http.MethodTrace, http.MethodConnect, http.MethodOptions} {
+		if probe == method {
 			continue
 		}
-		prefix := strings.TrimSuffix(rt.Pattern, "/*")
-		if rest, ok := strings.CutPrefix(pattern, prefix); ok && (rest == "" || rest[0] == '/') {
-			if rest == "" {
-				rest = "/"
-			}
-			if everyMethodAt(rt.SubRoutes, rest) {
-				return true
-			}
+		if find(rctx.Routes, fc, probe, path) != pattern {
+			return method + " " + pattern
+		}
+		if tried++; tried == 2 {
+			break
 		}
 	}
-	return false
+	return pattern
 }
 
 // find returns the pattern chi serves method and path with, as Mux.Find
@@ -523,9 +486,9 @@ type mountKey struct {
 // mountVal is an entry of mounts: the sub-router, or nil.
 type mountVal struct{ sub chi.Routes }
 
-// mounts remembers mountAt's answers by router, pattern and method, and
-// everyMethodAt's by router and pattern, so that a request walks its
-// router's routes once per pattern, not once per request. It is emptied when it holds maxMounts entries (nmounts), so
+// mounts remembers mountAt's answers by router, pattern and method, so
+// that a request walks its router's routes once per pattern, not once per
+// request. It is emptied when it holds maxMounts entries (nmounts), so
 // that routers built and dropped over a process's life (one per tenant,
 // say) are not kept. (A Mount added at a path requests already reached,
 // after they did, is seen once the cache has been emptied.)

@@ -792,3 +792,130 @@ func TestRouteKeyEveryMethodOneQuotaForAllMethods(t *testing.T) {
 		t.Errorf("GET, POST, PUT, DELETE /foo (r.HandleFunc(\"/*\"), limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
 	}
 }
+
+// perRouteLimiter is one Route()+IP layer, limit 1 a minute, on routes (all if none).
+func perRouteLimiter(t *testing.T, obs *keys, routes ...string) *ratelimit.Limiter {
+	return limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.Rule{Name: "route", Limit: 1, Window: time.Minute},
+		Routes: routes,
+	}}, ratelimit.WithLogger(nil))
+}
+
+// A plain http.Handler (a ServeMux) mounted at "/legacy": chi registers
+// "/legacy" for every method (Mount is mALL), and every method reaches the
+// mounted handler there. Changing the method must not buy a fresh quota.
+func TestRouteKeyPlainMountOwnPathOneQuota(t *testing.T) {
+	obs := &keys{}
+	l := perRouteLimiter(t, obs)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", ok)
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Mount("/legacy", mux)
+	var codes []int
+	for _, m := range []string{"GET", "POST", "PUT", "DELETE"} {
+		codes = append(codes, do(r, m, "/legacy", peer).Code)
+	}
+	if want := []int{200, 429, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET, POST, PUT, DELETE /legacy (plain mux mounted, limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
+
+// The same with a chi sub-router behind a plain middleware (the documented
+// opaque mount, whose requests the doc says are keyed "/admin/*").
+func TestRouteKeyWrappedMountOwnPathOneQuota(t *testing.T) {
+	obs := &keys{}
+	l := perRouteLimiter(t, obs)
+	admin := chi.NewRouter()
+	admin.Post("/", ok)
+	admin.Get("/", ok)
+	wrap := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.ServeHTTP(w, r) })
+	}
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Mount("/admin", wrap(admin))
+	codes := []int{do(r, "GET", "/admin", peer).Code, do(r, "POST", "/admin", peer).Code}
+	if want := []int{200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET, POST /admin (wrapped sub-router, limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
+
+// A root GET route and a mounted sub-router's every-method route with the
+// same full pattern: chi serves GET /api/users with the root route and every
+// other method with the sub-router's r.HandleFunc("/users"). The
+// every-method route must keep one quota whatever the method.
+func TestRouteKeyShadowedEveryMethodRouteOneQuota(t *testing.T) {
+	obs := &keys{}
+	l := perRouteLimiter(t, obs)
+	var served []string
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Get("/api/users", func(w http.ResponseWriter, r *http.Request) { served = append(served, "root"); ok(w, r) })
+	r.Route("/api", func(r chi.Router) {
+		r.HandleFunc("/users", func(w http.ResponseWriter, r *http.Request) { served = append(served, "sub"); ok(w, r) })
+	})
+	var codes []int
+	for _, m := range []string{"POST", "PUT", "DELETE"} {
+		codes = append(codes, do(r, m, "/api/users", peer).Code)
+	}
+	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("POST, PUT, DELETE /api/users (served by %q, every-method route, limit 1): %v, want %v; keys %q", served, codes, want, obs.list())
+	}
+}
+
+// A layer on the every-method route, written as the doc says ("/api/users"
+// for a route of every method), must limit it.
+func TestRouteKeyShadowedEveryMethodRouteLayerApplies(t *testing.T) {
+	obs := &keys{}
+	l := perRouteLimiter(t, obs, "/api/users")
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Get("/api/users", ok)
+	r.Route("/api", func(r chi.Router) { r.HandleFunc("/users", ok) })
+	codes := []int{do(r, "POST", "/api/users", peer).Code, do(r, "POST", "/api/users", peer).Code}
+	if want := []int{200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("POST /api/users twice (Routes \"/api/users\", limit 1): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
+
+// The mount-point case of the same: r.Get("/users/") beside r.Route("/users")
+// whose "/" is r.HandleFunc: POST /users/ is served by the sub-router's
+// every-method route.
+func TestRouteKeyMountPointEveryMethodOneQuota(t *testing.T) {
+	obs := &keys{}
+	l := perRouteLimiter(t, obs)
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Route("/users", func(r chi.Router) { r.HandleFunc("/", ok) })
+	r.Get("/users/", ok)
+	codes := []int{do(r, "POST", "/users/", peer).Code, do(r, "PUT", "/users/", peer).Code}
+	if want := []int{200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("POST, PUT /users/ (sub-router's HandleFunc(\"/\"), limit 1): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
+
+// Mounts "/api" and "/api/v2": GET /api/v2/x is served by the v2 router's
+// r.Get("/x"), a route of its method; a dead r.HandleFunc("/v2/x") in the
+// "/api" router (shadowed by the "/api/v2" mount) must not make it an
+// every-method route.
+func TestRouteKeyMountsSharingAPrefix(t *testing.T) {
+	obs := &keys{}
+	l := perRouteLimiter(t, obs, "GET /api/v2/x")
+	var served []string
+	v1 := chi.NewRouter()
+	v1.HandleFunc("/v2/x", func(w http.ResponseWriter, r *http.Request) { served = append(served, "v1"); ok(w, r) })
+	v2 := chi.NewRouter()
+	v2.Get("/x", func(w http.ResponseWriter, r *http.Request) { served = append(served, "v2"); ok(w, r) })
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Mount("/api", v1)
+	r.Mount("/api/v2", v2)
+	codes := []int{do(r, "GET", "/api/v2/x", peer).Code, do(r, "GET", "/api/v2/x", peer).Code}
+	if want := []int{200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET /api/v2/x twice (served by %q, Routes \"GET /api/v2/x\", limit 1): %v, want %v; keys %q", served, codes, want, obs.list())
+	}
+}
+
+// A route registered with r.HandleFunc before a chi.RegisterMethod call.
