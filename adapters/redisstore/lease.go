@@ -176,10 +176,13 @@ type LeaseStats struct {
 // the last is spent or has ended, and a lease that ends with units left
 // lived MaxAge, so over any period T at most N x Size x (T/MaxAge + 1)
 // leased units go unused. A full store forgets first the keys without a
-// running lease (among the 65 least recently used), so a flood of other
-// keys ends no lease early unless more than 64 keys with running leases
-// sit at the least recently used end at once; then the 65th's leftovers
-// are lost too. Stats reports them as ExpiredUnits. A key that
+// running lease (among the 65 least recently used; a lease runs, for this,
+// until MaxAge after it ends by the time of the request that makes room,
+// or of the latest grant for a Reset), so a flood of other keys ends no
+// lease early unless more than 64 keys with running leases sit at the
+// least recently used end at once, or the flood's clock runs more than
+// MaxAge ahead of the lease holder's; then the 65th's leftovers are lost
+// too. Stats reports them as ExpiredUnits. A key that
 // cools down keeps spending its lease until it ends. Keep Size small
 // against the quota and MaxAge short against its window.
 //
@@ -228,6 +231,7 @@ type LeaseStore struct {
 	mu      sync.Mutex
 	keys    *simplelru.LRU[leaseKey, *leaseEntry]
 	maxKeys int
+	granted atomic.Int64 // the latest time a lease was granted at (Unix ns)
 
 	decisions, local, calls, leases, leased, expired, returned atomic.Uint64
 }
@@ -317,7 +321,8 @@ func (s *LeaseStore) Reset(ctx context.Context, p *core.Policy, key string) erro
 		return err
 	}
 	k := leaseKey{p.Name(), key}
-	e, err := s.hold(ctx, k, math.MinInt64) // no time: every lease with units left counts as running
+	// No time of its own: leases are judged at the latest grant's.
+	e, err := s.hold(ctx, k, s.granted.Load())
 	if err != nil {
 		return err
 	}
@@ -525,11 +530,12 @@ func (s *LeaseStore) hold(ctx context.Context, k leaseKey, t int64) (*leaseEntry
 const leaseEvictionScan = 64
 
 // entry returns k's entry, created if needed at t. When the store is full,
-// it forgets the least recently used key without a lease running at t (no
-// units left, or its lease ended), among the leaseEvictionScan + 1 least
-// recently used (the last of them if the others all have one): a flood of
-// one-off keys must not make it forget a hot key's lease, whose units
-// would be lost.
+// it forgets the least recently used key without a running lease (no units
+// left, or a lease that ended more than MaxAge before t: a caller's clock
+// may run ahead of the lease holder's), among the leaseEvictionScan + 1
+// least recently used (the last of them if the others all have one): a
+// flood of one-off keys must not make it forget a hot key's lease, whose
+// units would be lost.
 func (s *LeaseStore) entry(k leaseKey, t int64) *leaseEntry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -539,7 +545,7 @@ func (s *LeaseStore) entry(k leaseKey, t int64) *leaseEntry {
 	if s.keys.Len() >= s.maxKeys {
 		for range leaseEvictionScan {
 			old, oe, ok := s.keys.GetOldest()
-			if !ok || oe.left.Load() == 0 || t >= oe.until.Load() {
+			if !ok || oe.left.Load() == 0 || t >= oe.until.Load()+s.maxAge {
 				break
 			}
 			s.keys.Get(old) // a running lease's key: to the front, and look at the next
@@ -605,6 +611,8 @@ func (s *LeaseStore) lease(ctx context.Context, now time.Time, t int64, e *lease
 		s.leased.Add(uint64(want))
 		e.granted, e.expires = t, t+s.maxAge
 		e.until.Store(e.expires)
+		for g := s.granted.Load(); t > g && !s.granted.CompareAndSwap(g, t); g = s.granted.Load() {
+		}
 		e.resetAt = t + int64(d.ResetAfter)
 		e.limit = d.Limit
 		e.fallback = d.Fallback
