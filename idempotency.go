@@ -133,11 +133,14 @@ type IdempotencyConfig struct {
 // they reach the store, so a raw key is never stored, one client cannot
 // replay another's (nor one user another's behind the same address), a
 // replay is never of a costlier request than the one charged, and filters
-// over Limiters with different rules may share one ReplayStore, nested or
-// side by side: a key charged by one is never replayed by another. (Two
-// whose layers have the same rules and keys share records: each enforces
-// the same bound. A retry made after SetRules changed a layer's rule is
-// decided afresh.) The layers' keys and the cost are read
+// may share one ReplayStore: a filter nested in another's Handler keeps
+// records of its own, and filters side by side (other paths, hosts or
+// rules) never share a key. (Side by side on one host and path, filters
+// whose layers have the same rules and keys share records. A retry made
+// after SetRules changed a layer's rule is decided afresh. The Host is part
+// of the scope: behind a proxy that sets each backend's own Host, a retry
+// is replayed only by the backend that admitted it, so have the proxy keep
+// the client's Host.) The layers' keys and the cost are read
 // once per request, for the scope and the decision alike (a KeyFunc or
 // cost function that reads the body reads it once, as without the filter).
 //
@@ -225,15 +228,18 @@ func NewIdempotency(l *Limiter, cfg *IdempotencyConfig) (*Idempotency, error) {
 }
 
 // Handler returns a handler that decides every request through the filter
-// (see [Idempotency.Admit]) and calls next for the ones it admits. It panics
-// if next is nil.
+// (see [Idempotency.Admit]) and calls next for the ones it admits. The
+// request next gets is marked as served by a filter, so that a filter
+// nested in next (over another Limiter, sharing the ReplayStore) keeps
+// records of its own, never replaying this one's. It panics if next is
+// nil.
 func (f *Idempotency) Handler(next http.Handler) http.Handler {
 	if next == nil {
 		panic("ratelimit: Idempotency.Handler called with a nil http.Handler")
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if f.Admit(w, r) {
-			next.ServeHTTP(w, r)
+			next.ServeHTTP(w, nested(r))
 		}
 	})
 }
@@ -346,9 +352,29 @@ func (f *Idempotency) scopedKey(r *http.Request) (string, []preparedLayer, bool)
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}
+	if d := nestDepth(r); d > 0 {
+		// A filter nested in another's Handler: records of its own.
+		h.Write(strconv.AppendInt([]byte("nested "), int64(d), 10))
+		h.Write([]byte{0})
+	}
 	pre := f.l.writeChargeScope(h, r)
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(h.Sum(sum[:0])[:16]), pre, true
+}
+
+// nestKey is the context key of the number of Idempotency filters r was
+// served by (see Idempotency.Handler).
+type nestKey struct{}
+
+// nestDepth returns the number of Idempotency filters r was served by.
+func nestDepth(r *http.Request) int {
+	n, _ := r.Context().Value(nestKey{}).(int)
+	return n
+}
+
+// nested returns r marked as served by one more filter.
+func nested(r *http.Request) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), nestKey{}, nestDepth(r)+1))
 }
 
 // receivedPath returns r's path as the server received it (RequestURI's),

@@ -716,3 +716,105 @@ func TestIdempotencyHashInPathIsAnotherPath(t *testing.T) {
 		t.Fatalf("POST /pay, then POST /pay#refund with the same key (limit 1): %v, want [200 429]", codes)
 	}
 }
+
+// Nested filters sharing a ReplayStore over Limiters whose layers have the
+// same rule and key, where the inner layer's Resolver decides the key under
+// a stricter policy: the inner filter keeps records of its own, so the
+// strict policy is charged for every request with a fresh key.
+func TestIdempotencyNestedResolverPolicyCharged(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	store := ratelimit.NewMemoryReplayStore(0, clock)
+	site := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "api", Limit: 1000, Window: time.Hour},
+	}}, ratelimit.WithClock(clock)))
+	strict := core.MustPolicy(core.Rule{Name: "api-suspended", Limit: 1, Window: time.Hour})
+	payout := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "api", Limit: 1000, Window: time.Hour},
+		Resolver: core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return strict, nil }),
+	}}, ratelimit.WithClock(clock)))
+	fs, err := ratelimit.NewIdempotency(site, &ratelimit.IdempotencyConfig{Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, err := ratelimit.NewIdempotency(payout, &ratelimit.IdempotencyConfig{Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	h := fs.Handler(fp.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ })))
+	for i := range 5 {
+		r := httptest.NewRequest("POST", "http://api.example/payout", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		r.Header.Set("Idempotency-Key", "fresh-"+strconv.Itoa(i)) // a new payout each time
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	if runs != 1 {
+		t.Fatalf("5 distinct payouts, the inner layer's Resolver deciding them under 1 per hour: the handler ran %d times", runs)
+	}
+}
+
+// Nested filters sharing a ReplayStore over two Limiters with the same rule
+// and key but their own stores, the outer one in dry-run (trialling the
+// rule on a new store): the enforcing inner filter never replays what the
+// dry run admitted, so its 1 per hour admits 1 of 5 distinct requests.
+func TestIdempotencyNestedUnderDryRunSameRule(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	store := ratelimit.NewMemoryReplayStore(0, clock)
+	layers := func() []ratelimit.Layer {
+		return []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "payout", Limit: 1, Window: time.Hour}}}
+	}
+	trial := ratelimit.Must(ratelimit.New(layers(), ratelimit.WithClock(clock), ratelimit.WithDryRun(),
+		ratelimit.WithStore(core.MustMemoryStore(nil))))
+	enforce := ratelimit.Must(ratelimit.New(layers(), ratelimit.WithClock(clock)))
+	ft, err := ratelimit.NewIdempotency(trial, &ratelimit.IdempotencyConfig{Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fe, err := ratelimit.NewIdempotency(enforce, &ratelimit.IdempotencyConfig{Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	h := ft.Handler(fe.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ })))
+	for i := range 5 {
+		r := httptest.NewRequest("POST", "http://api.example/payout", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		r.Header.Set("Idempotency-Key", "fresh-"+strconv.Itoa(i))
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	if runs != 1 {
+		t.Fatalf("5 distinct payouts under an enforcing 1-per-hour Limiter (a dry-run one with the same rule around it): the handler ran %d times", runs)
+	}
+}
+
+// Two processes, each with a per-process Limiter (its own memory store)
+// around a fleet Limiter with the same rule and key on a shared store (as
+// Redis would be), their filters sharing one ReplayStore (as the Redis
+// ReplayStore would be). The fleet Limiter (1 per hour) is charged for
+// every request: 1 of 2 distinct payouts passes.
+func TestIdempotencyNestedSameRuleOtherStore(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	replays := ratelimit.NewMemoryReplayStore(0, clock)
+	fleetStore := core.MustMemoryStore(nil)
+	rule := core.Rule{Name: "payout", Limit: 1, Window: time.Hour}
+	runs := 0
+	var procs []http.Handler
+	for range 2 {
+		local := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: rule}},
+			ratelimit.WithClock(clock), ratelimit.WithStore(core.MustMemoryStore(nil))))
+		fleet := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: rule}},
+			ratelimit.WithClock(clock), ratelimit.WithStore(fleetStore)))
+		fl, _ := ratelimit.NewIdempotency(local, &ratelimit.IdempotencyConfig{Store: replays})
+		ff, _ := ratelimit.NewIdempotency(fleet, &ratelimit.IdempotencyConfig{Store: replays})
+		procs = append(procs, fl.Handler(ff.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ }))))
+	}
+	for i := range 2 {
+		r := httptest.NewRequest("POST", "http://api.example/payout", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		r.Header.Set("Idempotency-Key", "fresh-"+strconv.Itoa(i))
+		procs[i].ServeHTTP(httptest.NewRecorder(), r)
+	}
+	if runs != 1 {
+		t.Fatalf("2 distinct payouts under a fleet-wide 1-per-hour Limiter: the handler ran %d times", runs)
+	}
+}
