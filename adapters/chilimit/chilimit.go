@@ -435,23 +435,54 @@ func stripExt(p string) string {
 // routeKey returns the route key of pattern, which matched method and
 // path: a route registered for every method (r.Handle, r.HandleFunc, a
 // Mount) matches other methods too, and then the method is not part of the
-// route. Two methods other than method (of TRACE, CONNECT and OPTIONS) are
-// tried at path, so that a route registered for a few methods, one of them
-// TRACE say, keeps its method.
+// route. TRACE, CONNECT and OPTIONS (but the request's own method) are
+// tried at path: one that no route serves there proves a route registered
+// for its methods; one that reaches pattern too, with none unserved,
+// proves a route for every method; one that reaches another route (a more
+// specific one registered for it: a CORS preflight, say) proves nothing.
+// When no probe decides, chi's registration of the matched route does.
 func routeKey(rctx *chi.Context, fc *chi.Context, method, path, pattern string) string {
-	tried := 0
+	same := false
 	for _, probe := range [...]string{http.MethodTrace, http.MethodConnect, http.MethodOptions} {
 		if probe == method {
 			continue
 		}
-		if find(rctx.Routes, fc, probe, path) != pattern {
+		switch find(rctx.Routes, fc, probe, path) {
+		case "":
 			return method + " " + pattern
-		}
-		if tried++; tried == 2 {
-			break
+		case pattern:
+			same = true
 		}
 	}
-	return pattern
+	if same || everyMethodAt(rctx.Routes, pattern) {
+		return pattern
+	}
+	return method + " " + pattern
+}
+
+// everyMethodAt reports whether routes registers pattern, a whole pattern
+// as find returns it, for every method: chi lists such a route's handler
+// under "*". (Only for routeKey's undecided case: it reads the first route
+// whose pattern reads the same.)
+func everyMethodAt(routes chi.Routes, pattern string) bool {
+	for _, rt := range routes.Routes() {
+		if rt.SubRoutes == nil {
+			if rt.Pattern == pattern {
+				return rt.Handlers["*"] != nil
+			}
+			continue
+		}
+		prefix := strings.TrimSuffix(rt.Pattern, "/*")
+		if rest, ok := strings.CutPrefix(pattern, prefix); ok && (rest == "" || rest[0] == '/') {
+			if rest == "" {
+				rest = "/"
+			}
+			if everyMethodAt(rt.SubRoutes, rest) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // find returns the pattern chi serves method and path with, as Mux.Find

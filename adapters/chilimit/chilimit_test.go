@@ -919,3 +919,60 @@ func TestRouteKeyMountsSharingAPrefix(t *testing.T) {
 }
 
 // A route registered with r.HandleFunc before a chi.RegisterMethod call.
+
+// A route registered for GET, TRACE and CONNECT (r.Get, r.Trace, r.Connect):
+// GET is keyed "/x", not "GET /x", so a layer for "GET /x" limits nothing.
+func TestRouteKeyGetTraceConnectRoute(t *testing.T) {
+	obs := &keys{}
+	l := perRouteLimiter(t, obs, "GET /x")
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Get("/x", ok)
+	r.Trace("/x", ok)
+	r.Connect("/x", ok)
+	var codes []int
+	for range 2 {
+		codes = append(codes, do(r, "GET", "/x", peer).Code)
+	}
+	if want := []int{200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET /x twice, layer Routes [\"GET /x\"] limit 1: %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
+
+// An every-method catch-all (r.Handle) beside a TRACE route at a more
+// specific pattern: GET and POST reaching the catch-all are keyed with their
+// method, each with a quota of its own.
+func TestRouteKeyEveryMethodShadowedForTrace(t *testing.T) {
+	obs := &keys{}
+	l := perRouteLimiter(t, obs)
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Handle("/files/*", http.HandlerFunc(ok))
+	r.Trace("/files/{name}", ok)
+	var codes []int
+	for _, m := range []string{"GET", "POST", "PUT"} {
+		codes = append(codes, do(r, m, "/files/a", peer).Code)
+	}
+	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET, POST, PUT /files/a (every-method /files/*, limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
+
+// CORS preflights registered per route (r.Options("/api/{id}")) beside an
+// every-method handler: TRACE and CONNECT, probed with OPTIONS, are keyed
+// with their method and each buys a fresh quota.
+func TestRouteKeyEveryMethodWithCORSPreflight(t *testing.T) {
+	obs := &keys{}
+	l := perRouteLimiter(t, obs)
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Handle("/api/*", http.HandlerFunc(ok))
+	r.Options("/api/{id}", ok) // CORS preflight
+	var codes []int
+	for _, m := range []string{"GET", "TRACE", "CONNECT"} {
+		codes = append(codes, do(r, m, "/api/1", peer).Code)
+	}
+	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET, TRACE, CONNECT /api/1 (every-method /api/*, limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
