@@ -92,6 +92,17 @@ type IdempotencyConfig struct {
 	// Limiter's clock.
 	Store ReplayStore
 
+	// Scope names the filter's records in a Store shared with other
+	// filters: filters with different Scopes never replay each other's
+	// admissions. Records are already apart when the requests differ in
+	// host, path or the rules of the layers that apply; give a Scope of its
+	// own to each filter that may see the same request as another whose
+	// Limiter has the same rules but is not the same (another store, a
+	// Resolver, dry-run), for example one nested in the other. The same
+	// filter in several processes keeps the same Scope, so that a retry
+	// reaching another instance is replayed. The default value is "".
+	Scope string
+
 	// TTL is how long an admitted key is replayed. The default value is
 	// DefaultIdempotencyTTL.
 	TTL time.Duration
@@ -133,14 +144,16 @@ type IdempotencyConfig struct {
 // they reach the store, so a raw key is never stored, one client cannot
 // replay another's (nor one user another's behind the same address), a
 // replay is never of a costlier request than the one charged, and filters
-// may share one ReplayStore: a filter nested in another's Handler keeps
-// records of its own, and filters side by side (other paths, hosts or
-// rules) never share a key. (Side by side on one host and path, filters
-// whose layers have the same rules and keys share records. A retry made
-// after SetRules changed a layer's rule is decided afresh. The Host is part
-// of the scope: behind a proxy that sets each backend's own Host, a retry
-// is replayed only by the backend that admitted it, so have the proxy keep
-// the client's Host.) The layers' keys and the cost are read
+// whose Limiters have different rules, or that have different
+// IdempotencyConfig.Scopes, may share one ReplayStore without ever
+// replaying each other's admissions. Two filters over Limiters with the
+// same rules (the same names and quotas) that may see the same request,
+// nested say, share records unless their Scopes differ: give each its own
+// when their Limiters differ otherwise (another store, a Resolver,
+// dry-run). A retry made after SetRules changed a layer's rule is decided
+// afresh. The Host is part of the scope: behind a proxy that sets each
+// backend's own Host, a retry is replayed only by the backend that
+// admitted it, so have the proxy keep the client's Host. The layers' keys and the cost are read
 // once per request, for the scope and the decision alike (a KeyFunc or
 // cost function that reads the body reads it once, as without the filter).
 //
@@ -173,6 +186,7 @@ type Idempotency struct {
 	key     KeyFunc
 	client  KeyFunc
 	store   ReplayStore
+	scope   string
 	ttl     time.Duration
 	maxWait time.Duration
 	replays int
@@ -201,7 +215,7 @@ func NewIdempotency(l *Limiter, cfg *IdempotencyConfig) (*Idempotency, error) {
 	if c.TTL < 0 || c.MaxWait < 0 || c.MaxReplays < 0 {
 		return nil, fmt.Errorf("ratelimit: idempotency TTL (%v), MaxWait (%v) and MaxReplays (%d) must not be negative", c.TTL, c.MaxWait, c.MaxReplays)
 	}
-	f := &Idempotency{l: l, key: c.Key, client: c.Client, store: c.Store, ttl: c.TTL, maxWait: c.MaxWait, replays: c.MaxReplays, onError: c.OnError, sleep: waitTimer}
+	f := &Idempotency{l: l, key: c.Key, client: c.Client, store: c.Store, scope: c.Scope, ttl: c.TTL, maxWait: c.MaxWait, replays: c.MaxReplays, onError: c.OnError, sleep: waitTimer}
 	if f.key == nil {
 		f.key = Header(IdempotencyKeyHeader)
 	}
@@ -228,18 +242,15 @@ func NewIdempotency(l *Limiter, cfg *IdempotencyConfig) (*Idempotency, error) {
 }
 
 // Handler returns a handler that decides every request through the filter
-// (see [Idempotency.Admit]) and calls next for the ones it admits. The
-// request next gets is marked as served by a filter, so that a filter
-// nested in next (over another Limiter, sharing the ReplayStore) keeps
-// records of its own, never replaying this one's. It panics if next is
-// nil.
+// (see [Idempotency.Admit]) and calls next for the ones it admits. It panics
+// if next is nil.
 func (f *Idempotency) Handler(next http.Handler) http.Handler {
 	if next == nil {
 		panic("ratelimit: Idempotency.Handler called with a nil http.Handler")
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if f.Admit(w, r) {
-			next.ServeHTTP(w, nested(r))
+			next.ServeHTTP(w, r)
 		}
 	})
 }
@@ -348,33 +359,13 @@ func (f *Idempotency) scopedKey(r *http.Request) (string, []preparedLayer, bool)
 		return "", nil, false
 	}
 	h := sha256.New()
-	for _, part := range []string{client, r.Method, r.Host, receivedPath(r), k} {
+	for _, part := range []string{f.scope, client, r.Method, r.Host, receivedPath(r), k} {
 		h.Write([]byte(part))
-		h.Write([]byte{0})
-	}
-	if d := nestDepth(r); d > 0 {
-		// A filter nested in another's Handler: records of its own.
-		h.Write(strconv.AppendInt([]byte("nested "), int64(d), 10))
 		h.Write([]byte{0})
 	}
 	pre := f.l.writeChargeScope(h, r)
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(h.Sum(sum[:0])[:16]), pre, true
-}
-
-// nestKey is the context key of the number of Idempotency filters r was
-// served by (see Idempotency.Handler).
-type nestKey struct{}
-
-// nestDepth returns the number of Idempotency filters r was served by.
-func nestDepth(r *http.Request) int {
-	n, _ := r.Context().Value(nestKey{}).(int)
-	return n
-}
-
-// nested returns r marked as served by one more filter.
-func nested(r *http.Request) *http.Request {
-	return r.WithContext(context.WithValue(r.Context(), nestKey{}, nestDepth(r)+1))
 }
 
 // receivedPath returns r's path as the server received it (RequestURI's),

@@ -719,7 +719,8 @@ func TestIdempotencyHashInPathIsAnotherPath(t *testing.T) {
 
 // Nested filters sharing a ReplayStore over Limiters whose layers have the
 // same rule and key, where the inner layer's Resolver decides the key under
-// a stricter policy: the inner filter keeps records of its own, so the
+// a stricter policy: with Scopes of their own (as IdempotencyConfig.Scope
+// asks of such filters), the inner filter keeps records of its own, so the
 // strict policy is charged for every request with a fresh key.
 func TestIdempotencyNestedResolverPolicyCharged(t *testing.T) {
 	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
@@ -732,11 +733,11 @@ func TestIdempotencyNestedResolverPolicyCharged(t *testing.T) {
 		Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "api", Limit: 1000, Window: time.Hour},
 		Resolver: core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return strict, nil }),
 	}}, ratelimit.WithClock(clock)))
-	fs, err := ratelimit.NewIdempotency(site, &ratelimit.IdempotencyConfig{Store: store})
+	fs, err := ratelimit.NewIdempotency(site, &ratelimit.IdempotencyConfig{Store: store, Scope: "site"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp, err := ratelimit.NewIdempotency(payout, &ratelimit.IdempotencyConfig{Store: store})
+	fp, err := ratelimit.NewIdempotency(payout, &ratelimit.IdempotencyConfig{Store: store, Scope: "payout"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -755,8 +756,9 @@ func TestIdempotencyNestedResolverPolicyCharged(t *testing.T) {
 
 // Nested filters sharing a ReplayStore over two Limiters with the same rule
 // and key but their own stores, the outer one in dry-run (trialling the
-// rule on a new store): the enforcing inner filter never replays what the
-// dry run admitted, so its 1 per hour admits 1 of 5 distinct requests.
+// rule on a new store), each with its own Scope: the enforcing inner filter
+// never replays what the dry run admitted, so its 1 per hour admits 1 of 5
+// distinct requests.
 func TestIdempotencyNestedUnderDryRunSameRule(t *testing.T) {
 	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
 	store := ratelimit.NewMemoryReplayStore(0, clock)
@@ -766,11 +768,11 @@ func TestIdempotencyNestedUnderDryRunSameRule(t *testing.T) {
 	trial := ratelimit.Must(ratelimit.New(layers(), ratelimit.WithClock(clock), ratelimit.WithDryRun(),
 		ratelimit.WithStore(core.MustMemoryStore(nil))))
 	enforce := ratelimit.Must(ratelimit.New(layers(), ratelimit.WithClock(clock)))
-	ft, err := ratelimit.NewIdempotency(trial, &ratelimit.IdempotencyConfig{Store: store})
+	ft, err := ratelimit.NewIdempotency(trial, &ratelimit.IdempotencyConfig{Store: store, Scope: "trial"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fe, err := ratelimit.NewIdempotency(enforce, &ratelimit.IdempotencyConfig{Store: store})
+	fe, err := ratelimit.NewIdempotency(enforce, &ratelimit.IdempotencyConfig{Store: store, Scope: "payout"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -790,8 +792,9 @@ func TestIdempotencyNestedUnderDryRunSameRule(t *testing.T) {
 // Two processes, each with a per-process Limiter (its own memory store)
 // around a fleet Limiter with the same rule and key on a shared store (as
 // Redis would be), their filters sharing one ReplayStore (as the Redis
-// ReplayStore would be). The fleet Limiter (1 per hour) is charged for
-// every request: 1 of 2 distinct payouts passes.
+// ReplayStore would be), each filter with its own Scope. The fleet Limiter
+// (1 per hour) is charged for every request: 1 of 2 distinct payouts
+// passes.
 func TestIdempotencyNestedSameRuleOtherStore(t *testing.T) {
 	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
 	replays := ratelimit.NewMemoryReplayStore(0, clock)
@@ -804,8 +807,8 @@ func TestIdempotencyNestedSameRuleOtherStore(t *testing.T) {
 			ratelimit.WithClock(clock), ratelimit.WithStore(core.MustMemoryStore(nil))))
 		fleet := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: rule}},
 			ratelimit.WithClock(clock), ratelimit.WithStore(fleetStore)))
-		fl, _ := ratelimit.NewIdempotency(local, &ratelimit.IdempotencyConfig{Store: replays})
-		ff, _ := ratelimit.NewIdempotency(fleet, &ratelimit.IdempotencyConfig{Store: replays})
+		fl, _ := ratelimit.NewIdempotency(local, &ratelimit.IdempotencyConfig{Store: replays, Scope: "local"})
+		ff, _ := ratelimit.NewIdempotency(fleet, &ratelimit.IdempotencyConfig{Store: replays, Scope: "fleet"})
 		procs = append(procs, fl.Handler(ff.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ }))))
 	}
 	for i := range 2 {
