@@ -175,14 +175,14 @@ type LeaseStats struct {
 // a process holds at most one lease per key and takes a new one only when
 // the last is spent or has ended, and a lease that ends with units left
 // lived MaxAge, so over any period T at most N x Size x (T/MaxAge + 1)
-// leased units go unused. A full store forgets first the keys without a
-// running lease (among the 65 least recently used; a lease runs, for this,
-// until MaxAge after it ends by the time of the request that makes room,
-// or of the latest grant for a Reset), so a flood of other keys ends no
-// lease early unless more than 64 keys with running leases sit at the
-// least recently used end at once, or the flood's clock runs more than
-// MaxAge ahead of the lease holder's; then the 65th's leftovers are lost
-// too. Stats reports them as ExpiredUnits. A key that
+// leased units go unused. A full store forgets first a key without a
+// running lease among the 64 least recently used (a lease counts as
+// running, for this, until MaxAge after it ends by the time of the request
+// that makes room, or of the latest grant for a Reset), and if they all
+// have one, the one whose lease ends first. So a flood of other keys ends
+// a lease early only when the 64 least recently used keys all hold leases
+// that end later, or the flood's clock runs more than MaxAge ahead of the
+// lease holder's; then that lease's leftovers are lost too. Stats reports them as ExpiredUnits. A key that
 // cools down keeps spending its lease until it ends. Keep Size small
 // against the quota and MaxAge short against its window.
 //
@@ -532,10 +532,10 @@ const leaseEvictionScan = 64
 // entry returns k's entry, created if needed at t. When the store is full,
 // it forgets the least recently used key without a running lease (no units
 // left, or a lease that ended more than MaxAge before t: a caller's clock
-// may run ahead of the lease holder's), among the leaseEvictionScan + 1
-// least recently used (the last of them if the others all have one): a
-// flood of one-off keys must not make it forget a hot key's lease, whose
-// units would be lost.
+// may run ahead of the lease holder's) among the leaseEvictionScan least
+// recently used, or, if they all have one, the one of them whose lease
+// ends first: a flood of one-off keys must not make it forget a hot key's
+// lease, whose units would be lost.
 func (s *LeaseStore) entry(k leaseKey, t int64) *leaseEntry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -543,12 +543,26 @@ func (s *LeaseStore) entry(k leaseKey, t int64) *leaseEntry {
 		return e
 	}
 	if s.keys.Len() >= s.maxKeys {
-		for range leaseEvictionScan {
+		// Past running leases, remembering the one that ends first: if the
+		// scan finds no key without one, that one is forgotten.
+		var (
+			first      leaseKey
+			firstUntil int64
+			found      bool
+		)
+		for i := range min(leaseEvictionScan, s.keys.Len()) {
 			old, oe, ok := s.keys.GetOldest()
 			if !ok || oe.left.Load() == 0 || t >= oe.until.Load()+s.maxAge {
+				found = true
 				break
 			}
+			if u := oe.until.Load(); i == 0 || u < firstUntil {
+				first, firstUntil = old, u
+			}
 			s.keys.Get(old) // a running lease's key: to the front, and look at the next
+		}
+		if !found {
+			s.keys.Remove(first)
 		}
 	}
 	e := &leaseEntry{sem: make(chan struct{}, 1)}

@@ -123,3 +123,94 @@ func TestLeaseConcurrentAccountingWhenFull(t *testing.T) {
 		t.Errorf("leased %d, accounted %d (stats %+v, left %d)", st.LeasedUnits, got, st, left)
 	}
 }
+
+// One clock for everyone. 64 keys took a lease at leaseT0 and were last
+// used then; their leases ended at leaseT0+1s. "victim" took its lease at
+// leaseT0+0.9s: it runs until leaseT0+1.9s. At leaseT0+1.5s one new key
+// makes the full store forget one of the ended leases (which count as
+// running for MaxAge after they end, and end before the victim's), not the
+// victim's.
+func TestLeaseRecentlyEndedLeasesGoBeforeRunningOne(t *testing.T) {
+	p := core.MustPolicy(core.Rule{Name: "api", Limit: 100000, Window: time.Hour})
+	s, err := NewLeaseStore(core.MustMemoryStore(nil), &LeaseConfig{Size: 10}) // MaxAge 1s
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range leaseEvictionScan {
+		leaseHot(t, s, p, fmt.Sprint("ended", i), leaseT0) // lease ends at leaseT0+1s
+	}
+	at := leaseT0.Add(900 * time.Millisecond)
+	leaseHot(t, s, p, "victim", at) // lease runs until leaseT0+1.9s
+	leaseFlood(t, s, p, at, DefaultLeaseKeys-leaseEvictionScan-1)
+	if st := s.Stats(); st.Keys != DefaultLeaseKeys || st.ExpiredUnits != 0 {
+		t.Fatalf("setup: %+v", st)
+	}
+	later := leaseT0.Add(1500 * time.Millisecond) // same clock: the victim's lease runs, the 64 others ended
+	var out [1]core.Decision
+	if err := s.Take(context.Background(), later, []core.Request{{Policy: p, Key: "newcomer", Cost: 1}}, out[:]); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	e, ok := s.keys.Peek(leaseKey{"api", "victim"})
+	s.mu.Unlock()
+	if !ok || e.left.Load() != 9 {
+		t.Errorf("the only running lease (9 units, until +1.9s) behind 64 leases that ended at +1s, one new key at +1.5s: kept %v (stats %+v)", ok, s.Stats())
+	}
+}
+
+// The same through Reset, which judges leases at the latest grant
+// (leaseT0+0.9s, the victim's own): a Reset of a key the full store does
+// not hold forgets one of the leases that end first, not the victim's.
+func TestLeaseResetKeepsOnlyRunningLease(t *testing.T) {
+	p := core.MustPolicy(core.Rule{Name: "api", Limit: 100000, Window: time.Hour})
+	s, err := NewLeaseStore(core.MustMemoryStore(nil), &LeaseConfig{Size: 10}) // MaxAge 1s
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range leaseEvictionScan {
+		leaseHot(t, s, p, fmt.Sprint("ended", i), leaseT0)
+	}
+	at := leaseT0.Add(900 * time.Millisecond)
+	leaseHot(t, s, p, "victim", at)
+	leaseFlood(t, s, p, leaseT0.Add(1500*time.Millisecond), DefaultLeaseKeys-leaseEvictionScan-1)
+	if st := s.Stats(); st.Keys != DefaultLeaseKeys || st.ExpiredUnits != 0 {
+		t.Fatalf("setup: %+v", st)
+	}
+	if err := s.Reset(context.Background(), p, "someone-else"); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	e, ok := s.keys.Peek(leaseKey{"api", "victim"})
+	s.mu.Unlock()
+	if !ok || e.left.Load() != 9 {
+		t.Errorf("the only running lease (until +1.9s) behind 64 that ended at +1s, a Reset of another key after callers at +1.5s: kept %v (stats %+v)", ok, s.Stats())
+	}
+}
+
+// A store full of running leases (MaxKeys 10) must forget one for a new
+// key: the least recently used one, whose lease ends first.
+func TestLeaseFullOfRunningLeasesForgetsFirstToEnd(t *testing.T) {
+	p := core.MustPolicy(core.Rule{Name: "api", Limit: 100000, Window: time.Hour})
+	s, err := NewLeaseStore(core.MustMemoryStore(nil), &LeaseConfig{Size: 10, MaxKeys: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		leaseHot(t, s, p, fmt.Sprint("run", i), leaseT0.Add(time.Duration(i)*time.Millisecond))
+	}
+	var out [1]core.Decision
+	if err := s.Take(context.Background(), leaseT0.Add(10*time.Millisecond), []core.Request{{Policy: p, Key: "newcomer", Cost: 1}}, out[:]); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	var gone []string
+	for i := range 10 {
+		if _, ok := s.keys.Peek(leaseKey{"api", fmt.Sprint("run", i)}); !ok {
+			gone = append(gone, fmt.Sprint("run", i))
+		}
+	}
+	s.mu.Unlock()
+	if len(gone) != 1 || gone[0] != "run0" {
+		t.Errorf("10 running leases in a store of 10, one new key: forgot %v, want [run0]", gone)
+	}
+}
