@@ -462,9 +462,15 @@ func routeKey(rctx *chi.Context, fc *chi.Context, method, path, pattern string) 
 
 // everyMethodAt reports whether routes registers pattern, a whole pattern
 // as find returns it, for every method: chi lists such a route's handler
-// under "*". (Only for routeKey's undecided case: it reads the first route
-// whose pattern reads the same.)
+// under "*". It reads the route of that pattern at this level, or else
+// descends into the mount with the longest prefix of it, as chi routes.
+// (Only for routeKey's undecided case.)
 func everyMethodAt(routes chi.Routes, pattern string) bool {
+	var (
+		sub  chi.Routes
+		rest string
+		best = -1
+	)
 	for _, rt := range routes.Routes() {
 		if rt.SubRoutes == nil {
 			if rt.Pattern == pattern {
@@ -473,16 +479,17 @@ func everyMethodAt(routes chi.Routes, pattern string) bool {
 			continue
 		}
 		prefix := strings.TrimSuffix(rt.Pattern, "/*")
-		if rest, ok := strings.CutPrefix(pattern, prefix); ok && (rest == "" || rest[0] == '/') {
-			if rest == "" {
-				rest = "/"
-			}
-			if everyMethodAt(rt.SubRoutes, rest) {
-				return true
-			}
+		if r, ok := strings.CutPrefix(pattern, prefix); ok && (r == "" || r[0] == '/') && len(prefix) > best {
+			sub, rest, best = rt.SubRoutes, r, len(prefix)
 		}
 	}
-	return false
+	if sub == nil {
+		return false
+	}
+	if rest == "" {
+		rest = "/"
+	}
+	return everyMethodAt(sub, rest)
 }
 
 // find returns the pattern chi serves method and path with, as Mux.Find

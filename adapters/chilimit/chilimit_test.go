@@ -746,8 +746,7 @@ func TestRouteKeyCatchAllNextToMethodRoute(t *testing.T) {
 	}
 }
 
-// The key of POST /foo depends on whether POST /api/x came first: the
-// every-method answer is cached by pattern but probed with one path.
+// The key of POST /foo does not depend on whether POST /api/x came first.
 func TestRouteKeyEveryMethodNotOrderDependent(t *testing.T) {
 	run := func(warm bool) []int {
 		obs := &keys{}
@@ -771,8 +770,8 @@ func TestRouteKeyEveryMethodNotOrderDependent(t *testing.T) {
 	}
 }
 
-// The same cache entry splits an every-method route's quota by method: a
-// client changing the method gets the route's quota once per method.
+// An every-method route keeps one quota whatever the method, after another
+// path of it was decided.
 func TestRouteKeyEveryMethodOneQuotaForAllMethods(t *testing.T) {
 	obs := &keys{}
 	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
@@ -918,10 +917,8 @@ func TestRouteKeyMountsSharingAPrefix(t *testing.T) {
 	}
 }
 
-// A route registered with r.HandleFunc before a chi.RegisterMethod call.
-
-// A route registered for GET, TRACE and CONNECT (r.Get, r.Trace, r.Connect):
-// GET is keyed "/x", not "GET /x", so a layer for "GET /x" limits nothing.
+// A route registered for GET, TRACE and CONNECT (r.Get, r.Trace, r.Connect)
+// is a route of its methods: a layer for "GET /x" limits GET /x.
 func TestRouteKeyGetTraceConnectRoute(t *testing.T) {
 	obs := &keys{}
 	l := perRouteLimiter(t, obs, "GET /x")
@@ -940,8 +937,8 @@ func TestRouteKeyGetTraceConnectRoute(t *testing.T) {
 }
 
 // An every-method catch-all (r.Handle) beside a TRACE route at a more
-// specific pattern: GET and POST reaching the catch-all are keyed with their
-// method, each with a quota of its own.
+// specific pattern: GET, POST and PUT reaching the catch-all share one
+// quota.
 func TestRouteKeyEveryMethodShadowedForTrace(t *testing.T) {
 	obs := &keys{}
 	l := perRouteLimiter(t, obs)
@@ -959,8 +956,7 @@ func TestRouteKeyEveryMethodShadowedForTrace(t *testing.T) {
 }
 
 // CORS preflights registered per route (r.Options("/api/{id}")) beside an
-// every-method handler: TRACE and CONNECT, probed with OPTIONS, are keyed
-// with their method and each buys a fresh quota.
+// every-method handler: GET, TRACE and CONNECT share the handler's quota.
 func TestRouteKeyEveryMethodWithCORSPreflight(t *testing.T) {
 	obs := &keys{}
 	l := perRouteLimiter(t, obs)
@@ -974,5 +970,28 @@ func TestRouteKeyEveryMethodWithCORSPreflight(t *testing.T) {
 	}
 	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
 		t.Errorf("GET, TRACE, CONNECT /api/1 (every-method /api/*, limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
+
+// Mounts "/api" and "/api/v2" (as TestRouteKeyMountsSharingAPrefix), the v2
+// router with an every-method catch-all: every probe reaches "/api/v2/*", so
+// chi's registration decides, read in the mount chi routes to (v2, the
+// longest prefix), not in v1's dead HandleFunc("/v2/x").
+func TestRouteKeyMountsSharingAPrefixWithCatchAll(t *testing.T) {
+	obs := &keys{}
+	l := perRouteLimiter(t, obs, "GET /api/v2/x")
+	var served []string
+	v1 := chi.NewRouter()
+	v1.HandleFunc("/v2/x", func(w http.ResponseWriter, r *http.Request) { served = append(served, "v1"); ok(w, r) })
+	v2 := chi.NewRouter()
+	v2.Get("/x", func(w http.ResponseWriter, r *http.Request) { served = append(served, "v2"); ok(w, r) })
+	v2.Handle("/*", http.HandlerFunc(ok))
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Mount("/api", v1)
+	r.Mount("/api/v2", v2)
+	codes := []int{do(r, "GET", "/api/v2/x", peer).Code, do(r, "GET", "/api/v2/x", peer).Code}
+	if want := []int{200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET /api/v2/x twice (served by %q, Routes \"GET /api/v2/x\", limit 1): %v, want %v; keys %q", served, codes, want, obs.list())
 	}
 }
