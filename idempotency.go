@@ -95,7 +95,7 @@ type IdempotencyConfig struct {
 	// Scope names the filter's records in a Store shared with other
 	// filters: filters with different Scopes never replay each other's
 	// admissions. Records are already apart when the requests differ in
-	// host, path or the rules of the layers that apply; give a Scope of its
+	// host or path, or the Limiters in their rules; give a Scope of its
 	// own to each filter that may see the same request as another whose
 	// Limiter has the same rules but is not the same (another store, a
 	// Resolver, dry-run), for example one nested in the other. The same
@@ -139,18 +139,20 @@ type IdempotencyConfig struct {
 //
 // Keys are scoped per client (see IdempotencyConfig.Client), per method,
 // per host, per path (as the server received it, before a handler such as
-// http.StripPrefix changed it) and per charge (the rule, key and cost of
-// every layer that applies to the request), and hashed (SHA-256) before
+// http.StripPrefix changed it), per Limiter rules (every layer's name,
+// quota and routes) and per charge (the key and cost of every layer that
+// applies to the request), and hashed (SHA-256) before
 // they reach the store, so a raw key is never stored, one client cannot
 // replay another's (nor one user another's behind the same address), a
 // replay is never of a costlier request than the one charged, and filters
 // whose Limiters have different rules, or that have different
 // IdempotencyConfig.Scopes, may share one ReplayStore without ever
 // replaying each other's admissions. Two filters over Limiters with the
-// same rules (the same names and quotas) that may see the same request,
+// same rules (the same layers' names, quotas and routes) that may see the
+// same request,
 // nested say, share records unless their Scopes differ: give each its own
 // when their Limiters differ otherwise (another store, a Resolver,
-// dry-run). A retry made after SetRules changed a layer's rule is decided
+// dry-run). A retry made after SetRules changed the rules is decided
 // afresh. The Host is part of the scope: behind a proxy that sets each
 // backend's own Host, a retry is replayed only by the backend that
 // admitted it, so have the proxy keep the client's Host. The layers' keys and the cost are read
@@ -392,9 +394,10 @@ type preparedLayer struct {
 	cost           int64
 }
 
-// writeChargeScope writes to h what deciding r would charge: the index,
-// policy name and identity (its rule), key and cost of every layer that
-// applies to it, and returns what it read of each layer. A replay is then of a request with the same
+// writeChargeScope writes to h the Limiter's rules (every layer's name,
+// identity and routes) and what deciding r would charge: the index, policy
+// name and identity, key and cost of every layer that applies to it, and
+// returns what it read of each layer. A replay is then of a request with the same
 // charges, by the same rules: neither a costlier one (one unit charged
 // would otherwise buy replays of any cost) nor another user's or API key's
 // behind the same address (which the client scope alone would let
@@ -405,6 +408,16 @@ func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) []preparedLayer
 	r = l.routeRequest(r)
 	rs := l.rules.Load()
 	pre := make([]preparedLayer, len(l.layers))
+	// The Limiter's rules, every layer's (those that do not apply to r
+	// too), so that Limiters with different rule sets never share records.
+	for i := range l.layers {
+		io.WriteString(h, l.layers[i].name)
+		h.Write([]byte{0})
+		io.WriteString(h, rs.rules[i].policy.Identity())
+		h.Write([]byte{0})
+		io.WriteString(h, strings.Join(l.layers[i].routes, "\x00"))
+		h.Write([]byte{1})
+	}
 	var (
 		rc       routeOnce
 		defCost  int64

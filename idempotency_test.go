@@ -821,3 +821,49 @@ func TestIdempotencyNestedSameRuleOtherStore(t *testing.T) {
 		t.Fatalf("2 distinct payouts under a fleet-wide 1-per-hour Limiter: the handler ran %d times", runs)
 	}
 }
+
+// Filters over Limiters with different rule sets share no records even for
+// a request only their common layer applies to (the other layer is
+// route-gated, or its key is absent): the fleet Limiter nested in a
+// per-process one with an extra layer is charged for every fresh key.
+func TestIdempotencyDifferentRuleSetsShareNothing(t *testing.T) {
+	for _, variant := range []string{"routes", "nokey"} {
+		t.Run(variant, func(t *testing.T) {
+			clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+			replays := ratelimit.NewMemoryReplayStore(0, clock)
+			fleetStore := core.MustMemoryStore(nil)
+			rule := core.Rule{Name: "payout", Limit: 1, Window: time.Hour}
+			extra := ratelimit.Layer{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "admin", Limit: 5, Window: time.Minute}, Routes: []string{"POST /admin"}}
+			if variant == "nokey" {
+				extra = ratelimit.Layer{Key: ratelimit.Header("X-User"), Rule: core.Rule{Name: "user", Limit: 5, Window: time.Minute}}
+			}
+			runs := 0
+			var procs []http.Handler
+			for range 2 {
+				local := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: rule}, extra},
+					ratelimit.WithClock(clock), ratelimit.WithStore(core.MustMemoryStore(nil))))
+				fleet := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: rule}},
+					ratelimit.WithClock(clock), ratelimit.WithStore(fleetStore)))
+				fl, err := ratelimit.NewIdempotency(local, &ratelimit.IdempotencyConfig{Store: replays})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ff, err := ratelimit.NewIdempotency(fleet, &ratelimit.IdempotencyConfig{Store: replays})
+				if err != nil {
+					t.Fatal(err)
+				}
+				procs = append(procs, fl.Handler(ff.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ }))))
+			}
+			for i := range 2 {
+				r := httptest.NewRequest("POST", "http://api.example/payout", nil)
+				r.Pattern = "POST /payout"
+				r.RemoteAddr = "192.0.2.1:1"
+				r.Header.Set("Idempotency-Key", "fresh-"+strconv.Itoa(i))
+				procs[i].ServeHTTP(httptest.NewRecorder(), r)
+			}
+			if runs != 1 {
+				t.Fatalf("2 distinct payouts under a fleet-wide 1-per-hour Limiter: the handler ran %d times", runs)
+			}
+		})
+	}
+}
