@@ -186,7 +186,12 @@ func WithResult() Option { return func(o *options) { o.result = true } }
 // it: "POST /login" for a route registered for its method, "/login" for
 // one registered for every method (r.Handle, r.HandleFunc), "" for a request
 // no route matches. ok is false outside a chi router (no routing context).
-// It may be called before chi has routed r, in a top-level r.Use.
+// It may be called before chi has routed r, in a top-level r.Use. A
+// method's route on a pattern also registered for every method (r.Handle
+// and r.Get on "/graphql"), or one whose whole pattern reads the same as an
+// every-method route's in a mount, is keyed as that every-method route:
+// both share its quota, and a layer written "GET /graphql" matches neither
+// (the unmatched-Routes warning says so).
 //
 // Before routing, the path is the one chi will route: the routing context's
 // RoutePath when a middleware rewrote it (middleware.CleanPath,
