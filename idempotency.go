@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -140,7 +141,7 @@ type IdempotencyConfig struct {
 // Keys are scoped per client (see IdempotencyConfig.Client), per method,
 // per host, per path (as the server received it, before a handler such as
 // http.StripPrefix changed it), per Limiter rules (every layer's name,
-// quota and routes) and per charge (the key and cost of every layer that
+// quota, MaxDelay and routes) and per charge (the key and cost of every layer that
 // applies to the request), and hashed (SHA-256) before
 // they reach the store, so a raw key is never stored, one client cannot
 // replay another's (nor one user another's behind the same address), a
@@ -148,12 +149,12 @@ type IdempotencyConfig struct {
 // whose Limiters have different rules, or that have different
 // IdempotencyConfig.Scopes, may share one ReplayStore without ever
 // replaying each other's admissions. Two filters over Limiters with the
-// same rules (the same layers' names, quotas and routes) that may see the
-// same request,
+// same rules (the same layers' names, quotas, MaxDelays and routes) that
+// may see the same request,
 // nested say, share records unless their Scopes differ: give each its own
 // when their Limiters differ otherwise (another store, a Resolver,
-// dry-run). A retry made after SetRules changed the rules is decided
-// afresh. The Host is part of the scope: behind a proxy that sets each
+// dry-run). A retry made after SetRules changed the rules (a name, a quota,
+// a MaxDelay) is decided afresh. The Host is part of the scope: behind a proxy that sets each
 // backend's own Host, a retry is replayed only by the backend that
 // admitted it, so have the proxy keep the client's Host. The layers' keys and the cost are read
 // once per request, for the scope and the decision alike (a KeyFunc or
@@ -410,14 +411,7 @@ func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) []preparedLayer
 	pre := make([]preparedLayer, len(l.layers))
 	// The Limiter's rules, every layer's (those that do not apply to r
 	// too), so that Limiters with different rule sets never share records.
-	for i := range l.layers {
-		io.WriteString(h, l.layers[i].name)
-		h.Write([]byte{0})
-		io.WriteString(h, rs.rules[i].policy.Identity())
-		h.Write([]byte{0})
-		io.WriteString(h, strings.Join(l.layers[i].routes, "\x00"))
-		h.Write([]byte{1})
-	}
+	io.WriteString(h, l.ruleDigest(rs))
 	var (
 		rc       routeOnce
 		defCost  int64
@@ -451,6 +445,24 @@ func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) []preparedLayer
 		h.Write(b)
 	}
 	return pre
+}
+
+// ruleDigest returns a digest of l's rules under rs: every layer's name,
+// policy identity, MaxDelay and routes (as a set), computed once per rule
+// set.
+func (l *Limiter) ruleDigest(rs *ruleSet) string {
+	if d := rs.scopeDigest.Load(); d != nil {
+		return *d
+	}
+	h := sha256.New()
+	for i := range l.layers {
+		routes := slices.Compact(slices.Sorted(slices.Values(l.layers[i].routes)))
+		p := rs.rules[i].policy
+		fmt.Fprintf(h, "%q %q %d %q\n", l.layers[i].name, p.Identity(), p.MaxDelay(), routes)
+	}
+	d := string(h.Sum(nil))
+	rs.scopeDigest.Store(&d)
+	return d
 }
 
 // encodeHeaders serialises the rate-limit headers of a decision as

@@ -867,3 +867,70 @@ func TestIdempotencyDifferentRuleSetsShareNothing(t *testing.T) {
 		})
 	}
 }
+
+// idemPayoutReq is a POST /payout from 192.0.2.1 with idempotency key key.
+func idemPayoutReq(key string) *http.Request {
+	r := httptest.NewRequest("POST", "http://api.example/payout", nil)
+	r.Pattern = "POST /payout"
+	r.RemoteAddr = "192.0.2.1:1"
+	r.Header.Set("X-User", "u1")
+	r.Header.Set("Idempotency-Key", key)
+	return r
+}
+
+// Two processes with equal configuration, the routed layer's Routes listed
+// in another order (built from a map, say): the same rules, so a retry
+// reaching the other process is replayed.
+func TestIdempotencyRoutesAreASet(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	replays := ratelimit.NewMemoryReplayStore(0, clock)
+	fleet := core.MustMemoryStore(nil)
+	runs := 0
+	var procs []http.Handler
+	for _, routes := range [][]string{{"POST /payout", "POST /refund"}, {"POST /refund", "POST /payout"}} {
+		l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(),
+			Rule: core.Rule{Name: "payout", Limit: 1, Window: time.Hour}, Routes: routes}},
+			ratelimit.WithClock(clock), ratelimit.WithStore(fleet)))
+		f, err := ratelimit.NewIdempotency(l, &ratelimit.IdempotencyConfig{Store: replays})
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs = append(procs, f.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ })))
+	}
+	a, b := httptest.NewRecorder(), httptest.NewRecorder()
+	procs[0].ServeHTTP(a, idemPayoutReq("k"))
+	procs[1].ServeHTTP(b, idemPayoutReq("k")) // the client's retry, reaching the other instance
+	if a.Code != 200 || b.Code != 200 {
+		t.Errorf("first %d, retry on the other instance %d: want 200 and a replay (the same rules: same name, quota and routes)", a.Code, b.Code)
+	}
+}
+
+// A retry made after SetRules changed the rules is decided afresh, a change
+// of MaxDelay alone included.
+func TestIdempotencyRetryAfterMaxDelayChangeDecidedAfresh(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "shaped", Algorithm: core.LeakyBucket, Limit: 5, Window: time.Minute, MaxDelay: time.Second}}},
+		ratelimit.WithClock(clock)))
+	f, err := ratelimit.NewIdempotency(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	h := f.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ }))
+	h.ServeHTTP(httptest.NewRecorder(), idemPayoutReq("k"))
+	r := l.Rules()["shaped"]
+	r.MaxDelay = 2 * time.Second
+	if err := l.SetRules(map[string]core.Rule{"shaped": r}); err != nil {
+		t.Fatal(err)
+	}
+	// Decided afresh, a request now waits 12 s > MaxDelay 2 s: refused.
+	if w := httptest.NewRecorder(); func() int { h.ServeHTTP(w, idemPayoutReq("fresh")); return w.Code }() != http.StatusTooManyRequests {
+		t.Fatalf("a fresh key: %d, want 429", w.Code)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, idemPayoutReq("k"))
+	if w.Code != http.StatusTooManyRequests {
+		t.Errorf("retry after SetRules changed the layer's rule (MaxDelay 1s -> 2s): %d (replayed), want it decided afresh (429) as the Idempotency doc says", w.Code)
+	}
+}

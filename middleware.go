@@ -389,6 +389,9 @@ type ruleSet struct {
 	policyBySet []string
 	allMask     uint32
 	maxDelay    time.Duration // the longest MaxDelay of the shaping policies
+	// scopeDigest is the digest of the rules an Idempotency filter's
+	// scope names (ruleDigest), computed on first use.
+	scopeDigest atomic.Pointer[string]
 }
 
 // layerRule is one layer's validated rule and its header strings.
