@@ -995,3 +995,30 @@ func TestRouteKeyMountsSharingAPrefixWithCatchAll(t *testing.T) {
 		t.Errorf("GET /api/v2/x twice (served by %q, Routes \"GET /api/v2/x\", limit 1): %v, want %v; keys %q", served, codes, want, obs.list())
 	}
 }
+
+// A POST route at the top, "/users/{id}", whose whole pattern reads the same
+// as an every-method route in the "/users" mount (r.Handle("/{id}")); the
+// mount also answers TRACE, CONNECT and OPTIONS at "/a" (so no probe
+// decides). GET and PUT /users/a reach the mount's every-method route: they
+// must share its quota (RouteOf's doc: keyed as that every-method route).
+func TestRouteKeyMountRouteBehindLeafOfAnotherMethod(t *testing.T) {
+	obs := &keys{}
+	l := perRouteLimiter(t, obs)
+	var served []string
+	sub := chi.NewRouter()
+	sub.Handle("/{id}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served = append(served, "sub "+r.Method); ok(w, r) }))
+	sub.Options("/a", ok)
+	sub.Trace("/a", ok)
+	sub.Connect("/a", ok)
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Post("/users/{id}", func(w http.ResponseWriter, r *http.Request) { served = append(served, "top POST"); ok(w, r) })
+	r.Mount("/users", sub)
+	var codes []int
+	for _, m := range []string{"GET", "PUT", "DELETE"} {
+		codes = append(codes, do(r, m, "/users/a", peer).Code)
+	}
+	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET, PUT, DELETE /users/a (served by %q: the mount's every-method /{id}, limit 1 per route): %v, want %v; keys %q", served, codes, want, obs.list())
+	}
+}
