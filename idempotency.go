@@ -153,8 +153,8 @@ type IdempotencyConfig struct {
 // may see the same request,
 // nested say, share records unless their Scopes differ: give each its own
 // when their Limiters differ otherwise (another store, a Resolver,
-// dry-run). A retry made after SetRules changed the rules (a name, a quota,
-// a MaxDelay) is decided afresh. The Host is part of the scope: behind a proxy that sets each
+// dry-run). A retry made after SetRules changed the rules (a quota, a
+// MaxDelay) is decided afresh. The Host is part of the scope: behind a proxy that sets each
 // backend's own Host, a retry is replayed only by the backend that
 // admitted it, so have the proxy keep the client's Host. The layers' keys and the cost are read
 // once per request, for the scope and the decision alike (a KeyFunc or

@@ -459,19 +459,19 @@ func routeKey(rctx *chi.Context, fc *chi.Context, method, path, pattern string) 
 			same = true
 		}
 	}
-	if same || everyMethodAt(rctx.Routes, method, pattern) {
+	if same || everyMethodAt(rctx.Routes, pattern) {
 		return pattern
 	}
 	return method + " " + pattern
 }
 
-// everyMethodAt reports whether the route routes serves method and
-// pattern (a whole pattern, as find returns it) with is registered for
-// every method: chi lists such a route's handler under "*". It reads the
-// route of that pattern at this level when it serves method, or else
-// descends into the mount with the longest prefix of the pattern, as chi
-// routes. (Only for routeKey's undecided case.)
-func everyMethodAt(routes chi.Routes, method, pattern string) bool {
+// everyMethodAt reports whether routes registers pattern (a whole pattern,
+// as find returns it) for every method: chi lists such a route's handler
+// under "*". It looks at the routes of that pattern at this level, then in
+// the mount with the longest prefix of the pattern, as chi routes, so that
+// a method's route reading the same as an every-method route is keyed as
+// that route, as the probes key it. (Only for routeKey's undecided case.)
+func everyMethodAt(routes chi.Routes, pattern string) bool {
 	var (
 		sub  chi.Routes
 		rest string
@@ -479,8 +479,8 @@ func everyMethodAt(routes chi.Routes, method, pattern string) bool {
 	)
 	for _, rt := range routes.Routes() {
 		if rt.SubRoutes == nil {
-			if rt.Pattern == pattern && (rt.Handlers[method] != nil || rt.Handlers["*"] != nil) {
-				return rt.Handlers["*"] != nil
+			if rt.Pattern == pattern && rt.Handlers["*"] != nil {
+				return true
 			}
 			continue
 		}
@@ -495,7 +495,7 @@ func everyMethodAt(routes chi.Routes, method, pattern string) bool {
 	if rest == "" {
 		rest = "/"
 	}
-	return everyMethodAt(sub, method, rest)
+	return everyMethodAt(sub, rest)
 }
 
 // find returns the pattern chi serves method and path with, as Mux.Find

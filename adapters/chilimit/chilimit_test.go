@@ -1022,3 +1022,38 @@ func TestRouteKeyMountRouteBehindLeafOfAnotherMethod(t *testing.T) {
 		t.Errorf("GET, PUT, DELETE /users/a (served by %q: the mount's every-method /{id}, limit 1 per route): %v, want %v; keys %q", served, codes, want, obs.list())
 	}
 }
+
+// usersBesideMount: a POST route at the top, "/users/{id}", and the "/users" mount's
+// every-method "/{id}" (whose whole pattern reads the same). probes: the
+// mount also answers TRACE, CONNECT and OPTIONS at "/a" (no probe decides).
+func usersBesideMount(t *testing.T, obs *keys, probes bool, served *[]string) http.Handler {
+	l := perRouteLimiter(t, obs)
+	sub := chi.NewRouter()
+	sub.Handle("/{id}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { *served = append(*served, "sub "+r.Method); ok(w, r) }))
+	if probes {
+		sub.Options("/a", ok)
+		sub.Trace("/a", ok)
+		sub.Connect("/a", ok)
+	}
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(l))
+	r.Post("/users/{id}", func(w http.ResponseWriter, r *http.Request) { *served = append(*served, "top POST"); ok(w, r) })
+	r.Mount("/users", sub)
+	return r
+}
+
+// RouteOf's doc: "A method's route ... one whose whole pattern reads the same
+// as an every-method route's in a mount, is keyed as that every-method route:
+// both share its quota". The top POST /users/{id} must then share the
+// mount's "/users/{id}" quota, whatever other routes the mount has at /a.
+func TestRouteKeyMethodRouteReadingAsMountRouteSharesQuota(t *testing.T) {
+	for _, probes := range []bool{false, true} {
+		obs := &keys{}
+		var served []string
+		r := usersBesideMount(t, obs, probes, &served)
+		codes := []int{do(r, "GET", "/users/a", peer).Code, do(r, "POST", "/users/a", peer).Code}
+		if want := []int{200, 429}; !slices.Equal(codes, want) {
+			t.Errorf("probes at /a in the mount %v: GET then POST /users/a (served by %q, limit 1 per route): %v, want %v (doc: shared quota); keys %q", probes, served, codes, want, obs.list())
+		}
+	}
+}
