@@ -669,23 +669,7 @@ func TestIdempotencyNestedFiltersSharingStore(t *testing.T) {
 	payout := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
 		Key: ratelimit.MustClientIP(), Rule: core.Rule{Limit: 1, Window: time.Hour},
 	}}, ratelimit.WithClock(clock)))
-	fs, err := ratelimit.NewIdempotency(site, &ratelimit.IdempotencyConfig{Store: store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fp, err := ratelimit.NewIdempotency(payout, &ratelimit.IdempotencyConfig{Store: store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runs := 0
-	h := fs.Handler(fp.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ })))
-	for i := range 5 {
-		r := httptest.NewRequest("POST", "http://api.example/payout", nil)
-		r.RemoteAddr = "192.0.2.1:1"
-		r.Header.Set("Idempotency-Key", "fresh-"+strconv.Itoa(i)) // a new payout each time
-		h.ServeHTTP(httptest.NewRecorder(), r)
-	}
-	if runs != 1 {
+	if runs := nestedPayoutRuns(t, site, payout, &ratelimit.IdempotencyConfig{Store: store}, &ratelimit.IdempotencyConfig{Store: store}); runs != 1 {
 		t.Fatalf("5 distinct payouts under a 1-per-hour Limiter: the handler ran %d times", runs)
 	}
 }
@@ -733,23 +717,7 @@ func TestIdempotencyNestedResolverPolicyCharged(t *testing.T) {
 		Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "api", Limit: 1000, Window: time.Hour},
 		Resolver: core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return strict, nil }),
 	}}, ratelimit.WithClock(clock)))
-	fs, err := ratelimit.NewIdempotency(site, &ratelimit.IdempotencyConfig{Store: store, Scope: "site"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fp, err := ratelimit.NewIdempotency(payout, &ratelimit.IdempotencyConfig{Store: store, Scope: "payout"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runs := 0
-	h := fs.Handler(fp.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ })))
-	for i := range 5 {
-		r := httptest.NewRequest("POST", "http://api.example/payout", nil)
-		r.RemoteAddr = "192.0.2.1:1"
-		r.Header.Set("Idempotency-Key", "fresh-"+strconv.Itoa(i)) // a new payout each time
-		h.ServeHTTP(httptest.NewRecorder(), r)
-	}
-	if runs != 1 {
+	if runs := nestedPayoutRuns(t, site, payout, &ratelimit.IdempotencyConfig{Store: store, Scope: "site"}, &ratelimit.IdempotencyConfig{Store: store, Scope: "payout"}); runs != 1 {
 		t.Fatalf("5 distinct payouts, the inner layer's Resolver deciding them under 1 per hour: the handler ran %d times", runs)
 	}
 }
@@ -768,23 +736,7 @@ func TestIdempotencyNestedUnderDryRunSameRule(t *testing.T) {
 	trial := ratelimit.Must(ratelimit.New(layers(), ratelimit.WithClock(clock), ratelimit.WithDryRun(),
 		ratelimit.WithStore(core.MustMemoryStore(nil))))
 	enforce := ratelimit.Must(ratelimit.New(layers(), ratelimit.WithClock(clock)))
-	ft, err := ratelimit.NewIdempotency(trial, &ratelimit.IdempotencyConfig{Store: store, Scope: "trial"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fe, err := ratelimit.NewIdempotency(enforce, &ratelimit.IdempotencyConfig{Store: store, Scope: "payout"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runs := 0
-	h := ft.Handler(fe.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ })))
-	for i := range 5 {
-		r := httptest.NewRequest("POST", "http://api.example/payout", nil)
-		r.RemoteAddr = "192.0.2.1:1"
-		r.Header.Set("Idempotency-Key", "fresh-"+strconv.Itoa(i))
-		h.ServeHTTP(httptest.NewRecorder(), r)
-	}
-	if runs != 1 {
+	if runs := nestedPayoutRuns(t, trial, enforce, &ratelimit.IdempotencyConfig{Store: store, Scope: "trial"}, &ratelimit.IdempotencyConfig{Store: store, Scope: "payout"}); runs != 1 {
 		t.Fatalf("5 distinct payouts under an enforcing 1-per-hour Limiter (a dry-run one with the same rule around it): the handler ran %d times", runs)
 	}
 }
@@ -933,4 +885,28 @@ func TestIdempotencyRetryAfterMaxDelayChangeDecidedAfresh(t *testing.T) {
 	if w.Code != http.StatusTooManyRequests {
 		t.Errorf("retry after SetRules changed the layer's rule (MaxDelay 1s -> 2s): %d (replayed), want it decided afresh (429) as the Idempotency doc says", w.Code)
 	}
+}
+
+// nestedPayoutRuns serves five payouts with fresh idempotency keys through
+// a filter over outer (configured by oc) around one over inner (ic), and
+// returns how many times the handler ran.
+func nestedPayoutRuns(t *testing.T, outer, inner *ratelimit.Limiter, oc, ic *ratelimit.IdempotencyConfig) int {
+	t.Helper()
+	fo, err := ratelimit.NewIdempotency(outer, oc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := ratelimit.NewIdempotency(inner, ic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	h := fo.Handler(fi.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ })))
+	for i := range 5 {
+		r := httptest.NewRequest("POST", "http://api.example/payout", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		r.Header.Set("Idempotency-Key", "fresh-"+strconv.Itoa(i)) // a new payout each time
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	return runs
 }

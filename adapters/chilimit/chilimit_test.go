@@ -561,10 +561,7 @@ func TestMiddlewareNilLimiterPanics(t *testing.T) {
 func TestRouteKeyMountIndex(t *testing.T) {
 	for _, nested := range []bool{false, true} {
 		obs := &keys{}
-		l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
-			Key:  ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
-			Rule: core.Rule{Name: "route", Limit: 1, Window: time.Minute},
-		}}, ratelimit.WithLogger(nil))
+		l := perRouteLimiter(t, obs)
 		r := chi.NewRouter()
 		r.Use(chilimit.Middleware(l))
 		users := func(r chi.Router) {
@@ -642,10 +639,7 @@ func TestRouteKeyLaterRewrites(t *testing.T) {
 // chi serves with the sub-router's "/" route, as it keys "/users/".
 func TestRouteKeyMountPointInSubrouterUse(t *testing.T) {
 	obs := &keys{}
-	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
-		Key:  ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
-		Rule: core.Rule{Name: "route", Limit: 1, Window: time.Minute},
-	}}, ratelimit.WithLogger(nil))
+	l := perRouteLimiter(t, obs)
 	r := chi.NewRouter()
 	r.Route("/users", func(r chi.Router) {
 		r.Use(chilimit.Middleware(l))
@@ -661,11 +655,7 @@ func TestRouteKeyMountPointInSubrouterUse(t *testing.T) {
 // GET route: a layer with Routes "GET /x" must limit GET /x.
 func TestRouteKeyMethodRouteWithTraceHandler(t *testing.T) {
 	obs := &keys{}
-	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
-		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
-		Rule:   core.Rule{Name: "route", Limit: 1, Window: time.Minute},
-		Routes: []string{"GET /x"},
-	}}, ratelimit.WithLogger(nil))
+	l := perRouteLimiter(t, obs, "GET /x")
 	r := chi.NewRouter()
 	r.Use(chilimit.Middleware(l))
 	r.Get("/x", ok)
@@ -681,10 +671,7 @@ func TestRouteKeyMethodRouteWithTraceHandler(t *testing.T) {
 func TestRouteKeyMountPointInSubrouterWith(t *testing.T) {
 	for _, mode := range []string{"with", "nested-use"} {
 		obs := &keys{}
-		l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
-			Key:  ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
-			Rule: core.Rule{Name: "route", Limit: 1, Window: time.Minute},
-		}}, ratelimit.WithLogger(nil))
+		l := perRouteLimiter(t, obs)
 		r := chi.NewRouter()
 		base := "/users"
 		switch mode {
@@ -708,10 +695,7 @@ func TestRouteKeyMountPointInSubrouterWith(t *testing.T) {
 // limiter: GET /acme is served by its "/" route.
 func TestRouteKeyParamMountPointInSubrouterUse(t *testing.T) {
 	obs := &keys{}
-	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
-		Key:  ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
-		Rule: core.Rule{Name: "route", Limit: 1, Window: time.Minute},
-	}}, ratelimit.WithLogger(nil))
+	l := perRouteLimiter(t, obs)
 	r := chi.NewRouter()
 	sub := chi.NewRouter()
 	sub.Use(chilimit.Middleware(l))
@@ -774,10 +758,7 @@ func TestRouteKeyEveryMethodNotOrderDependent(t *testing.T) {
 // path of it was decided.
 func TestRouteKeyEveryMethodOneQuotaForAllMethods(t *testing.T) {
 	obs := &keys{}
-	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
-		Key:  ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
-		Rule: core.Rule{Name: "route", Limit: 1, Window: time.Minute},
-	}}, ratelimit.WithLogger(nil))
+	l := perRouteLimiter(t, obs)
 	r := chi.NewRouter()
 	r.Use(chilimit.Middleware(l))
 	r.Get("/api/x", ok)
