@@ -879,22 +879,29 @@ func TestRouteKeyMountPointEveryMethodOneQuota(t *testing.T) {
 // Mounts "/api" and "/api/v2": GET /api/v2/x is served by the v2 router's
 // r.Get("/x"), a route of its method; a dead r.HandleFunc("/v2/x") in the
 // "/api" router (shadowed by the "/api/v2" mount) must not make it an
-// every-method route.
+// every-method route. With an every-method catch-all in v2, every probe
+// reaches "/api/v2/*", so chi's registration decides, read in the mount chi
+// routes to (v2, the longest prefix), not in v1.
 func TestRouteKeyMountsSharingAPrefix(t *testing.T) {
-	obs := &keys{}
-	l := perRouteLimiter(t, obs, "GET /api/v2/x")
-	var served []string
-	v1 := chi.NewRouter()
-	v1.HandleFunc("/v2/x", func(w http.ResponseWriter, r *http.Request) { served = append(served, "v1"); ok(w, r) })
-	v2 := chi.NewRouter()
-	v2.Get("/x", func(w http.ResponseWriter, r *http.Request) { served = append(served, "v2"); ok(w, r) })
-	r := chi.NewRouter()
-	r.Use(chilimit.Middleware(l))
-	r.Mount("/api", v1)
-	r.Mount("/api/v2", v2)
-	codes := []int{do(r, "GET", "/api/v2/x", peer).Code, do(r, "GET", "/api/v2/x", peer).Code}
-	if want := []int{200, 429}; !slices.Equal(codes, want) {
-		t.Errorf("GET /api/v2/x twice (served by %q, Routes \"GET /api/v2/x\", limit 1): %v, want %v; keys %q", served, codes, want, obs.list())
+	for _, catchAll := range []bool{false, true} {
+		obs := &keys{}
+		l := perRouteLimiter(t, obs, "GET /api/v2/x")
+		var served []string
+		v1 := chi.NewRouter()
+		v1.HandleFunc("/v2/x", func(w http.ResponseWriter, r *http.Request) { served = append(served, "v1"); ok(w, r) })
+		v2 := chi.NewRouter()
+		v2.Get("/x", func(w http.ResponseWriter, r *http.Request) { served = append(served, "v2"); ok(w, r) })
+		if catchAll {
+			v2.Handle("/*", http.HandlerFunc(ok))
+		}
+		r := chi.NewRouter()
+		r.Use(chilimit.Middleware(l))
+		r.Mount("/api", v1)
+		r.Mount("/api/v2", v2)
+		codes := []int{do(r, "GET", "/api/v2/x", peer).Code, do(r, "GET", "/api/v2/x", peer).Code}
+		if want := []int{200, 429}; !slices.Equal(codes, want) {
+			t.Errorf("catch-all in v2 %v: GET /api/v2/x twice (served by %q, Routes \"GET /api/v2/x\", limit 1): %v, want %v; keys %q", catchAll, served, codes, want, obs.list())
+		}
 	}
 }
 
@@ -951,29 +958,6 @@ func TestRouteKeyEveryMethodWithCORSPreflight(t *testing.T) {
 	}
 	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
 		t.Errorf("GET, TRACE, CONNECT /api/1 (every-method /api/*, limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
-	}
-}
-
-// Mounts "/api" and "/api/v2" (as TestRouteKeyMountsSharingAPrefix), the v2
-// router with an every-method catch-all: every probe reaches "/api/v2/*", so
-// chi's registration decides, read in the mount chi routes to (v2, the
-// longest prefix), not in v1's dead HandleFunc("/v2/x").
-func TestRouteKeyMountsSharingAPrefixWithCatchAll(t *testing.T) {
-	obs := &keys{}
-	l := perRouteLimiter(t, obs, "GET /api/v2/x")
-	var served []string
-	v1 := chi.NewRouter()
-	v1.HandleFunc("/v2/x", func(w http.ResponseWriter, r *http.Request) { served = append(served, "v1"); ok(w, r) })
-	v2 := chi.NewRouter()
-	v2.Get("/x", func(w http.ResponseWriter, r *http.Request) { served = append(served, "v2"); ok(w, r) })
-	v2.Handle("/*", http.HandlerFunc(ok))
-	r := chi.NewRouter()
-	r.Use(chilimit.Middleware(l))
-	r.Mount("/api", v1)
-	r.Mount("/api/v2", v2)
-	codes := []int{do(r, "GET", "/api/v2/x", peer).Code, do(r, "GET", "/api/v2/x", peer).Code}
-	if want := []int{200, 429}; !slices.Equal(codes, want) {
-		t.Errorf("GET /api/v2/x twice (served by %q, Routes \"GET /api/v2/x\", limit 1): %v, want %v; keys %q", served, codes, want, obs.list())
 	}
 }
 

@@ -11,36 +11,6 @@ import (
 	"github.com/limitry/ratelimit/core"
 )
 
-// One running lease ("victim", 9 units left) behind 64 keys whose leases
-// ended long ago (units left, not returned yet): a Reset of a key the full
-// store does not hold, which makes room at the latest grant's time, keeps
-// the victim's lease.
-func TestLeaseResetOfNewKeyKeepsRunningLease(t *testing.T) {
-	p := core.MustPolicy(core.Rule{Name: "api", Limit: 100, Window: time.Hour})
-	s, err := NewLeaseStore(core.MustMemoryStore(nil), &LeaseConfig{Size: 10}) // MaxAge 1s
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range leaseEvictionScan {
-		leaseHot(t, s, p, fmt.Sprint("gone", i), leaseT0) // ended at leaseT0+1s
-	}
-	now := leaseT0.Add(time.Minute)
-	leaseHot(t, s, p, "victim", now)
-	leaseFlood(t, s, p, now, DefaultLeaseKeys-leaseEvictionScan-1) // the store is full, nothing forgotten
-	if st := s.Stats(); st.Keys != DefaultLeaseKeys || st.ExpiredUnits != 0 {
-		t.Fatalf("setup: %+v", st)
-	}
-	if err := s.Reset(context.Background(), p, "someone-else"); err != nil {
-		t.Fatal(err)
-	}
-	s.mu.Lock()
-	e, ok := s.keys.Peek(leaseKey{"api", "victim"})
-	s.mu.Unlock()
-	if !ok || e.left.Load() != 9 {
-		t.Errorf("a running lease (9 units) behind %d ended ones, then one Reset of another key: kept %v (stats %+v)", leaseEvictionScan, ok, s.Stats())
-	}
-}
-
 // A hot key's lease granted at leaseT0 (9 units left, running until
 // leaseT0+1s for its own callers) and a full store: one new key decided by
 // a caller whose time reads 1.1 s later (a ClientTime request, or another
@@ -124,69 +94,6 @@ func TestLeaseConcurrentAccountingWhenFull(t *testing.T) {
 	}
 }
 
-// One clock for everyone. 64 keys took a lease at leaseT0 and were last
-// used then; their leases ended at leaseT0+1s. "victim" took its lease at
-// leaseT0+0.9s: it runs until leaseT0+1.9s. At leaseT0+1.5s one new key
-// makes the full store forget one of the ended leases (which count as
-// running for MaxAge after they end, and end before the victim's), not the
-// victim's.
-func TestLeaseRecentlyEndedLeasesGoBeforeRunningOne(t *testing.T) {
-	p := core.MustPolicy(core.Rule{Name: "api", Limit: 100000, Window: time.Hour})
-	s, err := NewLeaseStore(core.MustMemoryStore(nil), &LeaseConfig{Size: 10}) // MaxAge 1s
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range leaseEvictionScan {
-		leaseHot(t, s, p, fmt.Sprint("ended", i), leaseT0) // lease ends at leaseT0+1s
-	}
-	at := leaseT0.Add(900 * time.Millisecond)
-	leaseHot(t, s, p, "victim", at) // lease runs until leaseT0+1.9s
-	leaseFlood(t, s, p, at, DefaultLeaseKeys-leaseEvictionScan-1)
-	if st := s.Stats(); st.Keys != DefaultLeaseKeys || st.ExpiredUnits != 0 {
-		t.Fatalf("setup: %+v", st)
-	}
-	later := leaseT0.Add(1500 * time.Millisecond) // same clock: the victim's lease runs, the 64 others ended
-	var out [1]core.Decision
-	if err := s.Take(context.Background(), later, []core.Request{{Policy: p, Key: "newcomer", Cost: 1}}, out[:]); err != nil {
-		t.Fatal(err)
-	}
-	s.mu.Lock()
-	e, ok := s.keys.Peek(leaseKey{"api", "victim"})
-	s.mu.Unlock()
-	if !ok || e.left.Load() != 9 {
-		t.Errorf("the only running lease (9 units, until +1.9s) behind 64 leases that ended at +1s, one new key at +1.5s: kept %v (stats %+v)", ok, s.Stats())
-	}
-}
-
-// The same through Reset, which judges leases at the latest grant
-// (leaseT0+0.9s, the victim's own): a Reset of a key the full store does
-// not hold forgets one of the leases that end first, not the victim's.
-func TestLeaseResetKeepsOnlyRunningLease(t *testing.T) {
-	p := core.MustPolicy(core.Rule{Name: "api", Limit: 100000, Window: time.Hour})
-	s, err := NewLeaseStore(core.MustMemoryStore(nil), &LeaseConfig{Size: 10}) // MaxAge 1s
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range leaseEvictionScan {
-		leaseHot(t, s, p, fmt.Sprint("ended", i), leaseT0)
-	}
-	at := leaseT0.Add(900 * time.Millisecond)
-	leaseHot(t, s, p, "victim", at)
-	leaseFlood(t, s, p, leaseT0.Add(1500*time.Millisecond), DefaultLeaseKeys-leaseEvictionScan-1)
-	if st := s.Stats(); st.Keys != DefaultLeaseKeys || st.ExpiredUnits != 0 {
-		t.Fatalf("setup: %+v", st)
-	}
-	if err := s.Reset(context.Background(), p, "someone-else"); err != nil {
-		t.Fatal(err)
-	}
-	s.mu.Lock()
-	e, ok := s.keys.Peek(leaseKey{"api", "victim"})
-	s.mu.Unlock()
-	if !ok || e.left.Load() != 9 {
-		t.Errorf("the only running lease (until +1.9s) behind 64 that ended at +1s, a Reset of another key after callers at +1.5s: kept %v (stats %+v)", ok, s.Stats())
-	}
-}
-
 // A store full of running leases (MaxKeys 10) must forget one for a new
 // key: the least recently used one, whose lease ends first.
 func TestLeaseFullOfRunningLeasesForgetsFirstToEnd(t *testing.T) {
@@ -212,5 +119,76 @@ func TestLeaseFullOfRunningLeasesForgetsFirstToEnd(t *testing.T) {
 	s.mu.Unlock()
 	if len(gone) != 1 || gone[0] != "run0" {
 		t.Errorf("10 running leases in a store of 10, one new key: forgot %v, want [run0]", gone)
+	}
+}
+
+// leaseBehindEnded returns a full store (MaxAge 1s): the leaseEvictionScan
+// keys whose leases were granted at leaseT0 (ending at leaseT0+1s, with
+// units left), then "victim", leased at victimAt (9 units left), then
+// one-off keys decided at floodAt until the store holds MaxKeys.
+func leaseBehindEnded(t *testing.T, victimAt, floodAt time.Time) (*LeaseStore, *core.Policy) {
+	t.Helper()
+	p := core.MustPolicy(core.Rule{Name: "api", Limit: 100000, Window: time.Hour})
+	s, err := NewLeaseStore(core.MustMemoryStore(nil), &LeaseConfig{Size: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range leaseEvictionScan {
+		leaseHot(t, s, p, fmt.Sprint("ended", i), leaseT0)
+	}
+	leaseHot(t, s, p, "victim", victimAt)
+	leaseFlood(t, s, p, floodAt, DefaultLeaseKeys-leaseEvictionScan-1)
+	if st := s.Stats(); st.Keys != DefaultLeaseKeys || st.ExpiredUnits != 0 {
+		t.Fatalf("setup: %+v", st)
+	}
+	return s, p
+}
+
+// victimLeaseKept reports whether s still holds "victim"'s lease with its 9
+// units.
+func victimLeaseKept(s *LeaseStore) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.keys.Peek(leaseKey{"api", "victim"})
+	return ok && e.left.Load() == 9
+}
+
+// One running lease ("victim") behind leases that ended: the full store
+// makes room for a new key by forgetting one of those, not the victim's.
+//   - long ended, Reset: leases ended a minute ago; a Reset of a key the
+//     store does not hold makes room at the latest grant's time.
+//   - recently ended: the victim took its lease at leaseT0+0.9s (running
+//     until +1.9s); one new key at +1.5s. The ended leases count as running
+//     for MaxAge after they end, and end before the victim's.
+//   - recently ended, Reset: the same through a Reset after callers at
+//     +1.5s, judged at the latest grant (+0.9s, the victim's own).
+func TestLeaseRunningLeaseKeptBehindEndedOnes(t *testing.T) {
+	reset := func(t *testing.T, s *LeaseStore, p *core.Policy) {
+		if err := s.Reset(context.Background(), p, "someone-else"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		name              string
+		victimAt, floodAt time.Time
+		makeRoom          func(*testing.T, *LeaseStore, *core.Policy)
+	}{
+		{"long ended, Reset", leaseT0.Add(time.Minute), leaseT0.Add(time.Minute), reset},
+		{"recently ended", leaseT0.Add(900 * time.Millisecond), leaseT0.Add(900 * time.Millisecond), func(t *testing.T, s *LeaseStore, p *core.Policy) {
+			var out [1]core.Decision
+			if err := s.Take(context.Background(), leaseT0.Add(1500*time.Millisecond), []core.Request{{Policy: p, Key: "newcomer", Cost: 1}}, out[:]); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"recently ended, Reset", leaseT0.Add(900 * time.Millisecond), leaseT0.Add(1500 * time.Millisecond), reset},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, p := leaseBehindEnded(t, c.victimAt, c.floodAt)
+			c.makeRoom(t, s, p)
+			if !victimLeaseKept(s) {
+				t.Errorf("the running lease (9 units) behind %d ended ones was forgotten (stats %+v)", leaseEvictionScan, s.Stats())
+			}
+		})
 	}
 }
