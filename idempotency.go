@@ -395,10 +395,9 @@ type preparedLayer struct {
 	cost           int64
 }
 
-// writeChargeScope writes to h the Limiter's rules (every layer's name,
-// identity and routes) and what deciding r would charge: the index, policy
-// name and identity, key and cost of every layer that applies to it, and
-// returns what it read of each layer. A replay is then of a request with the same
+// writeChargeScope writes to h the Limiter's rules (ruleDigest) and what
+// deciding r would charge: the index, key and cost of every layer that
+// applies to it, and returns what it read of each layer. A replay is then of a request with the same
 // charges, by the same rules: neither a costlier one (one unit charged
 // would otherwise buy replays of any cost) nor another user's or API key's
 // behind the same address (which the client scope alone would let
@@ -433,10 +432,6 @@ func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) []preparedLayer
 		cost := l.layerCost(ly, r, &defCost, &haveCost)
 		pre[i].costRead, pre[i].cost = true, cost
 		b = strconv.AppendInt(b[:0], int64(i), 10)
-		b = append(b, 0)
-		b = append(b, ly.name...)
-		b = append(b, 0)
-		b = append(b, rs.rules[i].policy.Identity()...)
 		b = append(b, 0)
 		b = append(b, key...)
 		b = append(b, 0)
