@@ -269,7 +269,19 @@ func (s *memShard) refuseConverted(old memEntry, h uint64, p *Policy, cost, now 
 func converted(e *memEntry, p *Policy) bool { return e.pol != nil && e.pol.identity != p.identity }
 
 type memShard struct {
-	mu  sync.Mutex
+	mu sync.Mutex
+	// The hot record: the key takeOne decided twice in a row, while no
+	// other request reaches the shard (see takeOne and flush). Its State
+	// is kept here, on the cache line of mu, and its slot is behind until
+	// flush writes it back; the LRU holds hotRef as the key's value.
+	// Guarded by mu, like every field below.
+	hotOK  bool
+	hotH   uint64  // the hot key's hash
+	hotRef memRef  // its LRU value
+	hotPol *Policy // its policy, a hotAlgorithm
+	hot    memSlot // its State
+	lastH  uint64  // the hash of the key takeOne last decided
+
 	lru *simplelru.LRU[uint64, memRef]
 	cap int
 	// lazy is how far from the front a key may drift before a decision
@@ -304,7 +316,7 @@ type memShard struct {
 	// keys holds the text of every key, by hash, when the store has an
 	// Observer (for its eviction events); nil otherwise. Guarded by mu.
 	keys map[uint64]string
-	_    [64]byte
+	_    [80]byte // 512 bytes in all: a shard's first field starts a cache line
 }
 
 // NewMemoryStore returns a MemoryStore configured by cfg (nil for the
@@ -647,6 +659,21 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	if !guess {
 		s.mu.Lock()
 	}
+	if s.hotOK && s.hotH == h && s.hotPol == p {
+		// The hot key under its own policy: the decision reads and writes
+		// the cache line of the lock alone.
+		st := State{A: s.hot.A, B: s.hot.B}
+		decideBuiltin(p, &st, r.Cost, now, true, out)
+		s.hot = memSlot{st.A, st.B}
+		if s.drifted(s.hotRef) {
+			s.hotRef = s.front(h, s.hotRef)
+		}
+		s.mu.Unlock()
+		return nil
+	}
+	s.flush()
+	last := s.lastH
+	s.lastH = h
 	var e memEntry
 	ref, sl, ok := s.find(h, &e, guess)
 	if !ok {
@@ -655,9 +682,42 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	if e.pol != p || !decideBuiltin(p, &e.st, r.Cost, now, true, out) {
 		return m.takeOther(s, h, ref, sl, e, r, now, out)
 	}
-	s.put(h, ref, sl, &e)
+	ref = s.put(h, ref, sl, &e)
+	if last == h && hotAlgorithm(p) {
+		s.hotOK, s.hotH, s.hotRef, s.hotPol, s.hot = true, h, ref, p, *sl
+	}
 	s.mu.Unlock()
 	return nil
+}
+
+// flush ends the shard's hot record, if any: it writes its State back to
+// its slot. Every access to a shard but takeOne's to its hot key flushes
+// first (see lock), so that the slots, the LRU and the policy table hold
+// every record as it is. Requires s.mu.
+func (s *memShard) flush() {
+	if s.hotOK {
+		sl := s.at(s.hotRef.slot)
+		sl.A, sl.B = s.hot.A, s.hot.B
+		s.hotOK, s.hotPol = false, nil
+	}
+}
+
+// lock locks the shard for any access but takeOne's: it flushes the hot
+// record.
+func (s *memShard) lock() {
+	s.mu.Lock()
+	s.flush()
+}
+
+// hotAlgorithm reports whether a key under p may be the hot record: p's
+// algorithm is a built-in one whose State is its two integers (not the
+// sliding log, whose timestamps live apart).
+func hotAlgorithm(p *Policy) bool {
+	switch p.alg.(type) {
+	case tokenBucket, leakyBucket, fixedWindow, slidingWindowCounter:
+		return true
+	}
+	return false
 }
 
 // takeOther is takeOne for e, the record loaded from sl, when it was
@@ -750,7 +810,7 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 	n, nev := len(reqs), 0
 	nord := m.lockOrder(reqs, &hashes, &shardIdx, &order)
 	for _, si := range order[:nord] {
-		m.shards[si].mu.Lock()
+		m.shards[si].lock()
 	}
 	all := true
 	for i := 0; i < n; i++ {

@@ -725,3 +725,175 @@ func TestSlidingLogRefundKeepsExpired(t *testing.T) {
 		t.Fatalf("after the clock stepped back into the charge's window: %+v %v, want refused (the charge counts)", d[0], err)
 	}
 }
+
+// TestMemoryHotKeyExactUnderMixedAccess decides one key from two
+// goroutines, which makes it its shard's hot record, while two others
+// reach the same shard otherwise: batches holding the key, a Peek of it,
+// decisions on other keys. Every access must see the key's State as the
+// last decision left it: the key admits exactly its quota, and a Peek
+// never reports more left than an earlier one did.
+func TestMemoryHotKeyExactUnderMixedAccess(t *testing.T) {
+	for _, a := range []core.Algorithm{core.TokenBucket, core.LeakyBucket, core.FixedWindow, core.SlidingWindowCounter} {
+		t.Run(a.Name(), func(t *testing.T) {
+			const limit = 300
+			m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 64, Shards: 1})
+			rule := core.Rule{Name: "hot", Algorithm: a, Limit: limit, Window: time.Hour}
+			if a == core.LeakyBucket {
+				rule.Burst = limit
+			}
+			p := core.MustPolicy(rule)
+			ctx := context.Background()
+			var (
+				wg       sync.WaitGroup
+				mu       sync.Mutex
+				admitted int
+				errs     []error
+			)
+			count := func(n int, err error) {
+				mu.Lock()
+				admitted += n
+				if err != nil {
+					errs = append(errs, err)
+				}
+				mu.Unlock()
+			}
+			for g := 0; g < 2; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < 200; i++ {
+						var out [1]core.Decision
+						err := m.Take(ctx, t0, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:])
+						count(int(b2i(out[0].Allowed)), err)
+					}
+				}()
+			}
+			wg.Add(2)
+			go func() { // batches holding the key
+				defer wg.Done()
+				for i := 0; i < 100; i++ {
+					reqs := []core.Request{{Policy: p, Key: "k", Cost: 1}, {Policy: p, Key: fmt.Sprint("b", i%8), Cost: 1}}
+					var out [2]core.Decision
+					err := m.Take(ctx, t0, reqs, out[:])
+					count(int(b2i(out[0].Allowed && out[1].Allowed)), err)
+				}
+			}()
+			go func() { // Peeks of the key, and decisions on other keys
+				defer wg.Done()
+				last := int64(limit)
+				for i := 0; i < 100; i++ {
+					var out [1]core.Decision
+					if err := m.Peek(ctx, t0, []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:]); err != nil {
+						count(0, err)
+						return
+					}
+					if out[0].Remaining > last {
+						count(0, fmt.Errorf("a Peek reported %d left after %d", out[0].Remaining, last))
+					}
+					last = out[0].Remaining
+					err := m.Take(ctx, t0, []core.Request{{Policy: p, Key: fmt.Sprint("o", i%8), Cost: 1}}, out[:])
+					count(0, err)
+				}
+			}()
+			wg.Wait()
+			if len(errs) > 0 {
+				t.Fatal(errs[0])
+			}
+			if admitted != limit {
+				t.Fatalf("the key admitted %d requests, want exactly its quota %d", admitted, limit)
+			}
+			if d := peekOne(t, m, p, "k"); d.Remaining != 0 {
+				t.Fatalf("a Peek after the quota was spent reports %d left", d.Remaining)
+			}
+		})
+	}
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func peekOne(t *testing.T, m *core.MemoryStore, p *core.Policy, key string) core.Decision {
+	t.Helper()
+	var out [1]core.Decision
+	if err := m.Peek(context.Background(), t0, []core.Request{{Policy: p, Key: key, Cost: 1}}, out[:]); err != nil {
+		t.Fatal(err)
+	}
+	return out[0]
+}
+
+// TestMemoryHotKeyEveryAccessSeesItsState decides a key five times, which
+// makes it its shard's hot record (its State kept apart from its slot),
+// then reaches it by every other way: each must find the five charges.
+func TestMemoryHotKeyEveryAccessSeesItsState(t *testing.T) {
+	const limit = 10
+	p := core.MustPolicy(core.Rule{Name: "hot", Limit: limit, Window: time.Hour})
+	other := core.MustPolicy(core.Rule{Name: "hot", Algorithm: core.FixedWindow, Limit: limit, Window: time.Hour})
+	ctx := context.Background()
+	one := func(pol *core.Policy, key string) []core.Request {
+		return []core.Request{{Policy: pol, Key: key, Cost: 1}}
+	}
+	cases := []struct {
+		name string
+		// after runs on the store whose key "k" was decided five times,
+		// and returns the Remaining it reads for k (a Peek's is that of
+		// a decision that charges).
+		after func(t *testing.T, m *core.MemoryStore) int64
+		want  int64
+	}{
+		{"a Peek", func(t *testing.T, m *core.MemoryStore) int64 {
+			return peekOne(t, m, p, "k").Remaining
+		}, limit - 6},
+		{"a decision", func(t *testing.T, m *core.MemoryStore) int64 {
+			return take(t, m, t0, p, "k").Remaining
+		}, limit - 6},
+		{"a batch", func(t *testing.T, m *core.MemoryStore) int64 {
+			var out [2]core.Decision
+			reqs := append(one(p, "k"), one(p, "x")...)
+			if err := m.Take(ctx, t0, reqs, out[:]); err != nil {
+				t.Fatal(err)
+			}
+			return out[0].Remaining
+		}, limit - 6},
+		{"a refund", func(t *testing.T, m *core.MemoryStore) int64 {
+			if err := m.Refund(ctx, t0, one(p, "k")); err != nil {
+				t.Fatal(err)
+			}
+			return peekOne(t, m, p, "k").Remaining
+		}, limit - 5},
+		{"a reset", func(t *testing.T, m *core.MemoryStore) int64 {
+			if err := m.Reset(ctx, p, "k"); err != nil {
+				t.Fatal(err)
+			}
+			return take(t, m, t0, p, "k").Remaining
+		}, limit - 1},
+		{"another policy of its Name", func(t *testing.T, m *core.MemoryStore) int64 {
+			return take(t, m, t0, other, "k").Remaining
+		}, limit - 6},
+		{"another key made hot, then a Peek", func(t *testing.T, m *core.MemoryStore) int64 {
+			take(t, m, t0, p, "y")
+			take(t, m, t0, p, "y")
+			take(t, m, t0, p, "y")
+			return peekOne(t, m, p, "k").Remaining
+		}, limit - 6},
+		{"another key made hot, then a decision", func(t *testing.T, m *core.MemoryStore) int64 {
+			take(t, m, t0, p, "y")
+			take(t, m, t0, p, "y")
+			return take(t, m, t0, p, "k").Remaining
+		}, limit - 6},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 64, Shards: 1})
+			for i := 0; i < 5; i++ {
+				take(t, m, t0, p, "k")
+			}
+			if got := c.after(t, m); got != c.want {
+				t.Fatalf("%d left, want %d", got, c.want)
+			}
+		})
+	}
+}

@@ -15,6 +15,15 @@ import "math/bits"
 // guesses while golang-lru looks the key up (see find): the slot is then
 // not one more memory access waiting for the LRU entry to name it.
 //
+// A key that takeOne decides twice in a row becomes the shard's hot
+// record: its State moves to fields of the shard on the cache line of its
+// lock, and while only that key's single requests under its own policy
+// reach the shard, a decision touches that line alone (with two cores
+// deciding one key, the line the lock hands over already holds the
+// State), and looks nothing up. Any other access flushes it first: the
+// State goes back to its slot, and the shard is as if there had been no
+// hot record (see memShard.flush).
+//
 // The policy that wrote the record is kept once per shard, in a table of
 // the policies its records use, counted so that a policy no record uses
 // any more is forgotten. A sliding log's timestamps, the only state
@@ -106,11 +115,12 @@ func (s *memShard) fill(ref memRef, v memSlot, e *memEntry) {
 }
 
 // put writes e back into sl, the slot of the key hashed h, whose LRU value
-// is ref. It moves the key to the front when e's policy is not the one ref
-// names, or when the key may have left the front half of the shard: more
-// than s.lazy keys have gone to the front since it last did, and the shard
-// holds more than s.lazy+1 keys. Requires s.mu.
-func (s *memShard) put(h uint64, ref memRef, sl *memSlot, e *memEntry) {
+// is ref, and returns the key's LRU value. It moves the key to the front
+// when e's policy is not the one ref names, or when the key may have left
+// the front half of the shard: more than s.lazy keys have gone to the
+// front since it last did, and the shard holds more than s.lazy+1 keys.
+// Requires s.mu.
+func (s *memShard) put(h uint64, ref memRef, sl *memSlot, e *memEntry) memRef {
 	s.write(ref, sl, &e.st)
 	front := false
 	if e.pol != s.pols[ref.pol] {
@@ -119,9 +129,16 @@ func (s *memShard) put(h uint64, ref memRef, sl *memSlot, e *memEntry) {
 		s.release(old)
 		front = true
 	}
-	if front || s.tick-ref.stamp > s.lazy && uint64(s.lru.Len()) > s.lazy+1 {
-		s.front(h, ref)
+	if front || s.drifted(ref) {
+		ref = s.front(h, ref)
 	}
+	return ref
+}
+
+// drifted reports whether the key whose LRU value is ref may have left the
+// front half of the shard (see put). Requires s.mu.
+func (s *memShard) drifted(ref memRef) bool {
+	return s.tick-ref.stamp > s.lazy && uint64(s.lru.Len()) > s.lazy+1
 }
 
 // write stores st in the slot sl, which ref names (and its log in the

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // checkShard verifies the bookkeeping of a shard against its LRU: every key
@@ -609,5 +610,20 @@ func TestSlidingLogMemoryBound(t *testing.T) {
 		if n := int64(cap(st.log.ents)); n != limit {
 			t.Errorf("limit %d: a log of %d entries has room for %d", limit, st.log.len, n)
 		}
+	}
+}
+
+// TestMemShardLayout checks that a shard's lock and hot record share one
+// cache line, and that shards, allocated together, start cache lines.
+func TestMemShardLayout(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("the padding is sized for 64-bit platforms")
+	}
+	var s memShard
+	if n := unsafe.Sizeof(s); n%64 != 0 {
+		t.Errorf("a memShard is %d bytes, not a whole number of 64-byte cache lines: adjust its padding", n)
+	}
+	if end := unsafe.Offsetof(s.hot) + unsafe.Sizeof(s.hot); end > 64 {
+		t.Errorf("the hot record ends at byte %d of its shard, past the lock's cache line", end)
 	}
 }

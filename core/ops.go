@@ -199,7 +199,7 @@ func (m *MemoryStore) Reset(_ context.Context, p *Policy, key string) error {
 	r := Request{Policy: p, Key: key}
 	h := m.hash(&r)
 	s := &m.shards[m.shard(h)]
-	s.mu.Lock()
+	s.lock()
 	s.remove(h)
 	s.mu.Unlock()
 	return nil
@@ -230,7 +230,7 @@ func (m *MemoryStore) refund(reqs []Request, now int64) error {
 	)
 	nord := m.lockOrder(reqs, &hashes, &shardIdx, &order)
 	for _, si := range order[:nord] {
-		m.shards[si].mu.Lock()
+		m.shards[si].lock()
 	}
 	for i := range reqs {
 		r := &reqs[i]
@@ -294,7 +294,7 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 	n := len(reqs)
 	nord := m.lockOrder(reqs, &hashes, &shardIdx, &order)
 	for _, si := range order[:nord] {
-		m.shards[si].mu.Lock()
+		m.shards[si].lock()
 	}
 	all := true
 	for i := 0; i < n; i++ {
