@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	_ "unsafe" // go:linkname
 )
 
 // paddedCounter is a counter alone on its cache line.
@@ -90,4 +91,18 @@ func BenchmarkCacheLine(b *testing.B) {
 		shared := make([]paddedMutex, 64)
 		locks(b, func() []paddedMutex { return shared })
 	})
+}
+
+//go:linkname procyield runtime.procyield
+func procyield(cycles uint32)
+
+// BenchmarkSpinRound measures one round of the spin of a sync.Mutex whose
+// holder runs on another core: the runtime's procyield(30), thirty PAUSE
+// instructions (see sync's runtime_doSpin). A goroutine that finds a
+// shard's lock held waits at least this long before it looks again, up to
+// four rounds before it sleeps.
+func BenchmarkSpinRound(b *testing.B) {
+	for b.Loop() {
+		procyield(30)
+	}
 }

@@ -6,7 +6,7 @@
 #   cd bench && ./run.sh report     # only the tables and chart, from results/
 #   cd bench && ./run.sh lease      # only the quota-lease workloads (about 2 minutes)
 #   cd bench && ./run.sh steps      # only Keys100kParallel split into steps (about 2 minutes)
-#   cd bench && ./run.sh machine    # only the cost of a cache line two cores write (about 1 minute)
+#   cd bench && ./run.sh machine    # only the cost of a cache line two cores write, and of a mutex spin (about 1 minute)
 #
 # Runs every workload COUNT times (default 6), round-robin so that machine
 # noise spreads over every peer alike, with -benchmem; writes the raw output
@@ -56,7 +56,7 @@ fi
 if [ "$MODE" = machine ]; then
 	# What the machine charges for a cache line two cores write
 	# (machine_test.go).
-	solo machine '^BenchmarkCacheLine$'
+	solo machine '^Benchmark(CacheLine|SpinRound)$'
 	exit 0
 fi
 
