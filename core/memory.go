@@ -157,6 +157,13 @@ type MemoryConfig struct {
 // multi-request batch go to the front. A store with KeepActive keeps exact
 // recency instead.
 //
+// The key a shard decides twice in a row, by single requests under a
+// token bucket, leaky bucket, fixed window or sliding window counter,
+// becomes its hot record: its state is kept beside the shard's lock, on
+// its cache line, and decisions on that key alone read and write that line
+// only. Any other access to the shard writes the state back to its slot
+// first.
+//
 // Deciding an existing key allocates nothing (unless its policy changes,
 // when the shard's table of policies may grow). A new key costs one
 // allocation (its LRU entry; with an Observer, one more for its text; in a
