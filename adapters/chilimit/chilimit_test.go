@@ -52,6 +52,16 @@ func limiter(t *testing.T, clk *core.FakeClock, obs *keys, layers []ratelimit.La
 
 // do sends method path from remoteAddr, with extra request headers given as
 // name, value pairs.
+// methodCodes serves one request from peer for each method, in turn, at
+// path, and returns their status codes.
+func methodCodes(h http.Handler, path string, methods ...string) []int {
+	var codes []int
+	for _, m := range methods {
+		codes = append(codes, do(h, m, path, peer).Code)
+	}
+	return codes
+}
+
 func do(h http.Handler, method, path, remoteAddr string, hdr ...string) *httptest.ResponseRecorder {
 	r := httptest.NewRequest(method, path, nil)
 	r.RemoteAddr = remoteAddr
@@ -214,19 +224,13 @@ func TestRouteMethodCannotDodge(t *testing.T) {
 	r.Use(chilimit.Middleware(l))
 	r.HandleFunc("/login", ok)
 	r.Get("/x", ok)
-	var codes []int
-	for _, m := range []string{"POST", "PUT", "DELETE", "PATCH", "GET"} {
-		codes = append(codes, do(r, m, "/login", peer).Code)
-	}
+	codes := methodCodes(r, "/login", "POST", "PUT", "DELETE", "PATCH", "GET")
 	if want := []int{200, 200, 429, 429, 429}; !slices.Equal(codes, want) {
 		t.Errorf("/login by method: %v, want %v", codes, want)
 	}
-	codes = codes[:0]
 	// HEAD counts with GET (chi's GetHead serves it with the GET handler),
 	// even where chi answers it 405: a limit may count more, never less.
-	for _, m := range []string{"GET", "X1", "post", "HEAD", "GET", "GET"} {
-		codes = append(codes, do(r, m, "/x", peer).Code)
-	}
+	codes = methodCodes(r, "/x", "GET", "X1", "post", "HEAD", "GET", "GET")
 	if want := []int{200, 405, 405, 405, 429, 429}; !slices.Equal(codes, want) {
 		t.Errorf("/x: %v, want %v", codes, want)
 	}
@@ -764,10 +768,7 @@ func TestRouteKeyEveryMethodOneQuotaForAllMethods(t *testing.T) {
 	r.Get("/api/x", ok)
 	r.HandleFunc("/*", ok)
 	do(r, "POST", "/api/x", "192.0.2.7:1") // another client, another path of "/*"
-	var codes []int
-	for _, m := range []string{"GET", "POST", "PUT", "DELETE"} {
-		codes = append(codes, do(r, m, "/foo", peer).Code)
-	}
+	codes := methodCodes(r, "/foo", "GET", "POST", "PUT", "DELETE")
 	if want := []int{200, 429, 429, 429}; !slices.Equal(codes, want) {
 		t.Errorf("GET, POST, PUT, DELETE /foo (r.HandleFunc(\"/*\"), limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
 	}
@@ -793,10 +794,7 @@ func TestRouteKeyPlainMountOwnPathOneQuota(t *testing.T) {
 	r := chi.NewRouter()
 	r.Use(chilimit.Middleware(l))
 	r.Mount("/legacy", mux)
-	var codes []int
-	for _, m := range []string{"GET", "POST", "PUT", "DELETE"} {
-		codes = append(codes, do(r, m, "/legacy", peer).Code)
-	}
+	codes := methodCodes(r, "/legacy", "GET", "POST", "PUT", "DELETE")
 	if want := []int{200, 429, 429, 429}; !slices.Equal(codes, want) {
 		t.Errorf("GET, POST, PUT, DELETE /legacy (plain mux mounted, limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
 	}
@@ -836,10 +834,7 @@ func TestRouteKeyShadowedEveryMethodRouteOneQuota(t *testing.T) {
 	r.Route("/api", func(r chi.Router) {
 		r.HandleFunc("/users", func(w http.ResponseWriter, r *http.Request) { served = append(served, "sub"); ok(w, r) })
 	})
-	var codes []int
-	for _, m := range []string{"POST", "PUT", "DELETE"} {
-		codes = append(codes, do(r, m, "/api/users", peer).Code)
-	}
+	codes := methodCodes(r, "/api/users", "POST", "PUT", "DELETE")
 	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
 		t.Errorf("POST, PUT, DELETE /api/users (served by %q, every-method route, limit 1): %v, want %v; keys %q", served, codes, want, obs.list())
 	}
@@ -934,10 +929,7 @@ func TestRouteKeyEveryMethodShadowedForTrace(t *testing.T) {
 	r.Use(chilimit.Middleware(l))
 	r.Handle("/files/*", http.HandlerFunc(ok))
 	r.Trace("/files/{name}", ok)
-	var codes []int
-	for _, m := range []string{"GET", "POST", "PUT"} {
-		codes = append(codes, do(r, m, "/files/a", peer).Code)
-	}
+	codes := methodCodes(r, "/files/a", "GET", "POST", "PUT")
 	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
 		t.Errorf("GET, POST, PUT /files/a (every-method /files/*, limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
 	}
@@ -952,10 +944,7 @@ func TestRouteKeyEveryMethodWithCORSPreflight(t *testing.T) {
 	r.Use(chilimit.Middleware(l))
 	r.Handle("/api/*", http.HandlerFunc(ok))
 	r.Options("/api/{id}", ok) // CORS preflight
-	var codes []int
-	for _, m := range []string{"GET", "TRACE", "CONNECT"} {
-		codes = append(codes, do(r, m, "/api/1", peer).Code)
-	}
+	codes := methodCodes(r, "/api/1", "GET", "TRACE", "CONNECT")
 	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
 		t.Errorf("GET, TRACE, CONNECT /api/1 (every-method /api/*, limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
 	}
@@ -979,10 +968,7 @@ func TestRouteKeyMountRouteBehindLeafOfAnotherMethod(t *testing.T) {
 	r.Use(chilimit.Middleware(l))
 	r.Post("/users/{id}", func(w http.ResponseWriter, r *http.Request) { served = append(served, "top POST"); ok(w, r) })
 	r.Mount("/users", sub)
-	var codes []int
-	for _, m := range []string{"GET", "PUT", "DELETE"} {
-		codes = append(codes, do(r, m, "/users/a", peer).Code)
-	}
+	codes := methodCodes(r, "/users/a", "GET", "PUT", "DELETE")
 	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
 		t.Errorf("GET, PUT, DELETE /users/a (served by %q: the mount's every-method /{id}, limit 1 per route): %v, want %v; keys %q", served, codes, want, obs.list())
 	}
