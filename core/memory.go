@@ -123,26 +123,24 @@ type MemoryConfig struct {
 // its state overlap. The slots a hash points to are the shard's first
 // ones, at most 8/3 times as many as the keys it holds (from its 24th key),
 // and at least 4/3 as many until they are the whole shard: when its keys
-// pass three quarters of them, the range about doubles. The range's sizes
-// are the shard's capacity c (Capacity divided among the shards) halved
-// over and over, so that the last growth is about a doubling too (at least
-// 1.75 times in a shard of 1,000 keys or more). A growth short of c moves
-// no key: a key moves to its new home slot at its next decision, when that
-// slot is free, so that a shard filling with keys it never decides again
-// pays nothing per key for growing, and the shard stops guessing until
-// half of its keys are at home again. The last growth, to c, places all
-// the shard's keys anew, the most recently used first, keeping their LRU
-// order: one pause in a shard's life, with 3/8 to 1/2 of c held, taking
-// about a decision's time and 40 bytes of allocation per key held (48 with
-// sliding logs), with the shard's lock held. On a 2-core test machine,
-// that pause took at most 2 to 3 ms while a store of 200,000 keys filled
-// and 9 to 12 ms for one of 1,050,000 (see BENCHMARKS.md). A shard at its
-// full range keeps 60 to 80% of its keys at their home slot. A shard that
-// runs full and evicts places its new keys in the slots freed, and stops
-// guessing once fewer than half of its keys are at home. Slots are placed
-// by hash, not in the order keys arrive: traffic that revisits keys in the
-// order they first came finds them further apart in memory than an
-// arrival-ordered layout would keep them.
+// pass three quarters of them, the range about doubles, and the shard
+// places all its keys anew, the most recently used first, keeping their
+// LRU order. The range's sizes are the shard's capacity c (Capacity
+// divided among the shards) halved over and over, so that the last growth
+// is about a doubling too (at least 1.75 times in a shard of 1,000 keys or
+// more). That is at most ⌈log2(c/64)⌉ pauses in a shard's life, each
+// taking about a decision's time and 40 bytes of allocation per key held
+// (48 with sliding logs), with the shard's lock held; a shard filling to c
+// places 3/4 of a key anew per key of c in all when c is large, up to 0.94
+// for c of a few thousand. On a 2-core test machine, the pauses took at
+// most 2 to 3 ms while a store of 200,000 keys filled and 9 to 12 ms for
+// one of 1,050,000 (see BENCHMARKS.md). A filling shard keeps 60 to 80% of
+// its keys at their home slot. A shard that runs full and evicts places
+// its new keys in the slots freed, and stops guessing once fewer than half
+// of its keys are at home. Slots are placed by hash, not in the order keys
+// arrive: traffic that revisits keys in the order they first came finds
+// them further apart in memory than an arrival-ordered layout would keep
+// them.
 //
 // Recency is kept lazily, as memcached keeps its LRU: a decision moves its
 // key to the front of the shard's list only when the key may have drifted
@@ -169,8 +167,8 @@ type MemoryConfig struct {
 // Deciding an existing key allocates nothing (unless its policy changes,
 // when the shard's table of policies may grow). A new key costs one
 // allocation (its LRU entry; with an Observer, one more for its text; in a
-// filling shard, now and then a chunk of slots, and once the shard's
-// placing its keys anew). A full shard drops a recovered key before evicting one that
+// filling shard, now and then a chunk of slots or the shard's placing its
+// keys anew). A full shard drops a recovered key before evicting one that
 // holds state (see MemoryConfig.KeepActive for how far it looks). Times
 // outside [MinTime, MaxTime] are clamped to them.
 //
@@ -303,11 +301,9 @@ type memShard struct {
 	used  []uint64    // bit i: slot i holds a key; set past the last slot
 	freed uint32      // 1 + the slot last freed; 0 for none
 	span  uint32      // the slots keys are placed in: [0, span) (see add and grow)
-	// athome counts the keys that took their home slot under the current
-	// span (their memRef's gen is gen); guessing is whether they are at
-	// least half of the shard's keys (see find).
+	// athome counts the keys at their home slot; guessing is whether
+	// they are at least half of the shard's keys (see find).
 	athome   uint32
-	gen      uint8 // the home generation: 1, then one more each time the span grows
 	guessing bool
 	none     memSlot // what guess returns for a slot not allocated
 	// logs holds the sliding logs of the shard's records by slot; nil
@@ -372,7 +368,6 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 		s.lru = l
 		s.cap = per
 		s.span = nextSpan(0, per)
-		s.gen = 1
 		s.setGuessing()
 		s.slab = make([][]memSlot, (per+slabChunk-1)/slabChunk)
 		s.used = make([]uint64, (per+63)/64)
@@ -696,7 +691,7 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	}
 	ref = s.put(h, ref, sl, &e)
 	if last == h && hotAlgorithm(p) {
-		s.hotOK, s.hotH, s.hotRef, s.hotPol, s.hot = true, h, ref, p, memSlot{e.st.A, e.st.B}
+		s.hotOK, s.hotH, s.hotRef, s.hotPol, s.hot = true, h, ref, p, *sl
 	}
 	s.mu.Unlock()
 	return nil

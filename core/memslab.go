@@ -42,39 +42,10 @@ import "math/bits"
 type memRef struct {
 	slot uint32 // the record's integers: memShard.at(slot)
 	pol  uint32 // the policy that last wrote it: memShard.pols[pol]
-	// stamp holds, in its low 56 bits, the shard's tick when the key
-	// last went to the front (see ticked): at most tick-ticked other keys
-	// have gone there since, so the key is at most that far from the
-	// front. Its next 7 bits are the shard's home generation
-	// (memShard.gen) when the key was last placed, and its top bit is set
-	// when it was placed at its home slot (see memShard.atHome).
+	// stamp is the shard's tick when the key last went to the front: at
+	// most tick-stamp other keys have gone there since, so the key is at
+	// most that far from the front.
 	stamp uint64
-}
-
-// The fields of memRef.stamp.
-const (
-	genShift = 56
-	tickMask = 1<<genShift - 1
-	genMask  = 0x7f
-	homeBit  = 1 << 63
-)
-
-// ticked returns the shard's tick when the key last went to the front.
-func (r memRef) ticked() uint64 { return r.stamp & tickMask }
-
-// gen returns the home generation in which the key was last placed.
-func (r memRef) gen() uint8 { return uint8(r.stamp>>genShift) & genMask }
-
-// home reports whether the key was placed at its home slot.
-func (r memRef) home() bool { return r.stamp&homeBit != 0 }
-
-// placed returns r placed in home generation g, at its home slot or not.
-func (r memRef) placed(g uint8, home bool) memRef {
-	r.stamp = r.stamp&tickMask | uint64(g)<<genShift
-	if home {
-		r.stamp |= homeBit
-	}
-	return r
 }
 
 // memSlot holds the integers of a State.
@@ -144,19 +115,14 @@ func (s *memShard) fill(ref memRef, v memSlot, e *memEntry) {
 }
 
 // put writes e back into sl, the slot of the key hashed h, whose LRU value
-// is ref, and returns the key's LRU value. A key away from its home slot
-// moves there when it is free (see rehome); sl is then vacated, and the
-// record is at the slot the value returned names. put moves the key to
-// the front when it moves, when e's policy is not the one ref names, or
-// when the key may have left the front half of the shard: more than
-// s.lazy keys have gone to the front since it last did, and the shard
-// holds more than s.lazy+1 keys. Requires s.mu.
+// is ref, and returns the key's LRU value. It moves the key to the front
+// when e's policy is not the one ref names, or when the key may have left
+// the front half of the shard: more than s.lazy keys have gone to the
+// front since it last did, and the shard holds more than s.lazy+1 keys.
+// Requires s.mu.
 func (s *memShard) put(h uint64, ref memRef, sl *memSlot, e *memEntry) memRef {
 	s.write(ref, sl, &e.st)
 	front := false
-	if ref.gen() != s.gen {
-		ref, front = s.rehome(h, ref, sl)
-	}
 	if e.pol != s.pols[ref.pol] {
 		old := ref.pol
 		ref.pol = s.acquire(e.pol)
@@ -172,39 +138,7 @@ func (s *memShard) put(h uint64, ref memRef, sl *memSlot, e *memEntry) memRef {
 // drifted reports whether the key whose LRU value is ref may have left the
 // front half of the shard (see put). Requires s.mu.
 func (s *memShard) drifted(ref memRef) bool {
-	return s.tick-ref.ticked() > s.lazy && uint64(s.lru.Len()) > s.lazy+1
-}
-
-// atHome reports whether the key whose LRU value is ref is counted in
-// s.athome: it was placed at its home slot under the shard's current
-// span. Requires s.mu.
-func (s *memShard) atHome(ref memRef) bool { return ref.home() && ref.gen() == s.gen }
-
-// rehome moves the record of the key hashed h, whose LRU value is ref and
-// whose slot is sl, to its home slot when that is free (a key placed
-// before the span last grew), and returns its new LRU value and true;
-// otherwise ref and false. A home in a chunk of slots not yet allocated
-// waits until a new key's placement allocates it: deciding a key the
-// shard holds allocates nothing. Requires s.mu.
-func (s *memShard) rehome(h uint64, ref memRef, sl *memSlot) (memRef, bool) {
-	i := s.home(h)
-	if s.isUsed(i) || s.slab[i>>slabShift] == nil {
-		return ref, false
-	}
-	v := *sl
-	var l *timeLog
-	if len(s.logs) > 0 {
-		l = s.logs[ref.slot]
-	}
-	s.vacate(ref.slot)
-	*s.claim(i) = v
-	if l != nil {
-		s.setLog(i, l)
-	}
-	ref.slot = i
-	s.athome++
-	s.setGuessing()
-	return ref.placed(s.gen, true), true
+	return s.tick-ref.stamp > s.lazy && uint64(s.lru.Len()) > s.lazy+1
 }
 
 // write stores st in the slot sl, which ref names (and its log in the
@@ -243,7 +177,7 @@ func (s *memShard) setLog(i uint32, l *timeLog) {
 // the shard's LRU, and returns its new value. Requires s.mu.
 func (s *memShard) front(h uint64, ref memRef) memRef {
 	s.tick++
-	ref.stamp = ref.stamp&^tickMask | s.tick
+	ref.stamp = s.tick
 	s.lru.Add(h, ref)
 	return ref
 }
@@ -258,8 +192,7 @@ func (s *memShard) front(h uint64, ref memRef) memRef {
 // about 43 bytes of slab per key, where a span of the whole capacity would
 // spread a few keys over all of it, each on a cache line of its own).
 func (s *memShard) add(h uint64, e *memEntry) {
-	i, home := s.newSlot(h)
-	ref := memRef{slot: i, pol: s.acquire(e.pol)}.placed(s.gen, home)
+	ref := memRef{slot: s.newSlot(h), pol: s.acquire(e.pol)}
 	sl := s.at(ref.slot)
 	sl.A, sl.B = e.st.A, e.st.B
 	if e.st.log != nil {
@@ -277,42 +210,18 @@ func (s *memShard) add(h uint64, e *memEntry) {
 // the shard's keys are at home. Requires s.mu.
 func (s *memShard) setGuessing() { s.guessing = s.athome*2 >= uint32(s.lru.Len()) }
 
-// grow about doubles the shard's span (see nextSpan), and begins a new
-// home generation: no key is counted at home any more.
-//
-// Short of the shard's capacity, it does so in constant time: no key
-// moves. A key placed before moves to its new home at its next decision
-// when that is free (see put), so that a key decided again is found at
-// home, while the growth costs a shard filling with keys it never decides
-// again nothing per key. The shard does not guess (see find) until half
-// of its keys are at home again.
-//
-// Its last growth, to the shard's capacity, places every key anew, as
-// newSlot places a new key, so that a full span's keys are at home as
-// often as placement by hash allows, with nothing left to move. Keys are
-// placed from the most recently used to the least (where two share a
-// home, the one likelier to be decided again gets it), then go to the
-// front of the LRU with their new slots from the least recently used to
-// the most: their order is unchanged, and each key's stamp is then exactly
-// its distance from the front. That costs about a decision and 40 bytes
-// of allocation per key held (48 with sliding logs), once in a shard's
-// life, with 3/8 to 1/2 of its capacity held.
-//
-// A span grows at most ⌈log2(2³²/64)⌉ = 26 times, so the generations fit
-// memRef's 7 bits. Requires s.mu.
+// grow about doubles the shard's span (see nextSpan) and places every key
+// anew, as newSlot places a new key, so that each key's home is again where
+// find guesses it. Keys are placed from the most recently used to the least
+// (where two share a home, the one likelier to be decided again gets it),
+// then go to the front of the LRU with their new slots from the least
+// recently used to the most: their order is unchanged, and each key's stamp
+// is then exactly its distance from the front. Its cost, about that of a
+// decision and 40 bytes of allocation per key held (48 with sliding logs),
+// is paid only while the shard fills: ⌈log2(cap/64)⌉ times at most, and
+// from 3/4 (large shards) to 0.94 of a placement per slot of the shard's
+// capacity in all. Requires s.mu.
 func (s *memShard) grow() {
-	s.span = nextSpan(s.span, s.cap)
-	s.gen++
-	s.athome = 0
-	if int(s.span) == s.cap {
-		s.place()
-	}
-	s.setGuessing()
-}
-
-// place places every key of the shard anew under its span (see grow).
-// Requires s.mu.
-func (s *memShard) place() {
 	keys, refs := s.lru.Keys(), s.lru.Values() // least recently used first
 	recs := make([]memSlot, len(keys))
 	var logs []*timeLog
@@ -327,20 +236,21 @@ func (s *memShard) place() {
 		s.vacate(ref.slot)
 	}
 	s.freed = 0
+	s.span = nextSpan(s.span, s.cap)
+	s.athome = 0
 	// The most recently used keys, the likeliest to be decided again, are
 	// placed first: where two share a home, they get it.
 	for i := len(keys) - 1; i >= 0; i-- {
-		slot, home := s.newSlot(keys[i])
-		refs[i].slot = slot
-		refs[i] = refs[i].placed(s.gen, home)
-		*s.at(slot) = recs[i]
+		refs[i].slot = s.newSlot(keys[i])
+		*s.at(refs[i].slot) = recs[i]
 		if logs != nil && logs[i] != nil {
-			s.setLog(slot, logs[i])
+			s.setLog(refs[i].slot, logs[i])
 		}
 	}
 	for i, h := range keys {
 		s.front(h, refs[i])
 	}
+	s.setGuessing()
 }
 
 // nextSpan returns the span a shard of capacity c takes after span: the
@@ -384,14 +294,12 @@ func (s *memShard) guess(h uint64) *memSlot {
 func (s *memShard) isUsed(i uint32) bool { return s.used[i>>6]&(1<<(i&63)) != 0 }
 
 // newSlot returns a free slot, zeroed and marked used, for the key hashed
-// h, and whether it is the key's home (counted in s.athome): its home when
-// free, else the last slot freed, else the first free one after its home
-// within the span, wrapping around. The span has room for one more key
-// (see add). Requires s.mu.
-func (s *memShard) newSlot(h uint64) (uint32, bool) {
+// h: its home when free, else the last slot freed, else the first free one
+// after its home within the span, wrapping around. The span has room for
+// one more key (see add). Requires s.mu.
+func (s *memShard) newSlot(h uint64) uint32 {
 	i := s.home(h)
-	home := !s.isUsed(i)
-	if home {
+	if !s.isUsed(i) {
 		s.athome++
 	} else if f := s.freed; f != 0 && !s.isUsed(f-1) {
 		i = f - 1
@@ -399,7 +307,7 @@ func (s *memShard) newSlot(h uint64) (uint32, bool) {
 		i = s.nextFree(i)
 	}
 	s.claim(i)
-	return i, home
+	return i
 }
 
 // claim marks slot i, which is free and zeroed, used, allocating its chunk
@@ -445,7 +353,7 @@ func (s *memShard) nextFree(i uint32) uint32 {
 // (Remove, RemoveOldest) frees its slot, its sliding log, its count on its
 // policy and its text. Requires s.mu.
 func (s *memShard) evicted(h uint64, ref memRef) {
-	if s.atHome(ref) {
+	if ref.slot == s.home(h) {
 		s.athome--
 	}
 	s.setGuessing()

@@ -15,10 +15,8 @@ import (
 // checkShard verifies the bookkeeping of a shard against its LRU: every key
 // has its own slot, marked used, and the other slots are marked free and
 // zeroed, the policy table counts exactly the records using each
-// policy and holds no other, every sliding log belongs to a live slot, no
-// key is further from the front than its stamp allows, and the keys
-// counted at home are at their home slot under the current span, each
-// from a generation the shard has had.
+// policy and holds no other, every sliding log belongs to a live slot, and
+// no key is further from the front than its stamp allows.
 func checkShard(t *testing.T, s *memShard) {
 	t.Helper()
 	keys := s.lru.Keys() // oldest first
@@ -38,11 +36,8 @@ func checkShard(t *testing.T, s *memShard) {
 			t.Fatalf("key %x names policy %d, which the table does not hold", h, ref.pol)
 		}
 		refs[ref.pol]++
-		if fromFront := uint64(n - 1 - pos); fromFront > s.tick-ref.ticked() {
-			t.Fatalf("key %x is %d from the front, but only %d keys went there since its stamp", h, fromFront, s.tick-ref.ticked())
-		}
-		if ref.gen() > s.gen {
-			t.Fatalf("key %x from home generation %d; the shard is at %d", h, ref.gen(), s.gen)
+		if fromFront := uint64(n - 1 - pos); fromFront > s.tick-ref.stamp {
+			t.Fatalf("key %x is %d from the front, but only %d keys went there since its stamp", h, fromFront, s.tick-ref.stamp)
 		}
 	}
 	if s.span == 0 || int(s.span) > s.cap || int(s.span) < s.cap && uint64(n)*4 > uint64(s.span)*3 {
@@ -50,10 +45,7 @@ func checkShard(t *testing.T, s *memShard) {
 	}
 	home := uint32(0)
 	for _, h := range keys {
-		if ref, _ := s.lru.Peek(h); s.atHome(ref) {
-			if ref.slot != s.home(h) {
-				t.Fatalf("key %x counted at home at slot %d; its home is %d", h, ref.slot, s.home(h))
-			}
+		if ref, _ := s.lru.Peek(h); ref.slot == s.home(h) {
 			home++
 		}
 	}
@@ -385,170 +377,15 @@ func TestMemShardFillsEverySlot(t *testing.T) {
 	checkShard(t, s)
 }
 
-// When a shard's span grows short of its capacity, no key moves: the LRU
-// keeps its order and every key its slot and stamp, and none is counted at
-// home, so the shard stops guessing. A key then moves to its new home at
-// its next decision when that is free, with its state (a sliding log too),
-// and is counted at home again (and the shard guesses again once half of
-// its keys are); a key whose new home another key holds
-// stays where it is, and so does one whose new home is in a chunk of
-// slots not yet allocated (a decision allocates nothing), until a new key
-// allocates it. Each is decided on its own record.
+// When a shard's span grows, every key is placed anew under the new span:
+// at its home when free, else where a new key would go; the LRU keeps its
+// order, each key's stamp is then exactly its distance from the front, and
+// every record (a sliding log too) keeps its state.
 //
 // The store keeps exact recency (KeepActive), so that the keys' second
 // requests, made in reverse, reorder the LRU before the span grows.
 func TestMemShardGrow(t *testing.T) {
 	m, s, do := oneShard(t, MemoryConfig{Capacity: 8 * slabChunk, KeepActive: true})
-	pols := []*Policy{
-		MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour}),
-		MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour, Algorithm: SlidingWindowLog}),
-	}
-	req := func(i int) Request {
-		return Request{Policy: pols[i%2], Key: fmt.Sprint("k", i), Cost: 1}
-	}
-	hash := func(i int) uint64 { r := req(i); return m.hash(&r) }
-	take := func(i int) Decision { return do(req(i)) }
-	// Fill the first span to three quarters, each key charged twice, in
-	// an order that differs from the keys' first requests.
-	n := slabChunk * 3 / 4
-	for i := 0; i < n; i++ {
-		take(i)
-	}
-	for i := n - 1; i >= 0; i-- {
-		take(i)
-	}
-	if s.span != slabChunk {
-		t.Fatalf("span %d with %d keys; want %d", s.span, n, slabChunk)
-	}
-	order := s.lru.Keys()
-	if order[len(order)-1] != hash(0) {
-		t.Fatal("the second requests did not reorder the LRU")
-	}
-	refs := map[uint64]memRef{}
-	for _, h := range order {
-		refs[h], _ = s.lru.Peek(h)
-	}
-	gen := s.gen
-	// One more key doubles the span.
-	take(n)
-	if s.span != 2*slabChunk || s.gen != gen+1 {
-		t.Fatalf("span %d, generation %d with %d keys; want %d, %d", s.span, s.gen, n+1, 2*slabChunk, gen+1)
-	}
-	n++
-	after := s.lru.Keys()
-	if want := append(order, hash(n-1)); !slices.Equal(after, want) {
-		t.Fatal("the LRU order changed when the span grew")
-	}
-	for h, ref := range refs {
-		if now, _ := s.lru.Peek(h); now != ref {
-			t.Fatalf("key %x: LRU value %+v before the span grew, %+v after", h, ref, now)
-		}
-	}
-	if s.athome != 0 || s.guessing {
-		t.Fatalf("%d keys counted at home, guessing %v, right after the span grew", s.athome, s.guessing)
-	}
-	checkShard(t, s)
-	// A key whose new home is in the second chunk, not yet allocated,
-	// stays where it is, and nothing is allocated.
-	if s.slab[1] != nil {
-		t.Fatal("the second chunk is allocated before any key is placed in it")
-	}
-	far := -1
-	for i := 0; i < n && far < 0; i++ {
-		if s.home(hash(i)) >= slabChunk {
-			far = i
-		}
-	}
-	ref, _ := s.lru.Peek(hash(far))
-	take(far)
-	if now, _ := s.lru.Peek(hash(far)); now.slot != ref.slot || s.slab[1] != nil {
-		t.Fatalf("key %d moved from slot %d to %d, toward an unallocated chunk", far, ref.slot, now.slot)
-	}
-	// A new key placed in the second chunk allocates it.
-	for i := 0; s.slab[1] == nil; i++ {
-		if r := (Request{Policy: pols[0], Key: fmt.Sprint("new", i), Cost: 1}); s.home(m.hash(&r)) >= slabChunk {
-			do(r)
-		}
-	}
-	checkShard(t, s)
-	// Every record kept its state: each key has its remaining requests.
-	// Its first decision moves it home when its home is free.
-	moved, stayed := 0, 0
-	for i := 0; i < n; i++ {
-		left := 3
-		if i == n-1 {
-			left = 4
-		} else if i == far {
-			left = 2
-		}
-		for j := 0; j < left; j++ {
-			if d := take(i); !d.Allowed {
-				t.Fatalf("key %d refused with %d of its requests left", i, left-j)
-			}
-			ref, _ := s.lru.Peek(hash(i))
-			if s.atHome(ref) {
-				if j == 0 && ref.slot != refs[hash(i)].slot {
-					moved++
-				}
-			} else if home := s.home(hash(i)); !s.isUsed(home) && s.slab[home>>slabShift] != nil {
-				t.Fatalf("key %d is at slot %d after a decision while its home %d is free", i, ref.slot, home)
-			} else if j == 0 {
-				stayed++
-			}
-		}
-		if d := take(i); d.Allowed {
-			t.Fatalf("key %d admitted beyond its limit", i)
-		}
-	}
-	if moved == 0 {
-		t.Fatalf("no key moved home (%d stayed away)", stayed)
-	}
-	checkShard(t, s) // athome counts the keys moved, and guessing follows it
-}
-
-// A key placed before its shard's span grew is not counted at home even
-// where its slot is its new home too, and forgetting it (Reset) leaves the
-// count of the keys at home as it was.
-func TestMemShardForgetsKeyPlacedBeforeGrowth(t *testing.T) {
-	m, s, do := oneShard(t, MemoryConfig{Capacity: 8 * slabChunk})
-	p := MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour})
-	req := func(k string) Request { return Request{Policy: p, Key: k, Cost: 1} }
-	// A key whose home is slot 0 under the first two spans.
-	z := ""
-	for i := 0; z == ""; i++ {
-		if r := req(fmt.Sprint("z", i)); uint32(m.hash(&r)) < 1<<32/(2*slabChunk) {
-			z = r.Key
-		}
-	}
-	do(req(z))
-	for i := 0; s.span == slabChunk; i++ {
-		do(req(fmt.Sprint("k", i)))
-	}
-	r := req(z)
-	ref, _ := s.lru.Peek(m.hash(&r))
-	if ref.slot != 0 || s.home(m.hash(&r)) != 0 || s.atHome(ref) {
-		t.Fatalf("key at slot %d, home %d, counted at home %v; want 0, 0, false", ref.slot, s.home(m.hash(&r)), s.atHome(ref))
-	}
-	athome := s.athome
-	if err := m.Reset(context.Background(), p, z); err != nil {
-		t.Fatal(err)
-	}
-	if s.athome != athome {
-		t.Fatalf("%d keys counted at home after forgetting one that was not; want %d", s.athome, athome)
-	}
-	checkShard(t, s)
-}
-
-// When a shard's span grows to the shard's capacity, every key is placed
-// anew under the new span: at its home when free (and counted there), else
-// where a new key would go; the LRU keeps its order, each key's stamp is
-// then exactly its distance from the front, and every record (a sliding
-// log too) keeps its state.
-//
-// The store keeps exact recency (KeepActive), so that the keys' second
-// requests, made in reverse, reorder the LRU before the span grows.
-func TestMemShardGrowToCapacity(t *testing.T) {
-	m, s, do := oneShard(t, MemoryConfig{Capacity: 2 * slabChunk, KeepActive: true})
 	pols := []*Policy{
 		MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour}),
 		MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour, Algorithm: SlidingWindowLog}),
@@ -587,16 +424,10 @@ func TestMemShardGrowToCapacity(t *testing.T) {
 	atHome := 0
 	for pos, h := range after {
 		ref, _ := s.lru.Peek(h)
-		if d := uint64(len(after) - 1 - pos); s.tick-ref.ticked() != d {
-			t.Fatalf("key at %d from the front has stamp distance %d", d, s.tick-ref.ticked())
-		}
-		if ref.gen() != s.gen {
-			t.Fatalf("key at %d from the front placed in generation %d, the shard's is %d", pos, ref.gen(), s.gen)
+		if d := uint64(len(after) - 1 - pos); s.tick-ref.stamp != d {
+			t.Fatalf("key at %d from the front has stamp distance %d", d, s.tick-ref.stamp)
 		}
 		if home := s.home(h); ref.slot == home {
-			if !s.atHome(ref) {
-				t.Fatalf("a key at its home slot %d is not counted there", home)
-			}
 			atHome++
 		} else if !s.isUsed(home) {
 			t.Fatalf("a key is at slot %d while its home %d is free", ref.slot, home)
