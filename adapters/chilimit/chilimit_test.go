@@ -564,10 +564,7 @@ func TestMiddlewareNilLimiterPanics(t *testing.T) {
 // their own.
 func TestRouteKeyMountIndex(t *testing.T) {
 	for _, nested := range []bool{false, true} {
-		obs := &keys{}
-		l := perRouteLimiter(t, obs)
-		r := chi.NewRouter()
-		r.Use(chilimit.Middleware(l))
+		obs, r := perRouteRouter(t)
 		users := func(r chi.Router) {
 			r.Get("/", ok)
 			r.Post("/", ok)
@@ -658,13 +655,10 @@ func TestRouteKeyMountPointInSubrouterUse(t *testing.T) {
 // A route chi registers for GET that also has a TRACE handler is still a
 // GET route: a layer with Routes "GET /x" must limit GET /x.
 func TestRouteKeyMethodRouteWithTraceHandler(t *testing.T) {
-	obs := &keys{}
-	l := perRouteLimiter(t, obs, "GET /x")
-	r := chi.NewRouter()
-	r.Use(chilimit.Middleware(l))
+	obs, r := perRouteRouter(t, "GET /x")
 	r.Get("/x", ok)
 	r.Method(http.MethodTrace, "/x", http.HandlerFunc(ok))
-	codes := []int{do(r, "GET", "/x", peer).Code, do(r, "GET", "/x", peer).Code}
+	codes := methodCodes(r, "/x", "GET", "GET")
 	if want := []int{200, 429}; !slices.Equal(codes, want) {
 		t.Errorf("GET /x twice (limit 1, Routes GET /x): %v, want %v; keys %q", codes, want, obs.list())
 	}
@@ -761,10 +755,7 @@ func TestRouteKeyEveryMethodNotOrderDependent(t *testing.T) {
 // An every-method route keeps one quota whatever the method, after another
 // path of it was decided.
 func TestRouteKeyEveryMethodOneQuotaForAllMethods(t *testing.T) {
-	obs := &keys{}
-	l := perRouteLimiter(t, obs)
-	r := chi.NewRouter()
-	r.Use(chilimit.Middleware(l))
+	obs, r := perRouteRouter(t)
 	r.Get("/api/x", ok)
 	r.HandleFunc("/*", ok)
 	do(r, "POST", "/api/x", "192.0.2.7:1") // another client, another path of "/*"
@@ -781,6 +772,15 @@ func perRouteLimiter(t *testing.T, obs *keys, routes ...string) *ratelimit.Limit
 		Rule:   core.Rule{Name: "route", Limit: 1, Window: time.Minute},
 		Routes: routes,
 	}}, ratelimit.WithLogger(nil))
+}
+
+// perRouteRouter returns a chi router whose middleware is a perRouteLimiter
+// (observed by the returned keys), before any route is added.
+func perRouteRouter(t *testing.T, routes ...string) (*keys, *chi.Mux) {
+	obs := &keys{}
+	r := chi.NewRouter()
+	r.Use(chilimit.Middleware(perRouteLimiter(t, obs, routes...)))
+	return obs, r
 }
 
 // A plain http.Handler (a ServeMux) mounted at "/legacy": chi registers
@@ -814,7 +814,7 @@ func TestRouteKeyWrappedMountOwnPathOneQuota(t *testing.T) {
 	r := chi.NewRouter()
 	r.Use(chilimit.Middleware(l))
 	r.Mount("/admin", wrap(admin))
-	codes := []int{do(r, "GET", "/admin", peer).Code, do(r, "POST", "/admin", peer).Code}
+	codes := methodCodes(r, "/admin", "GET", "POST")
 	if want := []int{200, 429}; !slices.Equal(codes, want) {
 		t.Errorf("GET, POST /admin (wrapped sub-router, limit 1 per route): %v, want %v; keys %q", codes, want, obs.list())
 	}
@@ -843,13 +843,10 @@ func TestRouteKeyShadowedEveryMethodRouteOneQuota(t *testing.T) {
 // A layer on the every-method route, written as the doc says ("/api/users"
 // for a route of every method), must limit it.
 func TestRouteKeyShadowedEveryMethodRouteLayerApplies(t *testing.T) {
-	obs := &keys{}
-	l := perRouteLimiter(t, obs, "/api/users")
-	r := chi.NewRouter()
-	r.Use(chilimit.Middleware(l))
+	obs, r := perRouteRouter(t, "/api/users")
 	r.Get("/api/users", ok)
 	r.Route("/api", func(r chi.Router) { r.HandleFunc("/users", ok) })
-	codes := []int{do(r, "POST", "/api/users", peer).Code, do(r, "POST", "/api/users", peer).Code}
+	codes := methodCodes(r, "/api/users", "POST", "POST")
 	if want := []int{200, 429}; !slices.Equal(codes, want) {
 		t.Errorf("POST /api/users twice (Routes \"/api/users\", limit 1): %v, want %v; keys %q", codes, want, obs.list())
 	}
@@ -859,13 +856,10 @@ func TestRouteKeyShadowedEveryMethodRouteLayerApplies(t *testing.T) {
 // whose "/" is r.HandleFunc: POST /users/ is served by the sub-router's
 // every-method route.
 func TestRouteKeyMountPointEveryMethodOneQuota(t *testing.T) {
-	obs := &keys{}
-	l := perRouteLimiter(t, obs)
-	r := chi.NewRouter()
-	r.Use(chilimit.Middleware(l))
+	obs, r := perRouteRouter(t)
 	r.Route("/users", func(r chi.Router) { r.HandleFunc("/", ok) })
 	r.Get("/users/", ok)
-	codes := []int{do(r, "POST", "/users/", peer).Code, do(r, "PUT", "/users/", peer).Code}
+	codes := methodCodes(r, "/users/", "POST", "PUT")
 	if want := []int{200, 429}; !slices.Equal(codes, want) {
 		t.Errorf("POST, PUT /users/ (sub-router's HandleFunc(\"/\"), limit 1): %v, want %v; keys %q", codes, want, obs.list())
 	}
@@ -893,7 +887,7 @@ func TestRouteKeyMountsSharingAPrefix(t *testing.T) {
 		r.Use(chilimit.Middleware(l))
 		r.Mount("/api", v1)
 		r.Mount("/api/v2", v2)
-		codes := []int{do(r, "GET", "/api/v2/x", peer).Code, do(r, "GET", "/api/v2/x", peer).Code}
+		codes := methodCodes(r, "/api/v2/x", "GET", "GET")
 		if want := []int{200, 429}; !slices.Equal(codes, want) {
 			t.Errorf("catch-all in v2 %v: GET /api/v2/x twice (served by %q, Routes \"GET /api/v2/x\", limit 1): %v, want %v; keys %q", catchAll, served, codes, want, obs.list())
 		}
@@ -903,10 +897,7 @@ func TestRouteKeyMountsSharingAPrefix(t *testing.T) {
 // A route registered for GET, TRACE and CONNECT (r.Get, r.Trace, r.Connect)
 // is a route of its methods: a layer for "GET /x" limits GET /x.
 func TestRouteKeyGetTraceConnectRoute(t *testing.T) {
-	obs := &keys{}
-	l := perRouteLimiter(t, obs, "GET /x")
-	r := chi.NewRouter()
-	r.Use(chilimit.Middleware(l))
+	obs, r := perRouteRouter(t, "GET /x")
 	r.Get("/x", ok)
 	r.Trace("/x", ok)
 	r.Connect("/x", ok)
@@ -923,10 +914,7 @@ func TestRouteKeyGetTraceConnectRoute(t *testing.T) {
 // specific pattern: GET, POST and PUT reaching the catch-all share one
 // quota.
 func TestRouteKeyEveryMethodShadowedForTrace(t *testing.T) {
-	obs := &keys{}
-	l := perRouteLimiter(t, obs)
-	r := chi.NewRouter()
-	r.Use(chilimit.Middleware(l))
+	obs, r := perRouteRouter(t)
 	r.Handle("/files/*", http.HandlerFunc(ok))
 	r.Trace("/files/{name}", ok)
 	codes := methodCodes(r, "/files/a", "GET", "POST", "PUT")
@@ -938,10 +926,7 @@ func TestRouteKeyEveryMethodShadowedForTrace(t *testing.T) {
 // CORS preflights registered per route (r.Options("/api/{id}")) beside an
 // every-method handler: GET, TRACE and CONNECT share the handler's quota.
 func TestRouteKeyEveryMethodWithCORSPreflight(t *testing.T) {
-	obs := &keys{}
-	l := perRouteLimiter(t, obs)
-	r := chi.NewRouter()
-	r.Use(chilimit.Middleware(l))
+	obs, r := perRouteRouter(t)
 	r.Handle("/api/*", http.HandlerFunc(ok))
 	r.Options("/api/{id}", ok) // CORS preflight
 	codes := methodCodes(r, "/api/1", "GET", "TRACE", "CONNECT")
@@ -1002,7 +987,7 @@ func TestRouteKeyMethodRouteReadingAsMountRouteSharesQuota(t *testing.T) {
 		obs := &keys{}
 		var served []string
 		r := usersBesideMount(t, obs, probes, &served)
-		codes := []int{do(r, "GET", "/users/a", peer).Code, do(r, "POST", "/users/a", peer).Code}
+		codes := methodCodes(r, "/users/a", "GET", "POST")
 		if want := []int{200, 429}; !slices.Equal(codes, want) {
 			t.Errorf("probes at /a in the mount %v: GET then POST /users/a (served by %q, limit 1 per route): %v, want %v (doc: shared quota); keys %q", probes, served, codes, want, obs.list())
 		}
