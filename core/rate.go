@@ -164,8 +164,9 @@ func parseRateCount(s string) (int64, error) {
 // MaxLimit.
 var errCountTooLarge = errors.New("count exceeds MaxLimit")
 
-// errWindowTooLong is returned by parseRateWindow for a number of days
-// above MaxWindow.
+// errWindowTooLong is returned by parseRateWindow for a well-formed
+// window too long for MaxWindow that it cannot return: a number of days
+// above MaxWindow, or a duration beyond time.Duration's range.
 var errWindowTooLong = errors.New("window exceeds MaxWindow")
 
 // parseRateWindow parses what follows the '/' of a rate: a unit name, a
@@ -195,12 +196,54 @@ func parseRateWindow(s string) (time.Duration, error) {
 	}
 	w, err := time.ParseDuration(s)
 	if err != nil {
+		if durationSyntax(s) {
+			return 0, errWindowTooLong // it only overflows
+		}
 		return 0, fmt.Errorf("duration %q is not a whole number of days or a duration such as 10m or 1h30m", s)
 	}
 	if w <= 0 {
 		return 0, fmt.Errorf("duration %q must be positive", s)
 	}
 	return w, nil
+}
+
+// durationSyntax reports whether s is written as time.ParseDuration reads
+// an unsigned duration: one or more decimal numbers ("10", "1.5", ".5"),
+// each followed by a unit (ns, us, µs, μs, ms, s, m, h). ParseDuration
+// refuses such a text only when its value is beyond time.Duration's range.
+func durationSyntax(s string) bool {
+	if s == "" {
+		return false
+	}
+	for s != "" {
+		i := 0
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+		digits := i
+		if i < len(s) && s[i] == '.' {
+			i++
+			j := i
+			for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+				i++
+			}
+			digits += i - j
+		}
+		if digits == 0 {
+			return false
+		}
+		j := i
+		for i < len(s) && s[i] != '.' && (s[i] < '0' || s[i] > '9') {
+			i++
+		}
+		switch s[j:i] {
+		case "ns", "us", "µs", "μs", "ms", "s", "m", "h":
+		default:
+			return false
+		}
+		s = s[i:]
+	}
+	return true
 }
 
 func allDigits(s string) bool {
