@@ -170,7 +170,10 @@
 // nothing, except a record clamped after a clock step (see above): its own
 // policy's, or, when a refused request read another policy's record, that
 // record clamped under its own policy. A key of a foreign type or shape is
-// read as fresh and overwritten.
+// read as fresh and overwritten. A sliding log's entries are read only
+// where a decision needs them (see below), so a log of our shape with an
+// entry of a foreign shape among them is read as fresh when a decision,
+// a refund or a peek first reads that entry.
 //
 // # Work per decision
 //

@@ -652,3 +652,54 @@ func TestKeyBounds(t *testing.T) {
 		t.Fatalf("tagged key %q hashes by %q, want t", k, hashTagOf(k))
 	}
 }
+
+// TestForeignLogEntry: a sliding log whose head and newest entry are of our
+// shape but with an entry of a foreign shape between them (load reads only
+// those two) is read as fresh and overwritten, as any key of a foreign
+// shape, on every path that reads entries: a take's decision, a refund
+// and a peek. Its decisions never fail, so they never count against the
+// breaker either.
+func TestForeignLogEntry(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	ctx := context.Background()
+	s := newStore(t, client, &Config{ClientTime: true, Breaker: &BreakerConfig{Failures: 2, OpenFor: time.Hour}})
+	p := mustPolicy(t, core.Rule{Name: "log", Algorithm: core.SlidingWindowLog, Limit: 3, Window: time.Hour})
+	at := storetest.T0
+	for _, path := range []string{"take", "refund", "peek"} {
+		t.Run(path, func(t *testing.T) {
+			key := "bad-" + path
+			rk := redisKey(s.prefix, p.Name(), "", &core.Request{Key: key})
+			us := at.UnixMicro()
+			if err := client.RPush(ctx, rk, "0;", fmt.Sprintf("%d:1:1", us-2), "garbage", fmt.Sprintf("%d:1:3", us-1)).Err(); err != nil {
+				t.Fatal(err)
+			}
+			reqs := []core.Request{{Policy: p, Key: key, Cost: 1}}
+			switch path {
+			case "refund":
+				// given back from the first entry's charge: the entries
+				// are read from the newest back to it
+				charged := []core.Request{{Policy: p, Key: key, Cost: 1, ChargedAt: time.UnixMicro(us - 2)}}
+				if err := s.Refund(ctx, at, charged); err != nil {
+					t.Fatalf("refund on a log with a foreign entry: %v", err)
+				}
+			case "peek":
+				var out [1]core.Decision
+				if err := s.Peek(ctx, at, reqs, out[:]); err != nil {
+					t.Fatalf("peek on a log with a foreign entry: %v", err)
+				}
+			}
+			for i := 1; i <= 4; i++ {
+				var out [1]core.Decision
+				if err := s.Take(ctx, at, reqs, out[:]); err != nil {
+					t.Fatalf("take %d on a log with a foreign entry: %v", i, err)
+				}
+				if want := i <= 3; out[0].Allowed != want {
+					t.Fatalf("take %d: allowed %v, want %v (the log read as fresh): %+v", i, out[0].Allowed, want, out[0])
+				}
+			}
+		})
+	}
+	if st := s.State(); st != BreakerClosed {
+		t.Fatalf("breaker %v after decisions on foreign logs, want closed", st)
+	}
+}

@@ -97,6 +97,11 @@ modules.swlog = function()
     return st
   end
 
+  -- FOREIGN is raised by entry for an entry this store did not write (load
+  -- reads only the head and the newest entry): the calls made through
+  -- guarded then take the key as one of a foreign shape.
+  local FOREIGN = {}
+
   -- entry returns entry i (1-based, oldest first): its instant, units and
   -- running count.
   local function entry(st, i)
@@ -106,9 +111,26 @@ modules.swlog = function()
     local e = st.cache[i]
     if e == nil then
       e = { parse_entry(redis.call('LINDEX', st.key, i)) }
+      if e[1] == nil then error(FOREIGN) end
       st.cache[i] = e
     end
     return e[1], e[2], e[3]
+  end
+
+  -- guarded returns f, which reads entries before it writes anything, made
+  -- to read a key with an entry of a foreign shape as load reads any key of
+  -- a foreign type or shape: fresh (st becomes that state), to be replaced
+  -- whole by the next write.
+  local function guarded(f)
+    return function(key, st, ...)
+      local ok, r = pcall(f, key, st, ...)
+      if ok then return r end
+      if r ~= FOREIGN then error(r, 0) end
+      for k in pairs(st) do st[k] = nil end
+      for k, v in pairs(swlog.fresh(nil, 0, 0)) do st[k] = v end
+      st.bad = true
+      return f(key, st, ...)
+    end
   end
 
   -- expired returns the number k of entries at or before cutoff (a prefix,
@@ -127,7 +149,9 @@ modules.swlog = function()
     return lo, c
   end
 
-  function swlog.decide(st, P, cost, now)
+  local decide
+  function swlog.decide(st, P, cost, now) return decide(nil, st, P, cost, now) end
+  decide = guarded(function(_, st, P, cost, now)
     local d = newdecision()
     -- Units recorded in (now-W, now] count, and so do any recorded after
     -- now by more than TOL, by a clock that has since stepped back, as if
@@ -177,12 +201,13 @@ modules.swlog = function()
     if newest > dnow then newest = dnow end
     d.reset = newest + P.W - now
     return d
-  end
+  end)
 
   -- write charges cost (>= 0) at now: it drops the k expired entries and
   -- moves the entries after now (a clock stepped back) to now, merged with
   -- the charge's entry.
-  local function write(key, st, P, cost, now, d, slack)
+  local write
+  write = guarded(function(key, st, P, cost, now, d, slack)
     local ttl = ceilms(P.W) + slack
     if d.at ~= nil and d.at > now then
       -- decided at the newest entry's time (settle): the charge is recorded
@@ -270,7 +295,7 @@ modules.swlog = function()
     end
     redis.call('PEXPIRE', key, fmt(ttl))
     return now
-  end
+  end)
 
   -- save writes a state converted from another policy's as it is,
   -- replacing whatever the key held.
@@ -302,7 +327,7 @@ modules.swlog = function()
   -- it; an entry that has left the window no longer counts. Exact. It
   -- reads the entries from the newest back to that one (a refund follows
   -- its charge within the store's Timeout, so they are few).
-  function swlog.refund(key, st, P, cost, extra, now, slack)
+  swlog.refund = guarded(function(key, st, P, cost, extra, now, slack)
     if st.virt or st.bad or st.len == 0 or extra > st.newest then
       return
     end
@@ -332,6 +357,6 @@ modules.swlog = function()
     if redis.call('LLEN', key) <= 1 then
       redis.call('DEL', key)
     end
-  end
+  end)
   return swlog
 end
