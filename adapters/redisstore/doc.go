@@ -147,11 +147,13 @@
 // Redis key and a policy name never opens a hash tag. The store bounds
 // what a caller-supplied key can do: a key longer than MaxKeyLen (256)
 // bytes is stored under "%h:" + hex(SHA-256(key)) in place of ":" + key,
-// so a Redis key is never longer than the prefix, the name and 67 bytes;
-// and an untagged key holding '{' is written after an empty hash tag,
-// Prefix + "{}" + name + ":" + key, so Redis Cluster hashes the whole key:
-// a key such as "{victim}" cannot choose its hash slot (or its node) unless
-// Config.HashTag says so. Keys that may hold secrets (API keys) should be
+// and a tag longer than MaxKeyLen under "%h" + hex(SHA-256(tag)), so a
+// Redis key is never longer than the prefix, the name, the tag as written
+// (at most 3 × MaxKeyLen + 2 bytes) and 67 bytes, also when the tag is
+// the key (TagByKey); and an untagged key holding '{' is written after an
+// empty hash tag, Prefix + "{}" + name + ":" + key, so Redis Cluster
+// hashes the whole key: a key such as "{victim}" cannot choose its hash
+// slot (or its node) unless Config.HashTag says so. Keys that may hold secrets (API keys) should be
 // hashed before they reach the store.
 //
 // The buckets and windows keep one string per key ("g:tat:frac;id",

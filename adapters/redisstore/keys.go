@@ -8,10 +8,12 @@ import (
 	"github.com/limitry/ratelimit/core"
 )
 
-// MaxKeyLen is the longest request key the store writes into a Redis key
-// as it is. A longer key is replaced by "%h:" and the hex SHA-256 of the
-// key (see the package documentation), so a hostile key costs Redis at
-// most a fixed number of bytes per record.
+// MaxKeyLen is the longest request key, and the longest hash tag, the store
+// writes into a Redis key as it is. A longer key is replaced by "%h:" and
+// the hex SHA-256 of the key, a longer tag by "%h" and the hex SHA-256 of
+// the tag (see the package documentation), so a hostile key costs Redis
+// at most a fixed number of bytes per record, also when Config.HashTag
+// tags by the key (TagByKey).
 const MaxKeyLen = 256
 
 // Key layout. A request's Redis key is
@@ -27,7 +29,11 @@ const MaxKeyLen = 256
 // tag of its own. The request key is written as it is when it is at most
 // MaxKeyLen bytes long; a longer key is written as "%h:" + hex(SHA-256(key))
 // after the name in place of ":" + key (an escaped name never ends in a
-// bare '%', so this never equals another name's key). The empty hash tag
+// bare '%', so this never equals another name's key). Likewise a tag
+// longer than MaxKeyLen bytes is written as "%h" + hex(SHA-256(tag)), which
+// no escaped tag equals (its '%' would be written %25); one tag is always
+// written the same way, so it still puts every key it tags in one slot.
+// The empty hash tag
 // "{}" in front of a key holding '{' makes Redis Cluster hash the whole
 // key: a caller-supplied key never chooses its slot by holding "{...}";
 // only Config.HashTag chooses slots.
@@ -82,6 +88,10 @@ func redisKey(prefix, en, tag string, r *core.Request) string {
 			return prefix + "{}" + en + sep + key
 		}
 		return prefix + en + sep + key
+	}
+	if len(tag) > MaxKeyLen {
+		sum := sha256.Sum256([]byte(tag))
+		return prefix + "{%h" + hex.EncodeToString(sum[:]) + "}" + en + sep + key
 	}
 	return prefix + "{" + escape(tag, false) + "}" + en + sep + key
 }

@@ -651,6 +651,37 @@ func TestKeyBounds(t *testing.T) {
 	if hashTagOf(k) != "t" {
 		t.Fatalf("tagged key %q hashes by %q, want t", k, hashTagOf(k))
 	}
+
+	// A tag is bounded as a key is, also when it is the key (TagByKey),
+	// and still puts every policy's key of one tag in one slot.
+	ts := newStore(t, client, &Config{Prefix: "tbounds:", HashTag: TagByKey})
+	for _, key := range []string{long + "a", long + "b"} {
+		for i, want := range []bool{true, false} {
+			if d := take(t, ts, time.Now(), p, key, 1); d.Allowed != want {
+				t.Fatalf("TagByKey, long key ending %q, take %d: allowed %v, want %v", key[len(key)-1:], i+1, d.Allowed, want)
+			}
+		}
+	}
+	tkeys, err := client.Keys(context.Background(), "tbounds:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tkeys) != 2 {
+		t.Fatalf("TagByKey: %d keys for two long request keys, want 2", len(tkeys))
+	}
+	for _, k := range tkeys {
+		if max := len("tbounds:{%h}api%h:") + 2*64; len(k) > max {
+			t.Errorf("TagByKey: Redis key of %d bytes for a 1 MiB request key, want at most %d", len(k), max)
+		}
+	}
+	a := redisKey("rl:", "per-second", long, &core.Request{Key: long})
+	b := redisKey("rl:", "per-hour", long, &core.Request{Key: long})
+	if hashTagOf(a) != hashTagOf(b) || !strings.HasPrefix(hashTagOf(a), "%h") {
+		t.Errorf("one long tag under two policies hashes by %.20q and %.20q, want one hashed tag", hashTagOf(a), hashTagOf(b))
+	}
+	if short := redisKey("rl:", "api", "%h"+hashTagOf(a)[2:], &core.Request{Key: "k"}); hashTagOf(short) == hashTagOf(a) {
+		t.Errorf("a short tag spelling a hashed one shares its slot tag %.20q", hashTagOf(short))
+	}
 }
 
 // TestForeignLogEntry: a sliding log whose head and newest entry are of our
