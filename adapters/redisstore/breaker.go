@@ -3,9 +3,11 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 )
 
@@ -24,8 +26,9 @@ const (
 // BreakerConfig configures the circuit breaker (github.com/sony/gobreaker)
 // that stops a Store from waiting on a Redis that is failing. While it is
 // closed every decision goes to Redis; Failures consecutive failures
-// (errors or timeouts; a caller's own cancellation does not count) open
-// it, and for OpenFor no decision goes to Redis: Take fails fast with
+// (errors or timeouts; a caller's own cancellation does not count, nor
+// does an error Redis replies about one call's own content, see
+// callError) open it, and for OpenFor no decision goes to Redis: Take fails fast with
 // ErrUnavailable or decides with the Fallback. It then turns half-open and
 // lets Probes decisions through: if they all succeed it closes, and if one
 // fails it opens again.
@@ -119,10 +122,11 @@ func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (break
 			MaxRequests: c.Probes,
 			Timeout:     c.OpenFor,
 			ReadyToTrip: func(n gobreaker.Counts) bool { return n.ConsecutiveFailures >= c.Failures },
-			// A caller gone, a pacing wait, or another node's open breaker
-			// says nothing about this node.
+			// A caller gone, a pacing wait, another node's open breaker,
+			// or a reply about one call's own content says nothing about
+			// this node.
 			IsExcluded: func(err error) bool {
-				return errors.Is(err, errCallerGone) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOverloaded)
+				return errors.Is(err, errCallerGone) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOverloaded) || callError(err)
 			},
 		}
 		if onChange != nil {
@@ -133,6 +137,35 @@ func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (break
 		return gobreaker.NewCircuitBreaker[struct{}](st)
 	}, nil
 }
+
+// callError reports whether err is Redis's error reply to one call's own
+// content, which another key's call would not meet: an error met inside a
+// script (a runtime error, a command's error reply: Redis names the
+// script's line, "@user_script:"), a command on a key of another type
+// (WRONGTYPE), or an argument a script refuses ("ERR ratelimit:"). The
+// breaker does not count it: a key that some other client filled with a
+// value no script of ours reads must not make every key's decisions fail
+// fast. A reply that says the server cannot serve (serverReplies), also
+// when a script's command met it, counts, as does every other error.
+func callError(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	for _, p := range serverReplies {
+		if strings.HasPrefix(msg, p) || strings.Contains(msg, "-"+p) { // Redis 6 nests a command's reply as "-OOM ..."
+			return false
+		}
+	}
+	return strings.Contains(msg, "@user_script:") || strings.HasPrefix(msg, "WRONGTYPE ") || strings.HasPrefix(msg, "ERR ratelimit:")
+}
+
+// serverReplies are the prefixes of the error replies that say a server
+// cannot serve: out of memory, busy with a script, loading its data, a
+// replica, its master or cluster down, a slot migrating, unable to
+// persist, without replicas, or refusing the client's credentials.
+var serverReplies = []string{"OOM ", "BUSY ", "LOADING ", "READONLY ", "MASTERDOWN ", "CLUSTERDOWN ", "TRYAGAIN ", "MISCONF ", "NOREPLICAS ", "NOAUTH ", "NOPERM ", "WRONGPASS "}
 
 // nodeBreaker is the breaker of one Cluster master.
 type nodeBreaker struct {

@@ -287,11 +287,13 @@
 // exact, and what waits on the context's Done, such as the abandonment
 // above, may see it up to 2ms late.) A circuit breaker
 // (github.com/sony/gobreaker, see BreakerConfig) opens after consecutive
-// failures so that a dead Redis costs nothing while it is open, then
-// probes and closes when Redis is back. On a Cluster each master has a
-// breaker of its own (NodeStates): a batch on one master counts against
-// that master's alone, so with one master down the keys of the others keep
-// deciding; a batch spanning masters goes through each of their breakers.
+// failures (not counting an error reply about one call's own content, such
+// as a script's error on what a key holds) so that a dead Redis costs
+// nothing while it is open, then probes and closes when Redis is back. On
+// a Cluster each master has a breaker of its own (NodeStates): a batch on
+// one master counts against that master's alone, so with one master down
+// the keys of the others keep deciding; a batch spanning masters goes
+// through each of their breakers.
 //
 // A cold start (a deploy, a Redis restart) meets an empty script cache and
 // an empty connection pool: call Warm before serving, which loads the

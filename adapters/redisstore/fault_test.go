@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -392,5 +393,64 @@ func TestManyStores(t *testing.T) {
 				t.Fatalf("4 stores x 16 goroutines admitted %d, want exactly 100", admitted)
 			}
 		})
+	}
+}
+
+// TestBreakerCountsServerErrors feeds the breaker real error replies of a
+// redis-server: replies about one call's own content (a script's runtime
+// error, WRONGTYPE) never open it, however many in a row, and neither do
+// they close a streak of failures; replies that say the server cannot
+// serve (OOM) and errors on the way to it do.
+func TestBreakerCountsServerErrors(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	ctx := context.Background()
+	scriptErr := client.Eval(ctx, "return redis.call('nosuchcommand')", nil).Err()
+	luaErr := client.Eval(ctx, "return KEYS[1] < 1", []string{"k"}).Err()
+	client.Set(ctx, "str", "x", 0)
+	typeErr := client.LPush(ctx, "str", "y").Err()
+	if err := client.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	oomErr := client.Eval(ctx, "return redis.call('SET', KEYS[1], 'v')", []string{"k"}).Err()
+	if err := client.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{"script": scriptErr, "lua": luaErr, "type": typeErr, "oom": oomErr} {
+		var re redis.Error
+		if !errors.As(err, &re) {
+			t.Fatalf("%s: %v is not an error reply", name, err)
+		}
+	}
+	if !strings.HasPrefix(oomErr.Error(), "OOM ") {
+		t.Fatalf("a script's SET past maxmemory replied %v, want OOM", oomErr)
+	}
+
+	mk, err := newBreaker(&BreakerConfig{Failures: 3, OpenFor: time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := mk("test")
+	fail := func(err error) {
+		t.Helper()
+		_, got := cb.Execute(func() (struct{}, error) { return struct{}{}, fmt.Errorf("redisstore: %w", err) })
+		if !errors.Is(got, err) {
+			t.Fatalf("Execute returned %v, want %v", got, err)
+		}
+	}
+	for i := 0; i < 10; i++ {
+		fail(scriptErr)
+		fail(luaErr)
+		fail(typeErr)
+	}
+	if st := fromGobreaker(cb.State()); st != BreakerClosed {
+		t.Fatalf("after 30 replies about calls' content: breaker %v, want closed", st)
+	}
+	down := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+	fail(down)
+	fail(oomErr)
+	fail(scriptErr) // neither a failure nor a success: the streak goes on
+	fail(down)
+	if st := fromGobreaker(cb.State()); st != BreakerOpen {
+		t.Fatalf("after three server failures in a row (one content error between them): breaker %v, want open", st)
 	}
 }
