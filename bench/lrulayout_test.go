@@ -26,8 +26,14 @@ import (
 // have drifted into the back half of its shard; "golang-lru-hash-ptr" keys
 // a simplelru.LRU[uint64, *state] by the hash and writes the state in
 // place, without moving the key; "slab" keeps the state in a node of a
-// per-shard slice indexed by a map[string]uint32, with no LRU at all. The
-// LRUs hold twice the keys, as Keys100kParallel's store does.
+// per-shard slice indexed by a map[string]uint32, with no LRU at all;
+// "slab-index" makes the slab the index: each 32-byte slot holds the
+// key's hash beside its state, its policy and its stamp, keys are placed
+// by linear probing from their home slot, and a simplelru.LRU[uint64,
+// struct{}] (64-byte entries) keeps only the order, touched when a key may
+// have drifted. The LRUs hold twice the keys, as Keys100kParallel's store
+// does, and the slab-index slab has 5/4 of a slot for each key the shard
+// can hold.
 func BenchmarkLRULayout(b *testing.B) { benchLRULayout(b, 100_000) }
 
 // BenchmarkLRULayoutWarm is BenchmarkLRULayout over 10,000 keys, a working
@@ -164,6 +170,60 @@ func benchLRULayout(b *testing.B, n int) {
 			s.mu.Lock()
 			if e, ok := s.l.Peek(h); ok {
 				e.a++
+			}
+			s.mu.Unlock()
+		})
+	})
+	b.Run("slab-index", func(b *testing.B) {
+		type slot struct {
+			h          uint64 // the key's hash, never 0; 0: free
+			a, b       int64
+			pol, stamp uint32
+		}
+		per := 2 * n / 64
+		var shards [64]struct {
+			mu   sync.Mutex
+			l    *simplelru.LRU[uint64, struct{}]
+			slab []slot
+			tick uint32
+			_    [80]byte
+		}
+		for i := range shards {
+			shards[i].l, _ = simplelru.NewLRU[uint64, struct{}](per, nil)
+			shards[i].slab = make([]slot, per*5/4)
+		}
+		hash := func(k string) uint64 { return maphash.String(seed, k) | 1<<63 } // never 0
+		home := func(h uint64, n int) int { return int(uint64(uint32(h>>6)) * uint64(n) >> 32) }
+		for _, k := range keys {
+			h := hash(k)
+			s := &shards[h&63]
+			s.tick++
+			i := home(h, len(s.slab))
+			for s.slab[i].h != 0 {
+				if i++; i == len(s.slab) {
+					i = 0
+				}
+			}
+			s.slab[i] = slot{h: h, stamp: s.tick}
+			s.l.Add(h, struct{}{})
+		}
+		run(b, func(k string) {
+			h := hash(k)
+			s := &shards[h&63]
+			s.mu.Lock()
+			for i := home(h, len(s.slab)); s.slab[i].h != 0; {
+				if sl := &s.slab[i]; sl.h == h {
+					sl.a++
+					if s.tick-sl.stamp > uint32(per/2) && s.l.Len() > per/2+1 {
+						s.tick++
+						sl.stamp = s.tick
+						s.l.Get(h) // to the front
+					}
+					break
+				}
+				if i++; i == len(s.slab) {
+					i = 0
+				}
 			}
 			s.mu.Unlock()
 		})
