@@ -612,18 +612,24 @@ func TestKeyBounds(t *testing.T) {
 	if d := take(t, s, time.Now(), p, long+"a", 1); d.Allowed {
 		t.Fatal("a long key's quota was lost")
 	}
-	keys, err := client.Keys(context.Background(), "bounds:*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(keys) != 2 {
-		t.Fatalf("keys %d, want 2", len(keys))
-	}
-	for _, k := range keys {
-		if len(k) > len("bounds:api%h:")+64 {
-			t.Fatalf("Redis key of %d bytes for a long request key", len(k))
+	// boundedKeys checks that the two long request keys are two Redis
+	// keys of at most max bytes under prefix.
+	boundedKeys := func(prefix string, max int) {
+		t.Helper()
+		keys, err := client.Keys(context.Background(), prefix+"*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) != 2 {
+			t.Fatalf("%s: %d Redis keys for two long request keys, want 2", prefix, len(keys))
+		}
+		for _, k := range keys {
+			if len(k) > max {
+				t.Errorf("%s: Redis key of %d bytes for a 1 MiB request key, want at most %d", prefix, len(k), max)
+			}
 		}
 	}
+	boundedKeys("bounds:", len("bounds:api%h:")+64)
 	// Exactly MaxKeyLen is kept as it is.
 	exact := strings.Repeat("y", MaxKeyLen)
 	take(t, s, time.Now(), p, exact, 1)
@@ -662,18 +668,7 @@ func TestKeyBounds(t *testing.T) {
 			}
 		}
 	}
-	tkeys, err := client.Keys(context.Background(), "tbounds:*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(tkeys) != 2 {
-		t.Fatalf("TagByKey: %d keys for two long request keys, want 2", len(tkeys))
-	}
-	for _, k := range tkeys {
-		if max := len("tbounds:{%h}api%h:") + 2*64; len(k) > max {
-			t.Errorf("TagByKey: Redis key of %d bytes for a 1 MiB request key, want at most %d", len(k), max)
-		}
-	}
+	boundedKeys("tbounds:", len("tbounds:{%h}api%h:")+2*64)
 	a := redisKey("rl:", "per-second", long, &core.Request{Key: long})
 	b := redisKey("rl:", "per-hour", long, &core.Request{Key: long})
 	if hashTagOf(a) != hashTagOf(b) || !strings.HasPrefix(hashTagOf(a), "%h") {
