@@ -244,7 +244,8 @@ func (p *Policy) MaxDelay() time.Duration { return time.Duration(p.maxDelay) }
 // what the state means.
 func (p *Policy) Identity() string { return p.identity }
 
-// String returns a short description such as "api: 100 per 1m0s (token_bucket, burst 100)".
+// String returns a short description such as "api: 100 per 1m0s (token_bucket, capacity 100)":
+// the Name, Limit per Window, and the Algorithm with the capacity it gives.
 func (p *Policy) String() string {
 	return fmt.Sprintf("%s: %d per %v (%s, capacity %d)", p.rule.Name, p.rule.Limit, p.rule.Window, p.alg.Name(), p.capacity)
 }

@@ -86,8 +86,17 @@ func TestPolicyDefaults(t *testing.T) {
 	if c := core.MustPolicy(core.PerHour(5).WithBurst(9).Named("h")).Capacity(); c != 9 {
 		t.Errorf("burst capacity = %d, want 9", c)
 	}
-	if got := core.MustPolicy(core.PerSecond(1).Named("x")).String(); !strings.Contains(got, "x: 1 per 1s") {
-		t.Errorf("String() = %q", got)
+	for _, tt := range []struct {
+		r    core.Rule
+		want string
+	}{
+		{core.PerSecond(1).Named("x"), "x: 1 per 1s (token_bucket, capacity 1)"},
+		{core.PerMinute(100).Named("api"), "api: 100 per 1m0s (token_bucket, capacity 100)"}, // String's doc
+		{core.PerHour(5).WithBurst(9).Named("h"), "h: 5 per 1h0m0s (token_bucket, capacity 9)"},
+	} {
+		if got := core.MustPolicy(tt.r).String(); got != tt.want {
+			t.Errorf("String() = %q, want %q", got, tt.want)
+		}
 	}
 	defer func() {
 		if recover() == nil {
