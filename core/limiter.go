@@ -100,13 +100,17 @@ type Limiter struct {
 type Option func(*Limiter)
 
 // WithStore sets the Store. The default is a new MemoryStore with the
-// default configuration.
+// default configuration and the Limiter's Observer (see WithObserver), to
+// which it reports its evictions.
 func WithStore(s Store) Option { return func(l *Limiter) { l.store = s } }
 
 // WithClock sets the Clock. The default is SystemClock().
 func WithClock(c Clock) Option { return func(l *Limiter) { l.clock = c } }
 
-// WithObserver sets the Observer. The default is none.
+// WithObserver sets the Observer: it receives the Limiter's decisions and
+// errors, and the evictions of its default store (a store given with
+// WithStore reports to the Observer its own configuration names). The
+// default is none.
 func WithObserver(o Observer) Option { return func(l *Limiter) { l.observer = o } }
 
 // WithResolver sets a Resolver that picks the policy of each Allow and AllowN
@@ -142,7 +146,7 @@ func NewWithPolicy(p *Policy, opts ...Option) (*Limiter, error) {
 		o(l)
 	}
 	if l.store == nil {
-		m, err := NewMemoryStore(nil)
+		m, err := NewMemoryStore(&MemoryConfig{Observer: l.observer})
 		if err != nil {
 			return nil, err
 		}
@@ -210,7 +214,17 @@ func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Decision,
 	if l.resolver != nil {
 		rp, err := l.resolver.Resolve(ctx, key)
 		if err != nil {
-			return Decision{}, fmt.Errorf("ratelimit: resolving the policy: %w", err)
+			err = fmt.Errorf("ratelimit: resolving the policy: %w", err)
+			// Reported as a store failure is, unless the caller's
+			// context ending caused it (see TakeAt).
+			if l.observer != nil && (ctx.Err() == nil || !errors.Is(err, ctx.Err())) {
+				var ps []*Policy // the policy the key would have had without a Resolver, if any
+				if l.policy != nil {
+					ps = []*Policy{l.policy}
+				}
+				l.observer.ObserveError(ErrorEvent{Policies: ps, Err: err})
+			}
+			return Decision{}, err
 		}
 		if rp != nil {
 			p = rp
@@ -305,7 +319,9 @@ func (l *Limiter) takeStore(ctx context.Context, now time.Time, reqs []Request, 
 }
 
 func (l *Limiter) observe(reqs []Request, out []Decision, ok bool, start time.Time, err error) {
-	lat := l.clock.Now().Sub(start)
+	// Both ends clamped as the decision's time is (NowUnixNano): a clock
+	// outside [MinTime, MaxTime] measures no latency, not centuries.
+	lat := max(time.Duration(ClampTime(l.clock.Now())-ClampTime(start)), 0)
 	if err != nil && !errors.Is(err, ErrCostExceedsCapacity) {
 		ps := make([]*Policy, len(reqs))
 		for i := range reqs {

@@ -254,3 +254,61 @@ func TestLimiterRefundFallbackCharge(t *testing.T) {
 		t.Fatal("a unit was given back")
 	}
 }
+
+// TestLimiterObserverReports: a Limiter's Observer hears what the Limiter
+// and its default store do: the store's evictions of keys that still held
+// state, a Resolver's failure (a store failure to the caller), and a
+// latency measured on the decision's clamped scale, 0 on a clock that does
+// not move even when it reads outside [MinTime, MaxTime].
+func TestLimiterObserverReports(t *testing.T) {
+	ctx := context.Background()
+	t.Run("default store evictions", func(t *testing.T) {
+		rec := &recorder{}
+		l := core.Must(core.New(core.Rule{Limit: 10, Window: time.Hour}, core.WithClock(core.NewFakeClock(t0)), core.WithObserver(rec)))
+		st := l.Store().(*core.MemoryStore)
+		for i := range st.Capacity() + 1000 {
+			if _, err := l.Allow(ctx, fmt.Sprint("k", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := st.Evictions(); n == 0 || uint64(len(rec.evictions)) != n {
+			t.Fatalf("the default store evicted %d keys that held state; the Observer heard of %d", n, len(rec.evictions))
+		}
+	})
+	t.Run("resolver failure", func(t *testing.T) {
+		rec := &recorder{}
+		boom := errors.New("tenant database down")
+		res := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return nil, boom })
+		for _, p := range []*core.Policy{core.MustPolicy(core.PerSecond(10)), nil} {
+			l := core.Must(core.NewWithPolicy(p, core.WithResolver(res), core.WithObserver(rec), core.WithClock(core.NewFakeClock(t0))))
+			if _, err := l.Allow(ctx, "k"); !errors.Is(err, boom) {
+				t.Fatalf("Allow: %v, want the Resolver's error", err)
+			}
+		}
+		if len(rec.errs) != 2 || !errors.Is(rec.errs[0].Err, boom) || len(rec.errs[0].Policies) != 1 || len(rec.errs[1].Policies) != 0 {
+			t.Fatalf("Observer heard %+v, want the Resolver's error twice, under the default policy and under none", rec.errs)
+		}
+		gone, cancel := context.WithCancel(ctx)
+		cancel()
+		caller := core.ResolverFunc(func(ctx context.Context, _ string) (*core.Policy, error) { return nil, ctx.Err() })
+		l := core.Must(core.New(core.PerSecond(10), core.WithResolver(caller), core.WithObserver(rec)))
+		if _, err := l.Allow(gone, "k"); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Allow with a canceled context: %v", err)
+		}
+		if len(rec.errs) != 2 {
+			t.Fatalf("a Resolver failing because its caller left was reported: %+v", rec.errs[2:])
+		}
+	})
+	t.Run("latency on the clamped scale", func(t *testing.T) {
+		for _, start := range []time.Time{{}, time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), t0} {
+			rec := &recorder{}
+			l := core.Must(core.New(core.PerSecond(10), core.WithClock(core.NewFakeClock(start)), core.WithObserver(rec)))
+			if _, err := l.Allow(ctx, "k"); err != nil {
+				t.Fatal(err)
+			}
+			if len(rec.decisions) != 1 || rec.decisions[0].Latency != 0 {
+				t.Errorf("clock standing at %v: %+v, want one decision of Latency 0", start, rec.decisions)
+			}
+		}
+	})
+}
