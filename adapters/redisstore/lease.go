@@ -87,7 +87,9 @@ type LeaseStats struct {
 	ExpiredUnits uint64
 	// ReturnedUnits is the number of leased units left when their lease
 	// ended that were refunded to the store that charged them
-	// (core.Refunder).
+	// (core.Refunder): sent in a refund the store accepted. A fixed
+	// window's refund that reaches the store after the grant's window
+	// ended is accepted and gives nothing back (see LeaseStore).
 	ReturnedUnits uint64
 	// Keys is the number of keys the store tracks now (at most MaxKeys).
 	Keys int
@@ -149,15 +151,20 @@ type LeaseStats struct {
 // Redis was unavailable: Redis never charged it, so its leftovers go back
 // to the Fallback (or are lost if it cannot refund), never to Redis. (The
 // LeaseStore tells the two apart only when its backend is the *Store
-// itself, not a wrapper of it.) A refund cannot say which
-// charge it stands for: it gives back the most recent units in use, or
-// those of the current window (see core.Refunder). So units are returned
-// only under a TokenBucket, LeakyBucket or FixedWindow policy, and only
-// while the backend's quota still holds them, with a margin of MaxAge for
-// the refund's own way to the backend: for a fixed window, until MaxAge
+// itself, not a wrapper of it.) Units are returned only under a
+// TokenBucket, LeakyBucket or FixedWindow policy, and only while the
+// backend's quota still holds them, with a margin of MaxAge for the
+// refund's own way to the backend: for a fixed window, until MaxAge
 // before it ends; for a bucket, until MaxAge plus the leftovers' own
 // refill time (units x Window / Limit) before it would be whole again;
 // both by the backend's ResetAfter of the grant, measured from the grant.
+// A fixed window's refund also names its charge (core.Request.ChargedAt,
+// the grant's time), so a refund that reaches the backend after the
+// grant's window ended, later than that margin allowed for, gives nothing
+// back. A bucket's cannot (a refund by charge counts the refill since the
+// charge against it, and would give back less than the leftovers): it
+// gives back the most recent units in use (see core.Refunder), and counts
+// on reaching the backend within MaxAge of the decision that returns it.
 // (A bucket refills the units in use as one debt: once less of it is left
 // than the leftovers, some of them have refilled.) A later refund could
 // give back units the quota had already recovered, taking them from
@@ -415,6 +422,12 @@ func (s *LeaseStore) giveBack(ctx context.Context, now time.Time, e *leaseEntry,
 	if e.src != nil && s.returnable(e, now.UnixNano(), n) {
 		s.calls.Add(1)
 		reqs := []core.Request{{Policy: e.policy, Key: key, Cost: n}}
+		if e.policy.Algorithm() == core.FixedWindow {
+			// The charge named (see core.Refunder): the backend gives
+			// back only while the grant's window is its current one,
+			// however late the refund reaches it.
+			reqs[0].ChargedAt = time.Unix(0, e.granted)
+		}
 		var err error
 		if st, ok := e.src.(*Store); ok {
 			// Bounded by the store's Timeout, and not made while its

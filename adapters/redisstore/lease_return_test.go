@@ -312,3 +312,39 @@ func TestLeaseReturnBoundedByTimeout(t *testing.T) {
 		}
 	})
 }
+
+// TestLeaseFixedWindowLateReturnGivesNothing: a lease of a fixed window
+// granted 300 ms before its window ends, whose leftovers are returned by a
+// decision timed within the window (so the lease judges them returnable)
+// that reaches Redis after another process filled the next window: the
+// refund names its charge, so Redis, already in the next window, gives
+// nothing back, and that window admits exactly its quota.
+func TestLeaseFixedWindowLateReturnGivesNothing(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0) // a window of a second starts
+	p := mustPolicy(t, core.Rule{Name: "q", Algorithm: core.FixedWindow, Limit: 10, Window: time.Second})
+	procs := processes(t, 2)
+	x := mustLease(t, procs[0].Store, LeaseConfig{Size: 5, MaxAge: 100 * time.Millisecond, HotThreshold: 1})
+	z := procs[1]
+	if d := take(t, x, t0.Add(700*time.Millisecond), p, "k", 1); !d.Allowed {
+		t.Fatalf("x's first decision refused: %+v", d)
+	}
+	next := 0 // admitted in the window [1 s, 2 s)
+	for range 20 {
+		if take(t, z, t0.Add(1000*time.Millisecond), p, "k", 1).Allowed {
+			next++
+		}
+	}
+	for range 5 { // timed at 800 ms, reaching Redis after z's decisions
+		if take(t, x, t0.Add(800*time.Millisecond), p, "k", 1).Allowed {
+			next++ // Redis decides them in its record's window, [1 s, 2 s)
+		}
+	}
+	for range 20 {
+		if take(t, z, t0.Add(1500*time.Millisecond), p, "k", 1).Allowed {
+			next++
+		}
+	}
+	if next != 10 {
+		t.Fatalf("window [1 s, 2 s) admitted %d, quota 10; x's stats %+v", next, x.Stats())
+	}
+}
