@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -157,8 +158,8 @@ func (l *Limiter) refundResultHandler(next http.Handler) http.Handler {
 // reports whether the WithRefund function asks for a refund. A panic in
 // next goes up with no refund.
 func (l *Limiter) serveRefundable(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
-	sw := &statusWriter{ResponseWriter: w}
-	next.ServeHTTP(sw, r)
+	hw, sw := newStatusWriter(w)
+	next.ServeHTTP(hw, r)
 	status := sw.status
 	if status == 0 {
 		status = http.StatusOK
@@ -297,7 +298,11 @@ func (l *Limiter) refundStopped(r *http.Request, res *Result, layers []LayerResu
 }
 
 // statusWriter records the status a handler writes: the first final
-// (non-1xx) WriteHeader, or 200 on the first Write or Flush.
+// (non-1xx) WriteHeader, or 200 on the first Write, ReadFrom or successful
+// flush. The handler gets it inside a writer that keeps the optional
+// interfaces of the writer it wraps (http.Flusher, http.Hijacker,
+// http.Pusher: see newStatusWriter) and claims no other;
+// http.ResponseController reaches the rest through Unwrap.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
@@ -317,18 +322,41 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
-// Flush implements http.Flusher when the underlying writer can flush.
-func (w *statusWriter) Flush() {
+// ReadFrom lets io.Copy reach the writer's own io.ReaderFrom (net/http's
+// response sends a file with sendfile), or copies as Write would.
+func (w *statusWriter) ReadFrom(r io.Reader) (int64, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
+	if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(writerOnly{w.ResponseWriter}, r)
 }
 
-// Hijack implements http.Hijacker when the underlying writer can hijack;
-// a hijacked connection counts as status 101 Switching Protocols unless a
-// status was written.
-func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+// writerOnly hides every method of a writer but Write, so that io.Copy
+// does not call ReadFrom again.
+type writerOnly struct{ io.Writer }
+
+// FlushError flushes the underlying writer, as http.ResponseController
+// does, and returns its error (http.ErrNotSupported when it cannot flush):
+// a flush that fails starts no response, and records no status.
+func (w *statusWriter) FlushError() error {
+	err := http.NewResponseController(w.ResponseWriter).Flush()
+	if err == nil && w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return err
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer. A
+// connection hijacked that way, through a writer that is no http.Hijacker
+// but unwraps to one, counts as status 200 unless a status was written.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// hijack hijacks the underlying connection; a hijacked connection counts
+// as status 101 Switching Protocols unless a status was written.
+func (w *statusWriter) hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
 	if err == nil && w.status == 0 {
 		w.status = http.StatusSwitchingProtocols
@@ -336,8 +364,104 @@ func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return c, rw, err
 }
 
-// Unwrap lets http.ResponseController reach the underlying writer.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+// The optional interfaces of a statusWriter, one type per part, combined
+// by newStatusWriter as the underlying writer has them.
+type (
+	flushPart  struct{ w *statusWriter }
+	hijackPart struct{ w *statusWriter }
+	pushPart   struct{ w *statusWriter }
+)
+
+// Flush implements http.Flusher.
+func (p flushPart) Flush() { _ = p.w.FlushError() }
+
+// Hijack implements http.Hijacker.
+func (p hijackPart) Hijack() (net.Conn, *bufio.ReadWriter, error) { return p.w.hijack() }
+
+// Push implements http.Pusher.
+func (p pushPart) Push(target string, opts *http.PushOptions) error {
+	return p.w.ResponseWriter.(http.Pusher).Push(target, opts)
+}
+
+// Writers with the optional interfaces of the writers they wrap (see
+// newStatusWriter), each one allocation, the parts pointing at its own
+// statusWriter.
+type (
+	swF struct {
+		statusWriter
+		flushPart
+	}
+	swH struct {
+		statusWriter
+		hijackPart
+	}
+	swP struct {
+		statusWriter
+		pushPart
+	}
+	swFH struct {
+		statusWriter
+		flushPart
+		hijackPart
+	}
+	swFP struct {
+		statusWriter
+		flushPart
+		pushPart
+	}
+	swHP struct {
+		statusWriter
+		hijackPart
+		pushPart
+	}
+	swFHP struct {
+		statusWriter
+		flushPart
+		hijackPart
+		pushPart
+	}
+)
+
+// newStatusWriter returns the writer a handler gets in place of w, which
+// has http.Flusher, http.Hijacker and http.Pusher exactly when w has them,
+// and the statusWriter inside it that records the status.
+func newStatusWriter(w http.ResponseWriter) (http.ResponseWriter, *statusWriter) {
+	_, f := w.(http.Flusher)
+	_, h := w.(http.Hijacker)
+	_, p := w.(http.Pusher)
+	switch {
+	case f && h && p:
+		x := &swFHP{statusWriter: statusWriter{ResponseWriter: w}}
+		x.flushPart.w, x.hijackPart.w, x.pushPart.w = &x.statusWriter, &x.statusWriter, &x.statusWriter
+		return x, &x.statusWriter
+	case f && h:
+		x := &swFH{statusWriter: statusWriter{ResponseWriter: w}}
+		x.flushPart.w, x.hijackPart.w = &x.statusWriter, &x.statusWriter
+		return x, &x.statusWriter
+	case f && p:
+		x := &swFP{statusWriter: statusWriter{ResponseWriter: w}}
+		x.flushPart.w, x.pushPart.w = &x.statusWriter, &x.statusWriter
+		return x, &x.statusWriter
+	case h && p:
+		x := &swHP{statusWriter: statusWriter{ResponseWriter: w}}
+		x.hijackPart.w, x.pushPart.w = &x.statusWriter, &x.statusWriter
+		return x, &x.statusWriter
+	case f:
+		x := &swF{statusWriter: statusWriter{ResponseWriter: w}}
+		x.flushPart.w = &x.statusWriter
+		return x, &x.statusWriter
+	case h:
+		x := &swH{statusWriter: statusWriter{ResponseWriter: w}}
+		x.hijackPart.w = &x.statusWriter
+		return x, &x.statusWriter
+	case p:
+		x := &swP{statusWriter: statusWriter{ResponseWriter: w}}
+		x.pushPart.w = &x.statusWriter
+		return x, &x.statusWriter
+	}
+	x := &statusWriter{ResponseWriter: w}
+	return x, x
+}
 
 // Peek returns the Result r would get from [Limiter.Decide], without
 // charging anything and without writing headers: the same keys, policies,

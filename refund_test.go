@@ -1,10 +1,14 @@
 package ratelimit_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -863,5 +867,116 @@ func TestRefundFailureLatency(t *testing.T) {
 	defer obs.mu.Unlock()
 	if len(obs.errs) != 1 || obs.errs[0].Latency != 3*time.Second {
 		t.Fatalf("observed %+v, want one error with the refund's 3s", obs.errs)
+	}
+}
+
+// TestRefundStatusAfterUnsupportedFlush: behind http.TimeoutHandler, where
+// the README places the limiter, the writer cannot flush, so a handler's
+// flush starts no response and the status it writes next is the client's:
+// WithRefund decides by that status.
+func TestRefundStatusAfterUnsupportedFlush(t *testing.T) {
+	got := 0
+	l, h, _ := refundEnv(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10)}},
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if err := http.NewResponseController(w).Flush(); !errors.Is(err, http.ErrNotSupported) {
+				t.Errorf("flush behind TimeoutHandler: %v, want http.ErrNotSupported", err)
+			}
+			http.Error(w, "backend down", http.StatusInternalServerError)
+		}),
+		ratelimit.WithRefund(func(r *http.Request, status int) bool { got = status; return status >= 500 }))
+	rec := httptest.NewRecorder()
+	http.TimeoutHandler(h, time.Minute, "timeout").ServeHTTP(rec, mwReq("192.0.2.1:1"))
+	if rec.Code != http.StatusInternalServerError || got != http.StatusInternalServerError {
+		t.Fatalf("the client got %d, WithRefund saw %d; want 500 both", rec.Code, got)
+	}
+	if res := l.Peek(mwReq("192.0.2.1:1")); res.Layers[0].Decision.Remaining != 9 {
+		t.Errorf("after a refunded 500, Remaining after one more request %d, want 9", res.Layers[0].Decision.Remaining)
+	}
+}
+
+// Writers with some of the optional interfaces, for
+// TestRefundKeepsWriterInterfaces.
+type (
+	plainWriter struct{ h http.Header }
+	// flushFailWriter flushes with an error, as net/http's response does
+	// for a client gone.
+	flushFailWriter struct{ plainWriter }
+	// fullWriter has every optional interface.
+	fullWriter struct {
+		plainWriter
+		flushed, hijacked, readFrom bool
+		pushed                      []string
+	}
+)
+
+var errFlushFailed = errors.New("flush: connection reset")
+
+func (w *plainWriter) Header() http.Header         { return w.h }
+func (w *plainWriter) WriteHeader(int)             {}
+func (w *plainWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (w *flushFailWriter) FlushError() error       { return errFlushFailed }
+func (w *fullWriter) Flush()                       { w.flushed = true }
+func (w *fullWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.hijacked = true
+	return nil, nil, nil
+}
+func (w *fullWriter) Push(target string, _ *http.PushOptions) error {
+	w.pushed = append(w.pushed, target)
+	return nil
+}
+func (w *fullWriter) ReadFrom(r io.Reader) (int64, error) {
+	w.readFrom = true
+	return io.Copy(io.Discard, r)
+}
+
+// TestRefundKeepsWriterInterfaces: under WithRefund the handler's writer
+// has http.Flusher, http.Hijacker and http.Pusher exactly when the
+// server's writer has them, io.Copy reaches the server's io.ReaderFrom, and
+// a flush's error (http.ErrNotSupported where it cannot flush) reaches
+// http.ResponseController, as without WithRefund.
+func TestRefundKeepsWriterInterfaces(t *testing.T) {
+	for _, refund := range []bool{false, true} {
+		var opts []ratelimit.Option
+		if refund {
+			opts = append(opts, ratelimit.WithRefund(ratelimit.RefundFailed))
+		}
+		l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(100)}},
+			append(opts, ratelimit.WithClock(core.NewFakeClock(mwT0)))...))
+		serveWith := func(w http.ResponseWriter, f func(w http.ResponseWriter)) {
+			l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { f(w) })).ServeHTTP(w, mwReq("192.0.2.1:1"))
+		}
+		has := func(w http.ResponseWriter) (f, h, p bool) {
+			_, f = w.(http.Flusher)
+			_, h = w.(http.Hijacker)
+			_, p = w.(http.Pusher)
+			return f, h, p
+		}
+
+		serveWith(&plainWriter{h: http.Header{}}, func(w http.ResponseWriter) {
+			if f, h, p := has(w); f || h || p {
+				t.Errorf("refund %v: over a writer with no optional interface the handler's claims Flusher %v, Hijacker %v, Pusher %v", refund, f, h, p)
+			}
+			if err := http.NewResponseController(w).Flush(); !errors.Is(err, http.ErrNotSupported) {
+				t.Errorf("refund %v: flush over a writer that cannot: %v, want http.ErrNotSupported", refund, err)
+			}
+		})
+		serveWith(&flushFailWriter{plainWriter{h: http.Header{}}}, func(w http.ResponseWriter) {
+			if err := http.NewResponseController(w).Flush(); !errors.Is(err, errFlushFailed) {
+				t.Errorf("refund %v: a failed flush gave %v, want the server's error", refund, err)
+			}
+		})
+		full := &fullWriter{plainWriter: plainWriter{h: http.Header{}}}
+		serveWith(full, func(w http.ResponseWriter) {
+			if f, h, p := has(w); !f || !h || !p {
+				t.Fatalf("refund %v: over a writer with every optional interface the handler's claims Flusher %v, Hijacker %v, Pusher %v", refund, f, h, p)
+			}
+			w.(http.Flusher).Flush()
+			_ = w.(http.Pusher).Push("/style.css", nil)
+			_, _, _ = w.(http.Hijacker).Hijack()
+			_, _ = io.Copy(w, io.LimitReader(strings.NewReader("file"), 1<<20))
+		})
+		if !full.flushed || !full.hijacked || !full.readFrom || len(full.pushed) != 1 {
+			t.Errorf("refund %v: the server's writer saw flush %v, hijack %v, ReadFrom %v, pushes %v; want all", refund, full.flushed, full.hijacked, full.readFrom, full.pushed)
+		}
 	}
 }
