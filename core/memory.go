@@ -548,7 +548,7 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 				continue
 			}
 			seen++
-			s.load(ref, &s.exam)
+			sl := s.load(ref, &s.exam)
 			exp := s.exam.expiry()
 			if exp <= now {
 				s.lru.RemoveOldest()
@@ -556,6 +556,14 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 				break
 			}
 			if !found {
+				if m.observer != nil {
+					// The report's Stale: a state left ahead of a clock
+					// that stepped back matters only as long as a decision
+					// at now leaves it, clamped (as in recoveryWait).
+					s.exam.pol.alg.Decide(s.exam.pol, &s.exam.st, 0, now, true, &s.dec)
+					s.write(ref, sl, &s.exam.st)
+					exp = s.exam.expiry()
+				}
 				firstKey, firstName, firstExp, found = k, s.exam.pol.rule.Name, exp, true
 			}
 			s.front(k, ref) // a second chance for a key holding state

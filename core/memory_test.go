@@ -897,3 +897,32 @@ func TestMemoryHotKeyEveryAccessSeesItsState(t *testing.T) {
 		})
 	}
 }
+
+// TestEvictionStaleAfterClockStepBack: a record charged an hour ahead of
+// a clock that then stepped back is evicted with a Stale of how long it
+// matters now that a decision would clamp it (at most a Window and
+// ClockTolerance), not the hour it was ahead.
+func TestEvictionStaleAfterClockStepBack(t *testing.T) {
+	for _, a := range []core.Algorithm{core.TokenBucket, core.LeakyBucket, core.FixedWindow, core.SlidingWindowLog, core.SlidingWindowCounter} {
+		t.Run(a.Name(), func(t *testing.T) {
+			rec := &recorder{}
+			m := core.MustMemoryStore(&core.MemoryConfig{Capacity: 1, Observer: rec})
+			rule := core.Rule{Name: "p", Algorithm: a, Limit: 10, Window: time.Second}
+			if a == core.LeakyBucket {
+				rule.Burst = 10
+			}
+			p := core.MustPolicy(rule)
+			var out [1]core.Decision
+			if err := m.Take(context.Background(), t0.Add(time.Hour), []core.Request{{Policy: p, Key: "a", Cost: 10}}, out[:]); err != nil {
+				t.Fatal(err)
+			}
+			take(t, m, t0, p, "b") // the clock stepped back an hour; a is evicted
+			if len(rec.evictions) != 1 || rec.evictions[0].Key != "a" {
+				t.Fatalf("evictions %+v, want a's", rec.evictions)
+			}
+			if s, bound := rec.evictions[0].Stale, time.Second+core.ClockTolerance; s <= 0 || s > bound {
+				t.Errorf("Stale %v, want in (0, %v]", s, bound)
+			}
+		})
+	}
+}
