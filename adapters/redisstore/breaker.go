@@ -126,7 +126,7 @@ func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (break
 			// or a reply about one call's own content says nothing about
 			// this node.
 			IsExcluded: func(err error) bool {
-				return errors.Is(err, errCallerGone) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOverloaded) || callError(err)
+				return errors.Is(err, errCallerGone) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOverloaded) || errors.Is(err, errOtherNode) || callError(err)
 			},
 		}
 		if onChange != nil {

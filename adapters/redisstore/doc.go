@@ -293,7 +293,9 @@
 // a Cluster each master has a breaker of its own (NodeStates): a batch on
 // one master counts against that master's alone, so with one master down
 // the keys of the others keep deciding; a batch spanning masters goes
-// through each of their breakers.
+// through each of their breakers, and the failure of one of its calls
+// counts against the breaker of that call's master alone (so layered
+// batches that reach a master that is down do not open the others').
 //
 // A cold start (a deploy, a Redis restart) meets an empty script cache and
 // an empty connection pool: call Warm before serving, which loads the

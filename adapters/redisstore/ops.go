@@ -384,6 +384,9 @@ func (s *Store) runOps(ctx context.Context, ended func() bool, runs []opsRun) ([
 			err = cmd.Err()
 		}
 		if err != nil {
+			if len(runs) > 1 {
+				err = &groupFault{key: runs[g].idx[0], err: err}
+			}
 			return nil, err
 		}
 		replies[g] = cmd.Val()

@@ -47,9 +47,24 @@ func TestClusterOutageStaysLocal(t *testing.T) {
 			healthyKeys = append(healthyKeys, key)
 		}
 	}
-	var out [1]core.Decision
+	// A second layer whose record of one key is on a healthy master: a
+	// batch of it and a key on the stopped master spans both, and its
+	// failure is the stopped master's alone.
+	u := mustPolicy(t, core.Rule{Name: "u", Limit: 1 << 20, Window: time.Hour})
+	var userKey string
+	for i := 0; userKey == ""; i++ {
+		key := fmt.Sprint("user", i)
+		c, err := client.MasterForKey(ctx, redisKey(s.prefix, "u", "", &core.Request{Key: key}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Options().Addr != dead {
+			userKey = key
+		}
+	}
+	var out [2]core.Decision
 	decide := func(key string) error {
-		return s.Take(ctx, time.Now(), []core.Request{{Policy: p, Key: key, Cost: 1}}, out[:])
+		return s.Take(ctx, time.Now(), []core.Request{{Policy: p, Key: key, Cost: 1}}, out[:1])
 	}
 	for _, k := range append(append([]string(nil), healthyKeys...), deadKeys...) {
 		if err := decide(k); err != nil {
@@ -57,6 +72,14 @@ func TestClusterOutageStaysLocal(t *testing.T) {
 		}
 	}
 	nodes[0].Stop()
+	// Batches spanning the stopped master and a healthy one, enough to
+	// open a breaker: the stopped master's.
+	for i := 0; i < 4; i++ {
+		spread := []core.Request{{Policy: p, Key: deadKeys[i], Cost: 1}, {Policy: u, Key: userKey, Cost: 1}}
+		if err := s.Take(ctx, time.Now(), spread, out[:]); err == nil {
+			t.Fatal("a batch with a key on the stopped master succeeded")
+		}
+	}
 	var healthyFailed, deadFailed, deadDecisions, decisions int
 	for round := 0; round < 10; round++ {
 		// Consecutive failures on the stopped master, enough to open a
@@ -66,6 +89,12 @@ func TestClusterOutageStaysLocal(t *testing.T) {
 			if err := decide(deadKeys[(round+i)%len(deadKeys)]); err != nil {
 				deadFailed++
 			}
+		}
+		// the user layer's key alone, on its healthy master
+		decisions++
+		if err := s.Take(ctx, time.Now(), []core.Request{{Policy: u, Key: userKey, Cost: 1}}, out[:1]); err != nil {
+			healthyFailed++
+			t.Errorf("the user layer's key alone, on a healthy master: %v", err)
 		}
 		for _, k := range healthyKeys {
 			decisions++

@@ -509,9 +509,11 @@ func (s *Store) throughBreaker(ctx context.Context, keys []string, f func() erro
 // throughNodes runs f, a call on a Cluster about keys, through the
 // breakers of the masters holding keys: a batch on one master (the usual
 // case) counts against that master's breaker alone, so a master that
-// fails opens its own breaker and the keys of the others keep deciding; a
-// batch spanning several masters goes through each of their breakers, and
-// its failure counts against each.
+// fails opens its own breaker and the keys of the others keep deciding. A
+// batch spanning several masters goes through each of their breakers; the
+// failure of one of its calls (a *groupFault, naming a key of the call)
+// counts against the breaker of that key's master alone, and any other
+// failure against each.
 //
 // The masters are looked up through a breaker of their own, the slot
 // map's (""), within the store's Timeout (a client that has not loaded the
@@ -520,11 +522,14 @@ func (s *Store) throughBreaker(ctx context.Context, keys []string, f func() erro
 // no lookup is made, so an unreachable Cluster costs a decision at most
 // one Timeout, then nothing, and the Fallback answers it.
 func (s *Store) throughNodes(ctx context.Context, keys []string, f func() error) error {
-	var nodes [core.MaxBatch]string
+	var (
+		nodes   [core.MaxBatch]string
+		keyNode [core.MaxBatch]int // the index in nodes of each key's master
+	)
 	n := 0
 	err := s.throughBreakers([]string{""}, func() error {
 		var err error
-		if n, err = s.mastersOf(ctx, keys, &nodes); err != nil {
+		if n, err = s.mastersOf(ctx, keys, &nodes, &keyNode); err != nil {
 			if ctx.Err() != nil {
 				return callerGone(ctx, err)
 			}
@@ -535,18 +540,43 @@ func (s *Store) throughNodes(ctx context.Context, keys []string, f func() error)
 	if err != nil {
 		return err
 	}
-	return s.throughBreakers(nodes[:n], f)
+	if n < 2 {
+		return s.throughBreakers(nodes[:n], f)
+	}
+	return s.throughBreakers(nodes[:n], f, func(err error) string {
+		if gf := (*groupFault)(nil); errors.As(err, &gf) && gf.key >= 0 && gf.key < len(keys) {
+			return nodes[keyNode[gf.key]]
+		}
+		return ""
+	})
 }
 
+// groupFault is the failure of one script call of a batch that spans
+// several calls (Cluster slots): key is the index of one of its requests,
+// which tells whose master failed (see throughNodes).
+type groupFault struct {
+	key int
+	err error
+}
+
+func (e *groupFault) Error() string { return e.err.Error() }
+func (e *groupFault) Unwrap() error { return e.err }
+
+// errOtherNode is what a master's breaker is told of a batch that failed
+// on another master: neither a success nor a failure of its own.
+var errOtherNode = errors.New("redisstore: another master failed")
+
 // mastersOf writes the addresses of the masters holding keys, each once,
-// to nodes, and returns their number, looked up within the store's Timeout
+// to nodes, and the index in nodes of each key's master to keyNode, and
+// returns their number, looked up within the store's Timeout
 // (for a client without ContextTimeoutEnabled, the lookup is abandoned
 // when the Timeout passes, as a decision is; see callWithin).
-func (s *Store) mastersOf(ctx context.Context, keys []string, nodes *[core.MaxBatch]string) (int, error) {
+func (s *Store) mastersOf(ctx context.Context, keys []string, nodes *[core.MaxBatch]string, keyNode *[core.MaxBatch]int) (int, error) {
 	cl := s.client.(*redis.ClusterClient)
 	type masters struct {
 		n     int
 		nodes [core.MaxBatch]string
+		of    [core.MaxBatch]int
 	}
 	if !s.ctxBound {
 		// An abandoned lookup outlives the call, and the batch's keys are
@@ -554,15 +584,19 @@ func (s *Store) mastersOf(ctx context.Context, keys []string, nodes *[core.MaxBa
 		keys = slices.Clone(keys)
 	}
 	lookup := func(ctx context.Context) (m masters, err error) {
-		for _, k := range keys {
+		for i, k := range keys {
 			c, err := cl.MasterForKey(ctx, k)
 			if err != nil {
 				return masters{}, err
 			}
-			if node := c.Options().Addr; !slices.Contains(m.nodes[:m.n], node) {
+			node := c.Options().Addr
+			j := slices.Index(m.nodes[:m.n], node)
+			if j < 0 {
+				j = m.n
 				m.nodes[m.n] = node
 				m.n++
 			}
+			m.of[i] = j
 		}
 		return m, nil
 	}
@@ -584,24 +618,43 @@ func (s *Store) mastersOf(ctx context.Context, keys []string, nodes *[core.MaxBa
 		m, err = callWithin(tctx, s.ctxBound, func() func() { s.gate.hold(); return s.gate.leave }, lookup, nil)
 		cancel()
 	}
-	*nodes = m.nodes
+	*nodes, *keyNode = m.nodes, m.of
 	return m.n, err
 }
 
-// throughBreakers runs f through the breakers of nodes, nested.
-func (s *Store) throughBreakers(nodes []string, f func() error) error {
-	if len(nodes) == 0 {
-		return f()
-	}
+// throughBreakers runs f through the breakers of nodes, nested; while one
+// is open f does not run, and the error is ErrUnavailable. f's error counts
+// against every breaker, unless faultOf (if given) names the node it came
+// from: then against that node's alone, and as neither a success nor a
+// failure against the others'.
+func (s *Store) throughBreakers(nodes []string, f func() error, faultOf ...func(error) string) error {
+	var ferr error
 	ran := false
-	_, err := s.nodeBreaker(nodes[0]).Execute(func() (struct{}, error) {
-		ran = true
-		return struct{}{}, s.throughBreakers(nodes[1:], f)
-	})
+	var level func(i int)
+	level = func(i int) {
+		if i == len(nodes) {
+			ran = true
+			ferr = f()
+			return
+		}
+		_, _ = s.nodeBreaker(nodes[i]).Execute(func() (struct{}, error) {
+			level(i + 1)
+			if !ran {
+				return struct{}{}, ErrUnavailable // an inner breaker is open
+			}
+			if ferr != nil && len(faultOf) > 0 {
+				if n := faultOf[0](ferr); n != "" && n != nodes[i] {
+					return struct{}{}, errOtherNode
+				}
+			}
+			return struct{}{}, ferr
+		})
+	}
+	level(0)
 	if !ran {
 		return ErrUnavailable
 	}
-	return err
+	return ferr
 }
 
 // acquire takes one of the connection slots, waiting at most QueueTimeout
@@ -819,6 +872,9 @@ func (s *Store) decideSpread(ctx context.Context, nowArg any, reqs []core.Reques
 			}
 			f := func() {
 				ok, err := s.call(ctx, mode, nowArg, reqs, infos, keys, gs[g], over, extras, dst)
+				if err != nil {
+					err = &groupFault{key: gs[g][0], err: err}
+				}
 				errs[g] = err
 				if mode == modeTake {
 					charged[g] = ok && err == nil
