@@ -108,9 +108,11 @@ type TransportConfig struct {
 //
 // A shaping rule (a LeakyBucket with MaxDelay) admits a request on
 // condition that it is sent no sooner than Decision.Delay from now: the
-// Transport waits that delay, under the same bounds. A request admitted
-// with a delay it may not wait (FailFast, MaxWait, a deadline, or its
-// context ending) is not sent and fails as above, and keeps its charge, as
+// Transport waits that delay, under the same bounds, and then any pause
+// the server asked for meanwhile (a 429 to another request of the key). A
+// request admitted with a delay, or held by such a pause, that it may not
+// wait (FailFast, MaxWait, a deadline, or its context ending) is not sent
+// and fails as above, and keeps its charge, as
 // the middleware's requests do: a refund gives back a bucket's latest
 // units, not this request's, so that with a request booked behind it
 // meanwhile (by this process or another) the next one would take a slot
@@ -434,7 +436,7 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 				// already taken.
 				cause := t.wait(ctx, waited, d.Delay)
 				if cause == nil {
-					return nil
+					return t.waitPause(ctx, key, waited+d.Delay, d)
 				}
 				if cause == errNoWait {
 					cause = nil
@@ -459,6 +461,30 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 			e.PausedUntil = time.Unix(0, until)
 		}
 		return e
+	}
+}
+
+// waitPause waits out a pause of key that began while a request admitted
+// by a shaping rule (dec, charged) waited its delay (a 429 to another
+// request of the key), having waited waited in all: the request is sent
+// once no pause holds, or fails as a refusal does, keeping its charge.
+func (t *Transport) waitPause(ctx context.Context, key string, waited time.Duration, dec core.Decision) error {
+	for {
+		now := t.clock.Now().UnixNano()
+		u, ok := t.pausedUntil(key, now)
+		if !ok {
+			return nil
+		}
+		wait := untilNanos(u, now)
+		cause := t.wait(ctx, waited, wait)
+		if cause == nil {
+			waited += wait
+			continue
+		}
+		if cause == errNoWait {
+			cause = nil
+		}
+		return &OutboundLimitError{Key: key, Wait: wait, Decision: dec, PausedUntil: time.Unix(0, u), Err: cause}
 	}
 }
 

@@ -932,6 +932,61 @@ func TestTransportShapingDelay(t *testing.T) {
 	}
 }
 
+// TestTransportShapingWaitsPauseBegunDuringDelay: a request admitted by a
+// shaping rule with a delay, during which a 429 to an earlier request of
+// the key pauses it, is sent when the pause ends, not when its delay does;
+// one that may not wait that long fails, naming the pause.
+func TestTransportShapingWaitsPauseBegunDuringDelay(t *testing.T) {
+	rule := core.Rule{Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: 10 * time.Second}
+	for _, maxWait := range []time.Duration{0, 30 * time.Second} {
+		e := trNew(t, rule, &ratelimit.TransportConfig{MaxWait: maxWait})
+		release, atServer, aDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		var mu sync.Mutex
+		var sentAt []time.Duration
+		e.base.reply = func(r *http.Request) *http.Response {
+			mu.Lock()
+			sentAt = append(sentAt, e.clk.Now().Sub(trT0))
+			first := len(sentAt) == 1
+			mu.Unlock()
+			if first {
+				close(atServer)
+				<-release // answered late: a 429 asking for a minute's pause
+				return trResp(http.StatusTooManyRequests, "Retry-After", "60")
+			}
+			return trResp(http.StatusOK)
+		}
+		delays := 0
+		ratelimit.SetTransportSleep(e.tr, func(ctx context.Context, d time.Duration) error {
+			e.clk.Advance(d)
+			if delays++; delays == 1 { // b's shaping delay: a's 429 arrives meanwhile
+				close(release)
+				<-aDone
+			}
+			return nil
+		})
+		go func() {
+			defer close(aDone)
+			if _, err := e.get(context.Background(), "https://api.example.com/a"); err != nil {
+				t.Error(err)
+			}
+		}()
+		<-atServer
+		_, err := e.get(context.Background(), "https://api.example.com/b")
+		mu.Lock()
+		if maxWait == 0 {
+			if err != nil || len(sentAt) != 2 || sentAt[1] != 61*time.Second {
+				t.Errorf("b: %v, sent at %v; want it sent at 61s (its 1s delay, then the pause the 429 at 1s asked for)", err, sentAt)
+			}
+		} else {
+			var le *ratelimit.OutboundLimitError
+			if !errors.As(err, &le) || le.PausedUntil.IsZero() || len(sentAt) != 1 {
+				t.Errorf("MaxWait %v: b: %v, sent at %v; want an OutboundLimitError naming the pause, nothing sent", maxWait, err, sentAt)
+			}
+		}
+		mu.Unlock()
+	}
+}
+
 // A MaxPause of centuries (math.MaxInt64: no cap) keeps the server's pause
 // instead of wrapping its end into the past.
 func TestTransportHugeMaxPause(t *testing.T) {
