@@ -125,11 +125,12 @@ func Middleware(l *ratelimit.Limiter, opts ...Option) func(http.Handler) http.Ha
 		}
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			dr := r
-			if route, ok, inChi := routeOf(r); ok {
+			if route, ok := RouteOf(r); ok {
 				dr = r.WithContext(ratelimit.WithRoute(r.Context(), route))
-			} else if inChi && r.Pattern != "" {
-				// chi's pattern so far (a mount's "/api/*") is not the
-				// route: a route layer must find none, and fail loudly.
+			} else if r.Pattern != "" {
+				// chi's pattern so far (a mount's "/api/*"), or, outside
+				// chi, an http.ServeMux's ("/api/"), is not the route: a
+				// route layer must find none, and fail loudly.
 				dr = r.WithContext(r.Context())
 				dr.Pattern = ""
 			}
@@ -210,15 +211,9 @@ func WithResult() Option { return func(o *options) { o.result = true } }
 // RouteOf cannot tell the route, and says so (ok false: a route layer fails
 // loudly rather than skip the request).
 func RouteOf(r *http.Request) (route string, ok bool) {
-	route, ok, _ = routeOf(r)
-	return route, ok
-}
-
-// routeOf is RouteOf, also reporting whether r is in a chi router.
-func routeOf(r *http.Request) (route string, ok, inChi bool) {
 	rctx := chi.RouteContext(r.Context())
 	if rctx == nil || rctx.Routes == nil {
-		return "", false, false
+		return "", false
 	}
 	path := r.URL.RawPath
 	if path == "" {
@@ -260,7 +255,7 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 		// from the root as that route.
 		if rest != "" {
 			if pattern := find(rctx.Routes, fc, method, rest); pattern != "" && pattern == rctx.RoutePattern() {
-				return routeKey(rctx, fc, method, rest, pattern), true, true
+				return routeKey(rctx, fc, method, rest, pattern), true
 			}
 		}
 	}
@@ -277,7 +272,7 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 	if rest == "" || strings.HasSuffix(path, rest) {
 		// The usual case, before any variant is built.
 		if pattern := find(rctx.Routes, fc, method, path); pattern != "" {
-			return routeKey(rctx, fc, method, path, pattern), true, true
+			return routeKey(rctx, fc, method, path, pattern), true
 		}
 	}
 	agrees := rest == ""
@@ -288,11 +283,11 @@ func routeOf(r *http.Request) (route string, ok, inChi bool) {
 			}
 			agrees = true
 			if pattern := find(rctx.Routes, fc, m, p); pattern != "" {
-				return routeKey(rctx, fc, m, p, pattern), true, true
+				return routeKey(rctx, fc, m, p, pattern), true
 			}
 		}
 	}
-	return "", agrees, true
+	return "", agrees
 }
 
 // rewrite is one of chi's path-rewriting middleware.

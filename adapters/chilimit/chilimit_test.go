@@ -391,15 +391,36 @@ func TestRouteAfterLaterRewrite(t *testing.T) {
 
 // TestRouteLayerOutsideChiIsLoud checks that the middleware used outside a
 // chi router, where no route can be found, answers a route layer's request
-// 500 (a configuration error), never skipping the layer.
+// 500 (a configuration error), never skipping the layer: also behind an
+// http.ServeMux, whose pattern ("/api/") is no chi route, for a plain
+// route key and for a layer limited to some routes.
 func TestRouteLayerOutsideChiIsLoud(t *testing.T) {
-	var got error
-	l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{
-		{Key: ratelimit.Route(), Rule: core.Rule{Name: "route", Limit: 2, Window: time.Minute}},
-	}, ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) { got = err }), ratelimit.WithLogger(nil))
-	h := chilimit.Middleware(l)(http.HandlerFunc(ok))
-	if w := do(h, "POST", "/login", peer); w.Code != http.StatusInternalServerError || !errors.Is(got, ratelimit.ErrNoRoute) || !errors.Is(got, ratelimit.ErrConfig) {
-		t.Fatalf("status %d, error %v; want 500 and ErrConfig wrapping ErrNoRoute", w.Code, got)
+	for _, c := range []struct {
+		name   string
+		layer  ratelimit.Layer
+		behind bool // behind an http.ServeMux
+	}{
+		{"alone", ratelimit.Layer{Key: ratelimit.Route()}, false},
+		{"behind a ServeMux", ratelimit.Layer{Key: ratelimit.Route()}, true},
+		{"behind a ServeMux, some routes", ratelimit.Layer{Key: ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()), Routes: []string{"POST /api/login"}}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var got error
+			c.layer.Rule = core.Rule{Name: "route", Limit: 2, Window: time.Minute}
+			l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{c.layer},
+				ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) { got = err }), ratelimit.WithLogger(nil))
+			r := chi.NewRouter()
+			r.Post("/api/login", ok)
+			var h http.Handler = chilimit.Middleware(l)(r)
+			if c.behind {
+				mux := http.NewServeMux()
+				mux.Handle("/api/", h)
+				h = mux
+			}
+			if w := do(h, "POST", "/api/login", peer); w.Code != http.StatusInternalServerError || !errors.Is(got, ratelimit.ErrNoRoute) || !errors.Is(got, ratelimit.ErrConfig) {
+				t.Fatalf("status %d, error %v; want 500 and ErrConfig wrapping ErrNoRoute", w.Code, got)
+			}
+		})
 	}
 }
 
