@@ -8,7 +8,11 @@
 // "/login" for one registered with e.Any (every method), so that changing
 // the method never buys a fresh quota. A request echo matches no route for
 // (404, or 405 for a method the route does not serve) is not keyed by route:
-// route layers do not apply to it. Middleware added with e.Use, g.Use or per
+// route layers do not apply to it. A request a RouteNotFound handler
+// answers is keyed by that handler's path, as an e.Any route is: echo's own
+// (the catch-alls g.Use adds at a group's path and its "/*", so that a 404
+// under /api/ is keyed "/api/*") or one registered with e.RouteNotFound.
+// Middleware added with e.Use, g.Use or per
 // route runs after routing; in e.Pre middleware the route is looked up in
 // echo's router, so one Limiter in e.Pre or e.Use can hold per-IP, per-user
 // and per-route layers in one atomic batch. In e.Pre the route is looked up
@@ -181,8 +185,10 @@ func admit(l *ratelimit.Limiter, result bool, w http.ResponseWriter, kc *keyCont
 
 // RouteOf returns the route echo matches for c's request, as
 // [ratelimit.Route] keys it: "GET /users/:id" for a route registered for
-// its method, "/login" for one registered for every method (e.Any), "" for
-// a request no route matches (404, 405). Before routing (in e.Pre
+// its method, "/login" for one registered for every method (e.Any) and
+// "/api/*" for a RouteNotFound handler's (a group's catch-all that g.Use
+// adds, or one of e.RouteNotFound), "" for a request no route or handler
+// matches (404, 405). Before routing (in e.Pre
 // middleware) it looks the route up in the router echo will use: the
 // request's host's (e.Host), or the default one.
 func RouteOf(c echo.Context) string {

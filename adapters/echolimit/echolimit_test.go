@@ -606,6 +606,36 @@ func TestRouteKeyGroupWithMiddleware(t *testing.T) {
 	}
 }
 
+// TestRouteKeyNotFoundHandler: a request a RouteNotFound handler answers is
+// keyed by the handler's path, as the package documents (a group's
+// catch-alls, from g.Use, and e.RouteNotFound's), and a 404 that no
+// handler answers by "".
+func TestRouteKeyNotFoundHandler(t *testing.T) {
+	auth := func(next echo.HandlerFunc) echo.HandlerFunc { return func(c echo.Context) error { return next(c) } }
+	e := echo.New()
+	var route string
+	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error { route = echolimit.RouteOf(c); return next(c) }
+	})
+	e.Group("/api", auth).GET("/users/:id", ok)
+	e.RouteNotFound("/static/*", func(c echo.Context) error { return c.NoContent(http.StatusNotFound) })
+	for _, c := range []struct{ path, want string }{
+		{"/api/nope", "/api/*"},
+		{"/api", "/api"},
+		{"/static/x.css", "/static/*"},
+		{"/nowhere", ""},
+		{"/api/users/1", "GET /api/users/:id"},
+	} {
+		route = "unset"
+		if w := do(e, "GET", c.path, peer); c.want != "GET /api/users/:id" && w.Code != http.StatusNotFound {
+			t.Errorf("GET %s: %d, want 404", c.path, w.Code)
+		}
+		if route != c.want {
+			t.Errorf("GET %s: RouteOf %q, want %q", c.path, route, c.want)
+		}
+	}
+}
+
 // TestRouteKeyGroupRouteAddedLater: a one-method route added to a group
 // after the first request is keyed with its method at once.
 func TestRouteKeyGroupRouteAddedLater(t *testing.T) {
