@@ -125,7 +125,9 @@ const pkLen = 12
 // header sets (see [HeaderSet]), and Retry-After when res is a refusal that
 // promises a retry time. Headers are set, replacing earlier values, never
 // added. It writes nothing for a skipped Result or one without Layers (no
-// layer applied, or an error left nothing decided). In dry-run mode the
+// layer applied, or an error left nothing decided). A layer of a Result
+// built by hand without its Decision.Policy has no item in the IETF
+// fields, which are not written when no layer has one. In dry-run mode the
 // headers describe the decisions but Retry-After is not sent, since the
 // request is served.
 func (l *Limiter) WriteHeaders(h http.Header, res *Result) { l.writeHeaders(h, res, res.Layers) }
@@ -207,7 +209,7 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 			put(canonReset, l.epochString(at+int64(d.ResetAfter)))
 		}
 	}
-	if set&IETFHeaders != 0 {
+	if set&IETFHeaders != 0 && policy != "" { // no item: every layer of a hand-built Result lacks its policy
 		put(canonPolicy, policy)
 		put(canonRateLimit, state)
 	}
@@ -288,7 +290,9 @@ func ietfValuesPK(rs *ruleSet, ls []LayerResult, speaker int, b []byte) (policy 
 // and appends their RateLimit value to b: state[remStart:remEnd] are the
 // digits of the remaining units of layer ls[speaker] (they equal
 // X-RateLimit-Remaining, so that header needs no string of its own). pks
-// holds each layer's partition key, or is nil for none.
+// holds each layer's partition key, or is nil for none. A layer without its
+// Decision.Policy (in a Result built by hand) has no item in either: policy
+// is "" when no layer has one.
 func ietfValues(rs *ruleSet, ls []LayerResult, speaker int, b []byte, pks [][pkLen]byte) (policy string, state []byte, remStart, remEnd int) {
 	pk := func(j int) []byte {
 		if pks == nil {
@@ -318,7 +322,10 @@ func ietfValues(rs *ruleSet, ls []LayerResult, speaker int, b []byte, pks [][pkL
 		var buf [256]byte
 		pb := buf[:0]
 		for j := range ls {
-			if j > 0 {
+			if ls[j].Decision.Policy == nil {
+				continue // a layer of a Result built by hand, without its policy: no item
+			}
+			if len(pb) > 0 {
 				pb = append(pb, ", "...)
 			}
 			pb = appendPolicyItem(pb, ls[j].Decision.Policy, pk(j))
@@ -326,11 +333,15 @@ func ietfValues(rs *ruleSet, ls []LayerResult, speaker int, b []byte, pks [][pkL
 		policy = string(pb)
 	}
 
+	first := len(b)
 	for j := range ls {
-		if j > 0 {
+		d := &ls[j].Decision
+		if d.Policy == nil {
+			continue // as above
+		}
+		if len(b) > first {
 			b = append(b, ", "...)
 		}
-		d := &ls[j].Decision
 		t := d.ResetAfter
 		if ls[j].Refused && d.RetryAfter > 0 {
 			t = d.RetryAfter

@@ -573,6 +573,21 @@ func TestHandBuiltResult(t *testing.T) {
 			Err:    fmt.Errorf("%w: cost 2", core.ErrCostExceedsCapacity),
 			Layers: []ratelimit.LayerResult{{Key: "k", Cost: 2, Refused: true, Decision: core.Decision{Limit: 1, Remaining: 1, Policy: p}}},
 		}, http.StatusRequestEntityTooLarge, "", 0},
+		// Layers without their policy have no IETF item (and with none
+		// left, the IETF fields are not written), and do not panic.
+		{"no policy", ratelimit.AllHeaders, ratelimit.Result{
+			Layers: []ratelimit.LayerResult{{Key: "k", Cost: 1, Refused: true, Decision: core.Decision{Limit: 5, RetryAfter: 3 * time.Second}}},
+		}, http.StatusTooManyRequests, "3", 3 * time.Second},
+		{"one layer without its policy", ratelimit.AllHeaders, ratelimit.Result{
+			Layers: []ratelimit.LayerResult{
+				{Key: "k", Cost: 1, Refused: true, Decision: core.Decision{Limit: 5, RetryAfter: 3 * time.Second}},
+				{Key: "k", Cost: 1, Refused: true, Decision: refused},
+			},
+		}, http.StatusTooManyRequests, "30", 30 * time.Second},
+	}
+	ietf := map[string][2]string{ // RateLimit-Policy and RateLimit
+		"no policy":                    {"", ""},
+		"one layer without its policy": {`"a";q=1;w=60`, `"a";r=0;t=30`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -589,6 +604,14 @@ func TestHandBuiltResult(t *testing.T) {
 			}
 			if got := rec.Header().Get("Retry-After"); got != tc.retry {
 				t.Errorf("Retry-After %q, want %q", got, tc.retry)
+			}
+			if want, ok := ietf[tc.name]; ok {
+				if got := [2]string{rec.Header().Get("RateLimit-Policy"), rec.Header().Get("RateLimit")}; got != want {
+					t.Errorf("RateLimit-Policy, RateLimit %q, want %q", got, want)
+				}
+				if _, ok := rec.Header()["Ratelimit"]; ok && want[1] == "" {
+					t.Error("RateLimit written with no item")
+				}
 			}
 		})
 	}
