@@ -434,34 +434,40 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 				// request booked behind it meanwhile (by this process or
 				// another) a refund would let the next one take a slot
 				// already taken.
-				cause := t.wait(ctx, waited, d.Delay)
-				if cause == nil {
-					return t.waitPause(ctx, key, waited+d.Delay, d)
+				if err := t.waitFor(ctx, key, &waited, d.Delay, d, 0); err != nil {
+					return err
 				}
-				if cause == errNoWait {
-					cause = nil
-				}
-				return &OutboundLimitError{Key: key, Wait: d.Delay, Decision: d, Err: cause}
+				return t.waitPause(ctx, key, waited, d)
 			}
 			dec, wait = d, d.RetryAfter
 			if wait <= 0 { // a store that refuses without a time: do not spin
 				wait = time.Millisecond
 			}
 		}
-		cause := t.wait(ctx, waited, wait)
-		if cause == nil {
-			waited += wait
-			continue
+		if err := t.waitFor(ctx, key, &waited, wait, dec, until); err != nil {
+			return err
 		}
-		if cause == errNoWait {
-			cause = nil
-		}
-		e := &OutboundLimitError{Key: key, Wait: wait, Decision: dec, Err: cause}
-		if until != 0 {
-			e.PausedUntil = time.Unix(0, until)
-		}
-		return e
 	}
+}
+
+// waitFor waits wait for key, having waited *waited already, which it
+// advances. It returns nil once it has waited, and otherwise the error of
+// a request that may not wait, decided dec, or held by a pause until
+// until (0: none).
+func (t *Transport) waitFor(ctx context.Context, key string, waited *time.Duration, wait time.Duration, dec core.Decision, until int64) error {
+	cause := t.wait(ctx, *waited, wait)
+	if cause == nil {
+		*waited += wait
+		return nil
+	}
+	if cause == errNoWait {
+		cause = nil
+	}
+	e := &OutboundLimitError{Key: key, Wait: wait, Decision: dec, Err: cause}
+	if until != 0 {
+		e.PausedUntil = time.Unix(0, until)
+	}
+	return e
 }
 
 // waitPause waits out a pause of key that began while a request admitted
@@ -475,16 +481,9 @@ func (t *Transport) waitPause(ctx context.Context, key string, waited time.Durat
 		if !ok {
 			return nil
 		}
-		wait := untilNanos(u, now)
-		cause := t.wait(ctx, waited, wait)
-		if cause == nil {
-			waited += wait
-			continue
+		if err := t.waitFor(ctx, key, &waited, untilNanos(u, now), dec, u); err != nil {
+			return err
 		}
-		if cause == errNoWait {
-			cause = nil
-		}
-		return &OutboundLimitError{Key: key, Wait: wait, Decision: dec, PausedUntil: time.Unix(0, u), Err: cause}
 	}
 }
 
