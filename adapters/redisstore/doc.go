@@ -300,8 +300,9 @@
 // A cold start (a deploy, a Redis restart) meets an empty script cache and
 // an empty connection pool: call Warm before serving, which loads the
 // script and opens the pool on every node. With a single-node or failover
-// client, the store also lets at most the client's PoolSize decisions talk
-// to Redis at once; the others wait in order (up to Config.QueueTimeout)
+// client, the store also lets at most as many decisions talk to Redis at
+// once as the client may hold connections (its PoolSize, or MaxActiveConns
+// when lower); the others wait in order (up to Config.QueueTimeout)
 // before their Timeout starts, so a burst is paced by the pool instead of
 // timing out in it, and a queue wait never counts against the breaker.
 //

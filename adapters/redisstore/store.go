@@ -123,8 +123,9 @@ type Config struct {
 
 	// QueueTimeout bounds how long a decision waits for a free connection
 	// when more decisions are running than the client has connections
-	// (its PoolSize; a single-node or failover client): the store lets at
-	// most PoolSize decisions talk to Redis at once, and the others wait
+	// (its PoolSize, or its MaxActiveConns when that is lower; a
+	// single-node or failover client): the store lets at most that many
+	// decisions talk to Redis at once, and the others wait
 	// their turn, in order, before their Timeout starts. So a burst (a cold
 	// start, say) is paced by the pool instead of timing out in it and
 	// opening the breaker: the wait says nothing about Redis's health and
@@ -322,8 +323,10 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	if r, ok := client.(*redis.Ring); ok {
 		s.ring = newRingGuard(r)
 	}
-	if cl, ok := client.(*redis.Client); ok && cl.Options().PoolSize > 0 {
-		s.slots = make(chan struct{}, cl.Options().PoolSize)
+	if cl, ok := client.(*redis.Client); ok {
+		if n := poolConns(cl.Options()); n > 0 {
+			s.slots = make(chan struct{}, n)
+		}
 	}
 	if fs, ok := c.Fallback.(*Store); ok && fs.fallback != nil {
 		return nil, errors.New("redisstore: Config.Fallback is a Store with a Fallback of its own: refunds could not tell which of them made a charge; give the Fallback no Fallback")

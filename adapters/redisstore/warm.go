@@ -13,8 +13,9 @@ import (
 // (every master of a Cluster, every shard of a Ring) it loads the script
 // (SCRIPT LOAD, so no decision pays for a NOSCRIPT reply and a resend of
 // the script's source) and opens the client's pool of connections (as
-// many concurrent PINGs as the client's PoolSize), so no decision pays
-// for a dial. Decisions made before or without Warm are correct; they may
+// many concurrent PINGs as the node's client may hold connections: its
+// PoolSize, or MaxActiveConns when lower), so no decision pays for a
+// dial. Decisions made before or without Warm are correct; they may
 // time out while the pool fills, and count against the circuit breaker.
 //
 // Warm is bounded by ctx, not by the store's Timeout; call it once after
@@ -23,16 +24,12 @@ import (
 func (s *Store) Warm(ctx context.Context) error {
 	switch c := s.client.(type) {
 	case *redis.Client:
-		return warmNode(ctx, c, c.Options().PoolSize)
+		return warmNode(ctx, c)
 	case *redis.ClusterClient:
 		c.ReloadState(ctx)
-		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-			return warmNode(ctx, n, c.Options().PoolSize)
-		})
+		return c.ForEachMaster(ctx, warmNode)
 	case *redis.Ring:
-		return c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
-			return warmNode(ctx, n, c.Options().PoolSize)
-		})
+		return c.ForEachShard(ctx, warmNode)
 	default:
 		if err := s.client.ScriptLoad(ctx, scriptSource).Err(); err != nil {
 			return fmt.Errorf("redisstore: warming up: %w", err)
@@ -41,14 +38,15 @@ func (s *Store) Warm(ctx context.Context) error {
 	}
 }
 
-// warmNode loads the script on one server and opens up to conns
-// connections to it. Each connection is held until all are open (and
-// answered a PING), so the pool ends up holding conns idle connections, not
-// the few that concurrent PINGs would reuse.
-func warmNode(ctx context.Context, c *redis.Client, conns int) error {
+// warmNode loads the script on one server and opens as many connections
+// to it as c may hold (poolConns). Each connection is held until all are
+// open (and answered a PING), so the pool ends up holding that many idle
+// connections, not the few that concurrent PINGs would reuse.
+func warmNode(ctx context.Context, c *redis.Client) error {
 	if err := c.ScriptLoad(ctx, scriptSource).Err(); err != nil {
 		return fmt.Errorf("redisstore: warming up %s: %w", c.Options().Addr, err)
 	}
+	conns := poolConns(c.Options())
 	if conns <= 0 {
 		conns = 10
 	}
@@ -73,4 +71,16 @@ func warmNode(ctx context.Context, c *redis.Client, conns int) error {
 		}
 	}
 	return nil
+}
+
+// poolConns returns how many connections a client of options o may hold at
+// once: its PoolSize, or its MaxActiveConns when that is set and lower
+// (go-redis then fails a call beyond it at once, "connection pool
+// exhausted", where a call beyond PoolSize waits for a connection).
+func poolConns(o *redis.Options) int {
+	n := o.PoolSize
+	if m := o.MaxActiveConns; m > 0 && m < n {
+		n = m
+	}
+	return n
 }

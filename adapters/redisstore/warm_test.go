@@ -112,3 +112,52 @@ func TestColdBurst(t *testing.T) {
 	failed, st, dials, noscript = coldBurst(t, redistest.Server(t), false, 0)
 	t.Logf("without Warm, default Timeout: %d of 1000 failed, breaker %v, %d connections dialled, %d NOSCRIPT replies", failed, st, dials, noscript)
 }
+
+// slowScripts delays every script call by d, as a loaded Redis would.
+type slowScripts struct{ d time.Duration }
+
+func (slowScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h slowScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			time.Sleep(h.d)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (slowScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestPacingByMaxActiveConns: a client that may hold fewer connections
+// (MaxActiveConns) than its PoolSize, where go-redis fails a call beyond
+// them at once ("connection pool exhausted"): Warm opens that many, and a
+// burst on a slow but healthy Redis is paced by them, every decision
+// answered and the breaker closed.
+func TestPacingByMaxActiveConns(t *testing.T) {
+	client := newClient(t, redistest.Server(t), func(o *redis.Options) {
+		o.PoolSize = 16
+		o.MaxActiveConns = 2
+		o.ContextTimeoutEnabled = true
+	})
+	client.AddHook(slowScripts{2 * time.Millisecond})
+	s := newStore(t, client, &Config{ClientTime: true, Timeout: 10 * time.Second})
+	if err := s.Warm(context.Background()); err != nil {
+		t.Fatalf("Warm: %v", err)
+	}
+	p := mustPolicy(t, core.Rule{Name: "paced", Algorithm: core.FixedWindow, Limit: 1000, Window: time.Hour})
+	var mu sync.Mutex
+	var errs []error
+	hammer(t, 16, 4, func(w, i int) bool {
+		_, err := takeOne(s, context.Background(), p, "k")
+		if err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+		return err == nil
+	})
+	if len(errs) > 0 || s.State() != BreakerClosed {
+		t.Fatalf("%d of 64 decisions failed on a healthy Redis (breaker %v): %v", len(errs), s.State(), errs)
+	}
+}
