@@ -31,9 +31,10 @@ type keyContext = frameworkctx.Carrier[echo.Context]
 // request) makes the layer do what its IfNoKey says (skip the layer by
 // default, or refuse the request); any other error is a key error. An empty
 // key with no error is a key error ([ratelimit.ErrEmptyKey]), never a shared
-// bucket. A request decided without this package's middleware is a key error
-// wrapping [ErrNoContext]. The key becomes a store key: prefer a stable
-// opaque ID to an e-mail address or other personal data.
+// bucket. A request decided without this package's middleware fails with
+// [ErrNoContext], a configuration error (answered 500, logged once). The
+// key becomes a store key: prefer a stable opaque ID to an e-mail address
+// or other personal data.
 //
 // Key panics if fn is nil.
 func Key(fn func(c echo.Context) (string, error)) ratelimit.KeyFunc {
