@@ -208,11 +208,15 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 		if n == len(reqs) || ly.Refused || !ly.Decision.Allowed || ly.Decision.Policy == nil {
 			return 0
 		}
-		p := ly.Decision.Policy
+		p, cost := ly.Decision.Policy, ly.Cost
 		if rs != nil && rs != cur && own(rs, ly) && ly.index < len(cur.rules) {
+			// Under the rule in force, whose capacity may be below the
+			// charge: a conversion carries at most that capacity in use,
+			// and a refund gives back no more than is in use.
 			p = cur.rules[ly.index].policy
+			cost = min(cost, p.Capacity())
 		}
-		reqs[n] = core.Request{Policy: p, Key: ly.Key, Cost: ly.Cost, Fallback: ly.Decision.Fallback}
+		reqs[n] = core.Request{Policy: p, Key: ly.Key, Cost: cost, Fallback: ly.Decision.Fallback}
 		if at != 0 {
 			// When the charge began to give its units back, so that the
 			// refund gives back only what it still holds.

@@ -506,6 +506,43 @@ func TestRefundAfterSetRules(t *testing.T) {
 		}
 		check(t, l)
 	})
+	// A rule lowered below the charge's cost: the refund is made (capped
+	// at the new capacity, not refused as a cost above it), and the
+	// batch's other layer, whose rule did not change, gets its whole
+	// charge back. The lowered layer's record was not converted (the
+	// request that met it was refused, and a conversion is stored only
+	// with a charge), so its charge stays, as a refund naming its charge
+	// leaves another rule's record.
+	t.Run("capacity lowered below the cost", func(t *testing.T) {
+		cost := func(r *http.Request) int64 {
+			if r.Header.Get("X-Big") != "" {
+				return 3
+			}
+			return 1
+		}
+		l, _, _ := refundEnv(t, []ratelimit.Layer{
+			{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10).Named("ip"), Cost: cost},
+			{Key: ratelimit.Header("X-User"), Rule: core.PerMinute(10).Named("user"), Cost: cost},
+		}, mwOK)
+		res := l.Decide(mwReq("192.0.2.1:1", "X-User", "alice", "X-Big", "1"))
+		if err := l.SetRules(map[string]core.Rule{"ip": core.PerMinute(2)}); err != nil {
+			t.Fatal(err)
+		}
+		// Meets the key under the new rule: 2 units in use carried over,
+		// refused.
+		if l.Decide(mwReq("192.0.2.1:1", "X-User", "alice")).Proceed {
+			t.Fatal("a request under the lowered rule was admitted: no units carried over")
+		}
+		if err := l.Refund(context.Background(), &res); err != nil {
+			t.Fatalf("refund after the rule went below the charge's cost: %v", err)
+		}
+		// A request of cost 1, refused by the ip layer: the user layer
+		// reports its state without the request, whole.
+		p := l.Peek(mwReq("192.0.2.1:1", "X-User", "alice"))
+		if ip, user := p.Layers[0].Decision, p.Layers[1].Decision; ip.Allowed || user.Remaining != 10 {
+			t.Fatalf("after the refund: ip %+v, user %+v; want ip refusing (its charge stays) and user whole (10)", ip, user)
+		}
+	})
 }
 
 // TestRefundWithConcurrencyLayer: a refund gives back the rate layers and
