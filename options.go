@@ -220,8 +220,10 @@ func WithSkip(skip func(r *http.Request) bool) Option {
 // WithSkipCIDRs exempts requests whose connecting peer (r.RemoteAddr) is
 // inside one of cidrs, such as internal networks or monitoring hosts. Entries
 // are CIDR prefixes ("10.0.0.0/8", "2001:db8::/32") or bare addresses (a
-// single host); an unparseable entry is a construction error. IPv4-mapped
-// IPv6 entries are treated as the IPv4 networks they map.
+// single host); an unparseable entry is a construction error, and so are
+// entries that together cover every IPv4 or every IPv6 address (no client
+// of that family would be limited). IPv4-mapped IPv6 entries are treated as
+// the IPv4 networks they map.
 //
 // Only the peer address is used, never a forwarded header, so a client can
 // never get itself allowlisted by forging X-Forwarded-For. Behind a proxy
@@ -256,6 +258,7 @@ func (c *config) addAllow(opt string, ip KeyFunc, cidrs []string) {
 		return
 	}
 	a := allowList{ip: ip}
+	var v4, v6 []netip.Prefix
 	for _, s := range cidrs {
 		p, err := parsePrefix(s)
 		if err != nil {
@@ -263,6 +266,21 @@ func (c *config) addAllow(opt string, ip KeyFunc, cidrs []string) {
 			return
 		}
 		a.prefixes = append(a.prefixes, p)
+		if p.Addr().Is4() {
+			v4 = append(v4, p)
+		} else {
+			v6 = append(v6, p)
+		}
+	}
+	// An allowlist of every address of a family would limit none of its
+	// clients: never silently.
+	if coversAll(v4, 32) {
+		c.fail("%s: the entries cover every IPv4 address, so no IPv4 client would be limited; list the networks to exempt", opt)
+		return
+	}
+	if coversAll(v6, 128) {
+		c.fail("%s: the entries cover every IPv6 address, so no IPv6 client would be limited; list the networks to exempt", opt)
+		return
 	}
 	c.allow = append(c.allow, a)
 }
