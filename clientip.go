@@ -196,6 +196,9 @@ func FromHeader(name string) IPOption {
 			return fmt.Errorf("%w: FromHeader: %q is not a valid header name", ErrInvalidKeyConfig, name)
 		}
 		c.header = http.CanonicalHeaderKey(name)
+		if serverMoved(c.header) {
+			return fmt.Errorf("%w: FromHeader: net/http's server takes %q out of r.Header, so no request would carry it there", ErrInvalidKeyConfig, c.header)
+		}
 		switch c.header {
 		case "X-Forwarded-For":
 			c.kind = ipHeaderXFF

@@ -363,6 +363,7 @@ func TestClientIPConfigErrors(t *testing.T) {
 		{"empty header", []ratelimit.IPOption{ratelimit.TrustedHops(1), ratelimit.FromHeader(" ")}},
 		{"header name with its colon", []ratelimit.IPOption{ratelimit.TrustedProxyCIDRs("173.245.48.0/20"), ratelimit.FromHeader("CF-Connecting-IP:")}},
 		{"header name with a space", []ratelimit.IPOption{ratelimit.TrustedHops(1), ratelimit.FromHeader("X Real IP")}},
+		{"header net/http moves out", []ratelimit.IPOption{ratelimit.TrustedHops(1), ratelimit.FromHeader("host")}},
 		{"header without trust", []ratelimit.IPOption{ratelimit.FromHeader("X-Real-IP")}},
 		{"xff without trust", []ratelimit.IPOption{ratelimit.FromHeader("X-Forwarded-For")}},
 		{"single-ip header with hops", []ratelimit.IPOption{ratelimit.TrustedHops(2), ratelimit.FromHeader("X-Real-IP")}},

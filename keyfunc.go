@@ -99,7 +99,9 @@ func HashKey() HeaderOption {
 //
 // Header panics if name is empty or not a valid header name (with a space,
 // a colon or another character outside RFC 9110's token), which no request
-// could carry: the layer would never find a key.
+// could carry, or one that net/http's server takes out of r.Header (Host,
+// Transfer-Encoding, Trailer: read r.Host with a KeyFunc of your own): the
+// layer would never find a key.
 func Header(name string, opts ...HeaderOption) KeyFunc {
 	name = strings.TrimSpace(name)
 	if name == "" {
@@ -109,6 +111,9 @@ func Header(name string, opts ...HeaderOption) KeyFunc {
 		panic(fmt.Errorf("%w: Header: %q is not a valid header name", ErrInvalidKeyConfig, name))
 	}
 	name = http.CanonicalHeaderKey(name)
+	if serverMoved(name) {
+		panic(fmt.Errorf("%w: Header: net/http's server takes %q out of r.Header, so no request would carry it there; read it from the request (r.Host) with a KeyFunc of your own", ErrInvalidKeyConfig, name))
+	}
 	var c headerKeyConfig
 	for _, opt := range opts {
 		if opt != nil {

@@ -136,10 +136,15 @@ func LimitByIP(limit int64, window time.Duration, opts ...LimitOption) func(http
 // [LimitByIP] in every respect, its options and its panics included.
 // LimitByHeader also panics if name is not a valid header name (empty, or
 // with a space or other character outside RFC 9110's token), which no
-// request could carry: every request would be limited by its address alone.
+// request could carry, or one net/http's server takes out of r.Header
+// (Host, Transfer-Encoding, Trailer): every request would be limited by its
+// address alone.
 func LimitByHeader(name string, limit int64, window time.Duration, opts ...LimitOption) func(http.Handler) http.Handler {
 	if !validHeaderName(strings.TrimSpace(name)) {
 		panic(fmt.Errorf("%w: LimitByHeader: %q is not a valid header name", ErrInvalidKeyConfig, name))
+	}
+	if c := http.CanonicalHeaderKey(strings.TrimSpace(name)); serverMoved(c) {
+		panic(fmt.Errorf("%w: LimitByHeader: net/http's server takes %q out of r.Header, so every request would be limited by its address alone", ErrInvalidKeyConfig, c))
 	}
 	hdr := Header(name, HashKey())
 	return oneLiner("LimitByHeader", NamePerKey, limit, window, opts, func(ip KeyFunc) KeyFunc {
@@ -180,6 +185,14 @@ func LimitByUser(limit int64, window time.Duration, opts ...LimitOption) func(ht
 			return ip(r)
 		}
 	})
+}
+
+// serverMoved reports whether net/http's server takes the header name
+// (canonical) out of r.Header: Host to r.Host, Transfer-Encoding to
+// r.TransferEncoding, Trailer to r.Trailer. A key read from r.Header by
+// that name would never be found.
+func serverMoved(name string) bool {
+	return name == "Host" || name == "Transfer-Encoding" || name == "Trailer"
 }
 
 // validHeaderName reports whether name is an RFC 9110 token.

@@ -285,6 +285,7 @@ func TestLimitByPanicsOnInvalidArguments(t *testing.T) {
 		{"header: empty name", func() { ratelimit.LimitByHeader(" ", 100, time.Minute) }, ratelimit.ErrInvalidKeyConfig, "not a valid header name"},
 		{"header: space in name", func() { ratelimit.LimitByHeader("X API Key", 100, time.Minute) }, ratelimit.ErrInvalidKeyConfig, "not a valid header name"},
 		{"header: colon in name", func() { ratelimit.LimitByHeader("X-API-Key:", 100, time.Minute) }, ratelimit.ErrInvalidKeyConfig, "not a valid header name"},
+		{"header: Host", func() { ratelimit.LimitByHeader("host", 100, time.Minute) }, ratelimit.ErrInvalidKeyConfig, `LimitByHeader: net/http's server takes "Host" out of r.Header`},
 		{"header: zero limit", func() { ratelimit.LimitByHeader("X-API-Key", 0, time.Minute) }, core.ErrInvalidRule, "Limit must be positive"},
 		{"header: bad CIDR", func() {
 			ratelimit.LimitByHeader("X-API-Key", 1, time.Minute, ratelimit.TrustedProxyCIDRs("nope"))
