@@ -498,13 +498,19 @@ func (l *Limiter) Peek(r *http.Request) Result {
 // network ("2001:db8::/64" with the default IPv6Prefix), not its address,
 // and resetting a key that holds no state does nothing. It returns an error
 // wrapping ErrUnknownLayer for a name no layer has, and one wrapping
-// core.ErrUnsupported when the store is not a core.Resetter.
+// core.ErrUnsupported when the store is not a core.Resetter or the layer
+// is a concurrency layer (Layer.InFlight): its slots are given back by the
+// requests that hold them, and freeing them otherwise would let more than
+// InFlight requests run at once.
 func (l *Limiter) Reset(ctx context.Context, layerName, key string) error {
 	rs := l.rules.Load()
 	for i := range l.layers {
 		ly := &l.layers[i]
 		if ly.name != layerName {
 			continue
+		}
+		if ly.inFlight > 0 {
+			return fmt.Errorf("%w: Reset: layer %s is a concurrency layer (InFlight): its slots are given back by the requests that hold them", core.ErrUnsupported, ly.desc)
 		}
 		p := rs.rules[i].policy
 		if ly.resolver != nil {

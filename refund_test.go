@@ -346,6 +346,20 @@ func TestReset(t *testing.T) {
 	if err := l.Reset(ctx, "nope", "alice"); !errors.Is(err, ratelimit.ErrUnknownLayer) {
 		t.Fatalf("unknown layer: %v", err)
 	}
+
+	// A concurrency layer's slots are given back by their requests: Reset
+	// refuses, and the slot stays held.
+	cl := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 1}})
+	held := cl.Decide(mwReq("192.0.2.1:1"))
+	defer held.Release()
+	if err := cl.Reset(ctx, "in-flight", "192.0.2.1"); !errors.Is(err, core.ErrUnsupported) {
+		t.Fatalf("Reset of a concurrency layer: %v, want core.ErrUnsupported", err)
+	}
+	next := cl.Decide(mwReq("192.0.2.1:1"))
+	defer next.Release()
+	if !held.Proceed || next.Proceed {
+		t.Fatalf("the slot held (%v) and the next request (%v): want the first admitted and the next refused", held.Proceed, next.Proceed)
+	}
 }
 
 // TestHandlerWithRefundAllocs: Handler without WithRefund keeps its
