@@ -44,8 +44,8 @@ type LeaseConfig struct {
 	// left when it ends are returned to the store that charged them if it
 	// can refund (core.Refunder, as the Redis and memory stores do) when
 	// the refund is sure to give back those units, and otherwise lost (see
-	// the LeaseStore documentation). The default value is
-	// DefaultLeaseMaxAge, one second.
+	// the LeaseStore documentation). It is at most core.MaxWindow. The
+	// default value is DefaultLeaseMaxAge, one second.
 	MaxAge time.Duration
 
 	// HotThreshold is the number of decisions of one key within one
@@ -55,7 +55,8 @@ type LeaseConfig struct {
 	HotThreshold int
 
 	// HotPeriod is the period over which decisions are counted to tell a hot
-	// key. The default value is DefaultHotPeriod, one second.
+	// key. It is at most core.MaxWindow. The default value is
+	// DefaultHotPeriod, one second.
 	HotPeriod time.Duration
 
 	// MaxKeys bounds the number of keys whose hotness and lease the store
@@ -175,7 +176,8 @@ type LeaseStats struct {
 // failing. Stats reports returned units as ReturnedUnits. Units that are
 // not returned (those, the units of other algorithms, a backend without
 // Refund, a failed refund or one the breaker stopped, a key the LRU
-// forgets, a lease replaced under another policy) are lost to the quota,
+// forgets, a lease replaced under another policy: one of another Identity
+// or MaxDelay, not an equal policy made anew) are lost to the quota,
 // as though they were admitted (most of them would have recovered by then
 // anyway): with N processes, about N x Size units per key per MaxAge can
 // then be refused early. Precisely:
@@ -287,6 +289,11 @@ func NewLeaseStore(backend core.Store, cfg *LeaseConfig) (*LeaseStore, error) {
 	if c.MaxAge == 0 {
 		c.MaxAge = DefaultLeaseMaxAge
 	}
+	if c.MaxAge > core.MaxWindow || c.HotPeriod > core.MaxWindow {
+		// Added to a time, a longer one would overflow: every lease would
+		// be granted already ended.
+		return nil, fmt.Errorf("%w: MaxAge %v or HotPeriod %v above core.MaxWindow (%v)", ErrInvalidLeaseConfig, c.MaxAge, c.HotPeriod, core.MaxWindow)
+	}
 	if c.HotThreshold == 0 {
 		c.HotThreshold = DefaultHotThreshold
 	}
@@ -381,7 +388,12 @@ func (s *LeaseStore) Take(ctx context.Context, now time.Time, reqs []core.Reques
 	}
 	hot := e.note(t, s.hotN, s.hotP)
 	if e.policy != r.Policy {
-		s.expired.Add(uint64(e.left.Swap(0)))
+		// Another policy: its lease's units are not this one's. An equal
+		// policy made anew (a Resolver that builds one per request) keeps
+		// the lease.
+		if e.policy == nil || e.policy.Identity() != r.Policy.Identity() || e.policy.MaxDelay() != r.Policy.MaxDelay() {
+			s.expired.Add(uint64(e.left.Swap(0)))
+		}
 		e.policy = r.Policy
 	}
 	if left := e.left.Load(); left > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -334,6 +335,20 @@ func TestLeasePolicyChange(t *testing.T) {
 	if st := s.Stats(); st.ExpiredUnits != 4 || st.Leases != 2 {
 		t.Fatalf("stats %+v, want the old lease's 4 units dropped", st)
 	}
+
+	// An equal policy made anew for each request (a Resolver reading
+	// limits per request) is the same policy: its lease is spent, and a
+	// quota of 100 admits 100.
+	s = mustLease(t, procs[0], LeaseConfig{Size: 10, HotThreshold: 1})
+	admitted := 0
+	for range 100 {
+		if take(t, s, leaseT0, mustPolicy(t, core.Rule{Name: "fresh", Algorithm: core.FixedWindow, Limit: 100, Window: time.Hour}), "k", 1).Allowed {
+			admitted++
+		}
+	}
+	if st := s.Stats(); admitted != 100 || st.ExpiredUnits != 0 {
+		t.Fatalf("100 requests under equal policies made anew, quota 100: %d admitted, stats %+v", admitted, st)
+	}
 }
 
 func TestLeaseConfigErrors(t *testing.T) {
@@ -347,6 +362,10 @@ func TestLeaseConfigErrors(t *testing.T) {
 		"zero size":        {back, &LeaseConfig{}},
 		"negative MaxAge":  {back, &LeaseConfig{Size: 1, MaxAge: -1}},
 		"negative MaxKeys": {back, &LeaseConfig{Size: 1, MaxKeys: -1}},
+		// Added to a time, a longer one would overflow: every lease would
+		// be granted already ended.
+		"MaxAge above MaxWindow":    {back, &LeaseConfig{Size: 1, MaxAge: time.Duration(math.MaxInt64)}},
+		"HotPeriod above MaxWindow": {back, &LeaseConfig{Size: 1, HotPeriod: core.MaxWindow + 1}},
 	} {
 		if _, err := NewLeaseStore(tc.backend, tc.cfg); !errors.Is(err, ErrInvalidLeaseConfig) {
 			t.Errorf("%s: error %v, want ErrInvalidLeaseConfig", name, err)
