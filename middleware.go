@@ -462,15 +462,16 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 	l.logs.keys = make([]keyStat, len(layers))
 	policies := make([]*core.Policy, len(layers))
 	type owner struct {
-		layer int
-		named bool
+		layer    int
+		named    bool
+		resolver bool // the name is a policy the layer's Resolver lists
 	}
 	names := make(map[string]owner, len(layers))
 	var listed []*core.Policy // the policies Resolvers list, for the store's check
-	claim := func(i int, named bool, p *core.Policy, via string) error {
+	claim := func(i int, named bool, p *core.Policy, resolver bool) error {
 		o, dup := names[p.Name()]
 		if !dup {
-			names[p.Name()] = owner{i, named}
+			names[p.Name()] = owner{i, named, resolver}
 			return nil
 		}
 		if o.layer == i {
@@ -479,7 +480,14 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		if !o.named && !named {
 			return fmt.Errorf("ratelimit: layers %d and %d are both unnamed (both named %q by default): name them with Rule.Named", o.layer, i, p.Name())
 		}
-		return fmt.Errorf("ratelimit: layers %s and %s are both named %q%s: layer and policy names must be unique within a Limiter", layerDesc(o.layer, layers[o.layer].Rule.Name), layerDesc(i, layers[i].Rule.Name), p.Name(), via)
+		side := func(layer int, resolver bool) string {
+			d := "layer " + layerDesc(layer, layers[layer].Rule.Name)
+			if resolver {
+				d += " (a policy its Resolver can return)"
+			}
+			return d
+		}
+		return fmt.Errorf("ratelimit: %s and %s are both named %q: layer and policy names must be unique within a Limiter", side(o.layer, o.resolver), side(i, resolver), p.Name())
 	}
 	for i, ly := range layers {
 		desc := layerDesc(i, ly.Rule.Name)
@@ -493,7 +501,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		if err != nil {
 			return nil, prefixed("layer "+desc, err)
 		}
-		if err := claim(i, ly.Rule.Name != "", p, ""); err != nil {
+		if err := claim(i, ly.Rule.Name != "", p, false); err != nil {
 			return nil, err
 		}
 		if pl, ok := ly.Resolver.(core.PolicyLister); ok {
@@ -501,7 +509,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 				if rp == nil {
 					continue
 				}
-				if err := claim(i, true, rp, " (a policy its Resolver can return)"); err != nil {
+				if err := claim(i, true, rp, true); err != nil {
 					return nil, err
 				}
 				l.resolverDelay = max(l.resolverDelay, rp.MaxDelay())

@@ -525,7 +525,11 @@ func TestDuplicateNamesAtConstruction(t *testing.T) {
 		{"tier clashes with a layer", []ratelimit.Layer{
 			{Key: ip, Rule: core.PerMinute(10).Named("per-user")},
 			{Key: ratelimit.User(), Rule: core.PerMinute(10).Named("users"), Resolver: tiers},
-		}, `ratelimit: layers "per-user" and "users" are both named "per-user" (a policy its Resolver can return)`},
+		}, `ratelimit: layer "per-user" and layer "users" (a policy its Resolver can return) are both named "per-user"`},
+		{"a layer clashes with a tier listed before it", []ratelimit.Layer{
+			{Key: ratelimit.User(), Rule: core.PerMinute(10).Named("users"), Resolver: tiers},
+			{Key: ip, Rule: core.PerMinute(10).Named("per-user")},
+		}, `ratelimit: layer "users" (a policy its Resolver can return) and layer "per-user" are both named "per-user"`},
 		{"two unnamed layers", []ratelimit.Layer{
 			{Key: ip, Rule: core.PerMinute(10)},
 			{Key: ratelimit.User(), Rule: core.PerMinute(10)},
