@@ -533,6 +533,9 @@ func (f *InFlight) Close() error {
 const nowLua = `
 local now = tonumber(ARGV[1])
 if not now then
+  -- before Redis 5, a script writes after TIME only with effects
+  -- replication, asked for first (as the Store's script does)
+  if redis.REDIS_VERSION_NUM == nil and redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end

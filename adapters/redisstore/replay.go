@@ -18,7 +18,9 @@ import (
 // Each key is one Redis string, "p:<token>" while claimed and
 // "d:<replays>:<record>" once committed, written by short Lua scripts (one round trip per call) and
 // expiring with PEXPIRE: a claim after its hold, a record after its TTL.
-// Keys are single-key operations, so any Cluster slot will do.
+// Keys are single-key operations, so any Cluster slot will do. A replay
+// keeps its record's expiry (SET ... KEEPTTL), so the store needs Redis 6.0
+// or later.
 //
 // Every call is bounded by ReplayConfig.Timeout: a slow or unreachable
 // Redis makes the idempotency filter limit the request as usual (see
