@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -280,7 +281,8 @@ func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
 	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
 		// The claim outlives the decision and a shaping delay, so that a
 		// concurrent retry waits for the outcome rather than re-claiming.
-		rec, token, err = f.store.Claim(ctx, skey, f.maxWait+f.l.rules.Load().maxDelay, f.replays)
+		d := f.l.rules.Load().maxDelay
+		rec, token, err = f.store.Claim(ctx, skey, min(f.maxWait, math.MaxInt64-d)+d, f.replays) // saturated
 		if !errors.Is(err, ErrReplayPending) {
 			break
 		}
@@ -556,7 +558,7 @@ func (m *MemoryReplayStore) Claim(_ context.Context, key string, hold time.Durat
 		}
 	}
 	tok := newToken()
-	m.lru.Add(key, replayEntry{token: tok, expires: now + int64(hold)})
+	m.lru.Add(key, replayEntry{token: tok, expires: addNanos(now, hold)})
 	return nil, tok, nil
 }
 
@@ -565,8 +567,8 @@ func (m *MemoryReplayStore) Commit(_ context.Context, key, token string, rec []b
 	now := m.clock.Now().UnixNano()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if e, ok := m.lru.Peek(key); ok && e.token == token {
-		m.lru.Add(key, replayEntry{rec: rec, expires: now + int64(ttl)})
+	if e, ok := m.lru.Peek(key); ok && e.token == token && e.expires > now {
+		m.lru.Add(key, replayEntry{rec: rec, expires: addNanos(now, ttl)})
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -241,6 +242,46 @@ func TestIdempotencyWithoutKeyIsPlainLimiting(t *testing.T) {
 	}
 	if c := s.do("POST", "/x", "192.0.2.1", "").Code; c != 429 {
 		t.Fatalf("second without a key: %d, want 429", c)
+	}
+}
+
+// TestMemoryReplayStoreTimes: a claim whose hold has passed commits
+// nothing (as ReplayStore's contract and the Redis store say), and holds
+// and TTLs meaning "forever" (time.Duration(math.MaxInt64)) saturate
+// instead of wrapping into the past, in the store and through the filter.
+func TestMemoryReplayStoreTimes(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	m := ratelimit.NewMemoryReplayStore(10, clock)
+	ctx := context.Background()
+	forever := time.Duration(math.MaxInt64)
+
+	_, tok, _ := m.Claim(ctx, "late", time.Second, 5)
+	clock.Advance(2 * time.Second) // the claim's hold has passed
+	if err := m.Commit(ctx, "late", tok, []byte("X: 1\n"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if rec, tok2, _ := m.Claim(ctx, "late", time.Second, 5); tok2 == "" {
+		t.Errorf("a commit after its claim expired was stored and replayed (%q)", rec)
+	}
+
+	if _, tok, _ := m.Claim(ctx, "held", forever, 5); tok == "" {
+		t.Fatal("no claim")
+	}
+	if _, _, err := m.Claim(ctx, "held", time.Second, 5); !errors.Is(err, ratelimit.ErrReplayPending) {
+		t.Errorf("a second claim during one held forever: %v, want ErrReplayPending", err)
+	}
+
+	_, tok, _ = m.Claim(ctx, "kept", time.Second, 5)
+	if err := m.Commit(ctx, "kept", tok, []byte("X: 1\n"), forever); err != nil {
+		t.Fatal(err)
+	}
+	if rec, tok2, _ := m.Claim(ctx, "kept", time.Second, 5); tok2 != "" || string(rec) != "X: 1\n" {
+		t.Errorf("a record kept forever: %q, token %q; want it replayed", rec, tok2)
+	}
+
+	s := newIdemSetup(t, 1, &ratelimit.IdempotencyConfig{TTL: forever, MaxWait: forever})
+	if a, b := s.do("POST", "/pay", "192.0.2.1", "k1").Code, s.do("POST", "/pay", "192.0.2.1", "k1").Code; a != 200 || b != 200 {
+		t.Errorf("a retry with TTL and MaxWait forever: %d then %d, want 200 twice (replayed, charged once)", a, b)
 	}
 }
 
