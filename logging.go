@@ -16,15 +16,16 @@ import (
 // never carry a key or an address in full: only what is needed to fix the
 // setup.
 const (
-	msgForwarded    = "ratelimit: forwarded headers arrive from a loopback or private peer but no proxy is trusted: every client behind that proxy shares its bucket; pass the proxy's network to ratelimit.TrustedProxies"
-	msgNoRoute      = "ratelimit: a Route layer found no route pattern: the limiter runs before routing; use ratelimit.WithServeMux or the chilimit, echolimit or ginlimit adapter"
-	msgAbsentKey    = "ratelimit: a layer's key was absent on every one of its first requests: the layer limits nothing; check its KeyFunc, or set IfNoKey to NoKeyRefuse or use FirstOf"
-	msgNoRoutes     = "ratelimit: a layer's Routes matched none of its first routed requests: if those routes are served, the layer limits nothing; write each route as the Route key gives it (\"POST /login\" for a route of one method, \"/login\" for one of every method, the router's own parameter syntax)"
-	msgFailOpen     = "ratelimit: store errors are being served fail-open: requests are not limited while the store fails"
-	msgConfig       = "ratelimit: configuration error at request time: requests are answered 500"
-	msgConfigDryRun = "ratelimit: configuration error at request time: requests are served (dry-run); enforcing would answer them 500"
-	msgFallback     = "ratelimit: the store's backend is unavailable and its Fallback decides: each instance limits on its own local state, so N instances admit up to N times the quota until the backend is back"
-	msgSlotFailOpen = "ratelimit: in-flight slot store errors are being served fail-open: concurrency limits are not applied while the slot store fails (rate limits still are); ratelimit.WithFailClosed refuses instead"
+	msgForwarded          = "ratelimit: forwarded headers arrive from a loopback or private peer but no proxy is trusted: every client behind that proxy shares its bucket; pass the proxy's network to ratelimit.TrustedProxies"
+	msgNoRoute            = "ratelimit: a Route layer found no route pattern: the limiter runs before routing; use ratelimit.WithServeMux or the chilimit, echolimit or ginlimit adapter"
+	msgAbsentKey          = "ratelimit: a layer's key was absent on every one of its first requests: the layer limits nothing; check its KeyFunc, or set IfNoKey to NoKeyRefuse or use FirstOf"
+	msgNoRoutes           = "ratelimit: a layer's Routes matched none of its first routed requests: if those routes are served, the layer limits nothing; write each route as the Route key gives it (\"POST /login\" for a route of one method, \"/login\" for one of every method, the router's own parameter syntax)"
+	msgFailOpen           = "ratelimit: store errors are being served fail-open: requests are not limited while the store fails"
+	msgConfig             = "ratelimit: configuration error at request time: requests are answered 500"
+	msgConfigDryRun       = "ratelimit: configuration error at request time: requests are served (dry-run); enforcing would answer them 500"
+	msgFallback           = "ratelimit: the store's backend is unavailable and its Fallback decides: each instance limits on its own local state, so N instances admit up to N times the quota until the backend is back"
+	msgTransportAbsentKey = "ratelimit: the Transport's Key found no key on every one of its first requests: they were sent unlimited; check TransportConfig.Key"
+	msgSlotFailOpen       = "ratelimit: in-flight slot store errors are being served fail-open: concurrency limits are not applied while the slot store fails (rate limits still are); ratelimit.WithFailClosed refuses instead"
 )
 
 // logKind is one once-per-Limiter log line.

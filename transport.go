@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -59,7 +60,9 @@ type TransportConfig struct {
 	// Key maps a request to the key whose quota it is charged to. A key
 	// function that returns an error wrapping ErrNoKey leaves the request
 	// unlimited (it is sent at once, and nothing is learned from its
-	// response); any other error, or an empty key, fails the request. The
+	// response; when that is so for every one of the first
+	// [AbsentKeyLogAfter] requests, Logger hears of it once); any other
+	// error, or an empty key, fails the request. The
 	// default value is [TargetHost]: one quota per host and port.
 	Key KeyFunc
 
@@ -85,6 +88,12 @@ type TransportConfig struct {
 	// forgotten is still limited by the Limiter's rule. It must not be
 	// negative. The default value is DefaultPauseCapacity.
 	PauseCapacity int
+
+	// Logger receives, once, a warning when the Key found no key on every
+	// one of the first [AbsentKeyLogAfter] requests: they were all sent
+	// unlimited (see Key). The default value, nil, is slog.Default(); give
+	// a logger with a discard handler for none.
+	Logger *slog.Logger
 }
 
 // Transport is an http.RoundTripper that limits outgoing requests: each
@@ -171,6 +180,8 @@ type Transport struct {
 	maxPause time.Duration
 	dryRun   bool
 	sleep    func(ctx context.Context, d time.Duration) error // replaced in tests
+	logger   *slog.Logger
+	absent   missCount // requests whose key was absent, until one had a key
 
 	mu     sync.Mutex
 	pauses *simplelru.LRU[string, int64] // key -> end of its pause, Unix ns; requires mu held
@@ -234,6 +245,10 @@ func NewTransport(limiter *core.Limiter, cfg *TransportConfig) (*Transport, erro
 		dryRun:   limiter.DryRun(),
 		pauses:   pauses,
 		sleep:    transportSleep,
+		logger:   c.Logger,
+	}
+	if t.logger == nil {
+		t.logger = slog.Default()
 	}
 	if s, ok := t.clock.(interface {
 		Sleep(ctx context.Context, d time.Duration) error
@@ -345,6 +360,9 @@ func outboundRuleName(p *core.Policy) string {
 // learns from the response. A request that is not sent has its body closed.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	key, err := t.key(req)
+	if t.absent.note(!errors.Is(err, ErrNoKey), AbsentKeyLogAfter) {
+		t.logger.Warn(msgTransportAbsentKey, "requests", AbsentKeyLogAfter)
+	}
 	switch {
 	case errors.Is(err, ErrNoKey):
 		return t.base.RoundTrip(req)

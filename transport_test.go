@@ -1,10 +1,12 @@
 package ratelimit_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/url"
@@ -485,6 +487,32 @@ func TestTransportPerHostKeys(t *testing.T) {
 		}
 		if got, err := ratelimit.TargetHost(r); err == nil {
 			t.Errorf("TargetHost(%s) = %q, want an error", u, got)
+		}
+	}
+}
+
+// TestTransportAbsentKeyLogged: a Key that finds no key on every one of the
+// first AbsentKeyLogAfter requests sends them all unlimited, and the
+// Transport's Logger hears of it once; one that finds a key among them is
+// not reported.
+func TestTransportAbsentKeyLogged(t *testing.T) {
+	for _, found := range []bool{false, true} {
+		var logs bytes.Buffer
+		n := 0
+		key := func(r *http.Request) (string, error) {
+			if n++; found && n == ratelimit.AbsentKeyLogAfter/2 {
+				return "k", nil
+			}
+			return "", ratelimit.ErrNoKey
+		}
+		e := trNew(t, core.PerMinute(1), &ratelimit.TransportConfig{Key: key, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		for range 2 * ratelimit.AbsentKeyLogAfter {
+			if _, err := e.get(context.Background(), "https://api.example.com/"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := strings.Count(logs.String(), "found no key on every one of its first requests"); got != map[bool]int{false: 1, true: 0}[found] {
+			t.Errorf("a key found on one of the first requests %v: logged %d times: %s", found, got, logs.String())
 		}
 	}
 }
