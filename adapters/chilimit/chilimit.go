@@ -28,7 +28,10 @@
 // cannot see them, and between two limiters of one stack (for the first),
 // they are applied only to a path that matches no route as it is: there, a
 // path that a catch-all or a parameter matches keeps that route, so put
-// such middleware before the limiter. A
+// such middleware before the limiter. The same holds for a limiter wrapped
+// by another middleware in the root r.Use (middleware.Maybe, say): the
+// limiter finds its place in the stack by the function Middleware returns,
+// so wrapped, it cannot tell which rewriting middleware run after it. A
 // sub-router mounted behind a plain middleware (r.Mount("/admin",
 // auth(admin))) is opaque to chi's route tree, and its requests are keyed
 // by the mount's pattern, "/admin/*": give the middleware to the
@@ -454,19 +457,28 @@ func routeKey(rctx *chi.Context, fc *chi.Context, method, path, pattern string) 
 			same = true
 		}
 	}
-	if same || everyMethodAt(rctx.Routes, pattern) {
+	h := handlersAt(rctx.Routes, pattern)
+	if same {
+		if h != nil && h["*"] == nil && h[method] != nil {
+			// A route of the method, whose pattern has routes of the
+			// probes' methods too (OPTIONS, TRACE, CONNECT).
+			return method + " " + pattern
+		}
+		return pattern
+	}
+	if h["*"] != nil {
 		return pattern
 	}
 	return method + " " + pattern
 }
 
-// everyMethodAt reports whether routes registers pattern (a whole pattern,
-// as find returns it) for every method: chi lists such a route's handler
-// under "*". It looks at the routes of that pattern at this level, then in
-// the mount with the longest prefix of the pattern, as chi routes, so that
-// a method's route reading the same as an every-method route is keyed as
-// that route, as the probes key it. (Only for routeKey's undecided case.)
-func everyMethodAt(routes chi.Routes, pattern string) bool {
+// handlersAt returns the handlers routes registers pattern (a whole
+// pattern, as find returns it) with, by method ("*" for a route of every
+// method), or nil when it finds none. It looks at the routes of that
+// pattern at this level, then in the mount with the longest prefix of the
+// pattern, as chi routes, so that a method's route reading the same as an
+// every-method route is keyed as that route, as the probes key it.
+func handlersAt(routes chi.Routes, pattern string) map[string]http.Handler {
 	var (
 		sub  chi.Routes
 		rest string
@@ -475,7 +487,7 @@ func everyMethodAt(routes chi.Routes, pattern string) bool {
 	for _, rt := range routes.Routes() {
 		if rt.SubRoutes == nil {
 			if rt.Pattern == pattern && rt.Handlers["*"] != nil {
-				return true
+				return rt.Handlers
 			}
 			continue
 		}
@@ -485,12 +497,17 @@ func everyMethodAt(routes chi.Routes, pattern string) bool {
 		}
 	}
 	if sub == nil {
-		return false
+		for _, rt := range routes.Routes() {
+			if rt.SubRoutes == nil && rt.Pattern == pattern {
+				return rt.Handlers
+			}
+		}
+		return nil
 	}
 	if rest == "" {
 		rest = "/"
 	}
-	return everyMethodAt(sub, rest)
+	return handlersAt(sub, rest)
 }
 
 // find returns the pattern chi serves method and path with, as Mux.Find

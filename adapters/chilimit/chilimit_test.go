@@ -956,6 +956,21 @@ func TestRouteKeyEveryMethodWithCORSPreflight(t *testing.T) {
 	}
 }
 
+// A GET route whose pattern also has OPTIONS, TRACE and CONNECT routes of
+// its own (so that every probe finds the pattern) is still a GET route: a
+// layer on "GET /x" limits it, and the other methods' routes have quotas of
+// their own.
+func TestRouteKeyMethodRouteBesideProbeMethodRoutes(t *testing.T) {
+	obs, r := perRouteRouter(t, "GET /x")
+	r.Get("/x", ok)
+	r.Options("/x", ok)
+	r.Trace("/x", ok)
+	r.Connect("/x", ok)
+	if codes, want := methodCodes(r, "/x", "GET", "GET", "OPTIONS"), []int{200, 429, 200}; !slices.Equal(codes, want) {
+		t.Errorf("GET, GET, OPTIONS /x (limit 1 on GET /x): %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
+
 // A POST route at the top, "/users/{id}", whose whole pattern reads the same
 // as an every-method route in the "/users" mount (r.Handle("/{id}")); the
 // mount also answers TRACE, CONNECT and OPTIONS at "/a" (so no probe
