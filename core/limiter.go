@@ -38,10 +38,14 @@ type PolicyLister interface {
 // Tiers returns a Resolver that validates every rule of tiers now and, per
 // request, maps the key to a tier name with tierOf and that name to its
 // policy. An unknown or empty tier name resolves to the Limiter's default
-// policy. Rules are validated at construction: an invalid one is an error.
+// policy. Rules are validated at construction: an invalid one is an error,
+// and so is a tier named "" (the empty name means the default policy).
 func Tiers(tierOf func(ctx context.Context, key string) string, tiers map[string]Rule) (Resolver, error) {
 	if tierOf == nil {
 		return nil, errors.New("ratelimit: Tiers needs a tierOf function")
+	}
+	if _, ok := tiers[""]; ok {
+		return nil, errors.New(`ratelimit: Tiers: a tier named "": the empty tier name resolves to the Limiter's default policy; give the Limiter that rule, or the tier a name`)
 	}
 	ps := make(map[string]*Policy, len(tiers))
 	for name, r := range tiers {

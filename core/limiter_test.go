@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,6 +77,11 @@ func TestLimiterTiers(t *testing.T) {
 	}
 	if _, err := core.Tiers(nil, nil); err == nil {
 		t.Error("nil tierOf accepted")
+	}
+	// The empty tier name means the default policy: a tier of that name
+	// would contradict it.
+	if _, err := core.Tiers(func(context.Context, string) string { return "" }, map[string]core.Rule{"": core.PerMinute(1).Named("anon")}); err == nil || !strings.Contains(err.Error(), `a tier named ""`) {
+		t.Errorf("a tier named \"\": %v, want an error", err)
 	}
 }
 
