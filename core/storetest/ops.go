@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -659,18 +661,24 @@ func testRefund(t *testing.T, newStore func(*testing.T) core.Store) {
 		}
 	})
 	t.Run("Concurrency", func(t *testing.T) {
-		// Goroutines take and refund every admitted unit: the key ends
-		// whole, and the admitted count during the run never passes the
-		// limit.
+		// More goroutines than the limit, released together, take and
+		// refund every admitted unit: the units held at once (admitted,
+		// not yet refunded) never pass the limit, and the key ends whole.
 		h := Harness{t, newStore(t)}
-		for _, r := range suiteRules(8, time.Hour) {
+		const limit, workers = 8, 16
+		for _, r := range suiteRules(limit, time.Hour) {
 			p := mustPolicy(t, r)
 			key := uniqueKey(t, "conc")
-			var wg sync.WaitGroup
-			for g := 0; g < 8; g++ {
+			var (
+				wg            sync.WaitGroup
+				held, maxHeld atomic.Int64
+			)
+			start := make(chan struct{})
+			for g := 0; g < workers; g++ {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
+					<-start
 					for i := 0; i < 25; i++ {
 						var out [1]core.Decision
 						reqs := []core.Request{{Policy: p, Key: key, Cost: 1}}
@@ -679,6 +687,11 @@ func testRefund(t *testing.T, newStore func(*testing.T) core.Store) {
 							return
 						}
 						if out[0].Allowed {
+							n := held.Add(1)
+							for m := maxHeld.Load(); n > m && !maxHeld.CompareAndSwap(m, n); m = maxHeld.Load() {
+							}
+							runtime.Gosched()
+							held.Add(-1)
 							if err := h.Store.(core.Refunder).Refund(context.Background(), T0, reqs); err != nil {
 								t.Error(err)
 								return
@@ -687,9 +700,13 @@ func testRefund(t *testing.T, newStore func(*testing.T) core.Store) {
 					}
 				}()
 			}
+			close(start)
 			wg.Wait()
-			if d, err := h.Take(p, key, 8, 0); err != nil || !d.Allowed || d.Remaining != 0 {
-				t.Fatalf("%s: after 200 takes, each refunded: %+v %v, want whole", r.Name, d, err)
+			if m := maxHeld.Load(); m > limit {
+				t.Fatalf("%s: %d units held at once under a limit of %d", r.Name, m, limit)
+			}
+			if d, err := h.Take(p, key, limit, 0); err != nil || !d.Allowed || d.Remaining != 0 {
+				t.Fatalf("%s: after %d takes, each refunded: %+v %v, want whole", r.Name, workers*25, d, err)
 			}
 		}
 	})

@@ -558,10 +558,12 @@ func testConcurrency(t *testing.T, newStore func(*testing.T) core.Store) {
 			var admitted atomic.Int64
 			var wg sync.WaitGroup
 			errs := make(chan error, workers)
+			start := make(chan struct{}) // released together, so that they overlap
 			for w := 0; w < workers; w++ {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
+					<-start
 					var out [1]core.Decision
 					for i := 0; i < each; i++ {
 						if err := s.Take(context.Background(), T0, []core.Request{{Policy: p, Key: key, Cost: 1}}, out[:]); err != nil {
@@ -574,6 +576,7 @@ func testConcurrency(t *testing.T, newStore func(*testing.T) core.Store) {
 					}
 				}()
 			}
+			close(start)
 			wg.Wait()
 			close(errs)
 			for err := range errs {
