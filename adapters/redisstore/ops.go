@@ -59,10 +59,11 @@ const (
 // carry-over of units in use, and left as it is; a record of the request's
 // policy left ahead of a clock that stepped back is written clamped, as
 // core.Peeker says). One script call per
-// Cluster slot of the batch (per hash tag for other clients). A backend
-// failure goes to the Fallback's Peek when the Fallback is a core.Peeker,
-// whose decisions then carry core.Decision.Fallback as Take's do, and is
-// returned otherwise.
+// Cluster slot of the batch (per hash tag for other clients), through the
+// circuit breaker as a decision is (while it is open, Peek fails at once
+// with ErrUnavailable). A backend failure goes to the Fallback's Peek when
+// the Fallback is a core.Peeker, whose decisions then carry
+// core.Decision.Fallback as Take's do, and is returned otherwise.
 func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
 	if !s.gate.enter() {
 		return ErrClosed
@@ -90,9 +91,16 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 			err = nil
 		}
 	}
+	start := time.Now()
 	if err == nil {
-		replies, err = s.opsBounded(ctx, func(ctx context.Context, ended func() bool) ([]string, error) {
-			return s.runOps(ctx, ended, runs)
+		// Through the breaker, as a decision: while it is open, a peek
+		// fails at once with ErrUnavailable instead of waiting on Redis.
+		err = s.throughBreaker(ctx, keys[:len(reqs)], func() error {
+			var rerr error
+			replies, rerr = s.opsBounded(ctx, func(ctx context.Context, ended func() bool) ([]string, error) {
+				return s.runOps(ctx, ended, runs)
+			})
+			return rerr
 		})
 	}
 	for g := 0; err == nil && g < len(runs); g++ {
@@ -105,7 +113,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 			out[i] = core.Decision{Limit: reqs[i].Policy.Capacity(), Policy: reqs[i].Policy}
 		}
 		if pk, ok := s.fallback.(core.Peeker); ok && !IsCallerGone(err) {
-			s.observe(reqs, err, 0)
+			s.observe(reqs, err, time.Since(start))
 			err = pk.Peek(ctx, now, reqs, out)
 			for i := range reqs {
 				out[i].Fallback = true // as Take marks the Fallback's decisions

@@ -333,3 +333,34 @@ func TestOpsBoundedByTimeout(t *testing.T) {
 	px.delay.Store(0)
 	eventually(t, 5*time.Second, "the abandoned calls to end", func() bool { return s.gate.running() == 0 })
 }
+
+// TestPeekThroughBreaker: Peek goes through the circuit breaker as a
+// decision does: with the breaker open it fails at once with
+// ErrUnavailable (no wait on a Redis known to be failing), and a Peek the
+// Fallback answers reports its backend failure with the time it took.
+func TestPeekThroughBreaker(t *testing.T) {
+	px := newProxy(t, redistest.Server(t))
+	rec := &errorRecorder{}
+	s := newStore(t, newClient(t, px.Addr()), &Config{Timeout: 50 * time.Millisecond, Breaker: &BreakerConfig{Failures: 1, OpenFor: time.Hour}})
+	fs := newStore(t, newClient(t, px.Addr()), &Config{Timeout: 50 * time.Millisecond, Breaker: &BreakerConfig{Disabled: true}, Fallback: core.MustMemoryStore(nil), Observer: rec})
+	p := mustPolicy(t, core.Rule{Name: "peeked", Limit: 5, Window: time.Hour})
+	take(t, s, time.Now(), p, "k", 1) // connections warm
+	take(t, fs, time.Now(), p, "k", 1)
+	px.delay.Store(int64(200 * time.Millisecond))
+	reqs := []core.Request{{Policy: p, Key: "k", Cost: 1}}
+	var out [1]core.Decision
+	if err := s.Take(context.Background(), time.Now(), reqs, out[:]); err == nil || s.State() != BreakerOpen {
+		t.Fatalf("a Take on a slow Redis: %v, breaker %v; want a timeout and the breaker open", err, s.State())
+	}
+	if err := s.Peek(context.Background(), time.Now(), reqs, out[:]); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Peek with the breaker open: %v, want ErrUnavailable", err)
+	}
+	if err := fs.Peek(context.Background(), time.Now(), reqs, out[:]); err != nil || !out[0].Fallback {
+		t.Fatalf("Peek with a Fallback on a slow Redis: %v %+v, want the Fallback's answer", err, out[0])
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.errs) != 1 || rec.lats[0] < 50*time.Millisecond {
+		t.Fatalf("the Fallback's Peek reported %v with latencies %v, want one error of the Timeout's latency or more", rec.errs, rec.lats)
+	}
+}

@@ -229,11 +229,13 @@ type errorRecorder struct {
 	core.NopObserver
 	mu   sync.Mutex
 	errs []error
+	lats []time.Duration
 }
 
 func (r *errorRecorder) ObserveError(e core.ErrorEvent) {
 	r.mu.Lock()
 	r.errs = append(r.errs, e.Err)
+	r.lats = append(r.lats, e.Latency)
 	r.mu.Unlock()
 }
 
