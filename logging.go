@@ -13,8 +13,9 @@ import (
 
 // The one-time log lines. Each is logged at most once per Limiter, at level
 // Warn, to the logger set by [WithLogger] (slog.Default() unless set). They
-// never carry a key or an address in full: only what is needed to fix the
-// setup.
+// never carry a request's key or a client's address in full: only what is
+// needed to fix the setup. An "error" attribute is the store's error as it
+// is, which can name the backend (a Redis server's address).
 const (
 	msgForwarded          = "ratelimit: forwarded headers arrive from a loopback or private peer but no proxy is trusted: every client behind that proxy shares its bucket; pass the proxy's network to ratelimit.TrustedProxies"
 	msgNoRoute            = "ratelimit: a Route layer found no route pattern: the limiter runs before routing; use ratelimit.WithServeMux or the chilimit, echolimit or ginlimit adapter"
