@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -452,5 +453,73 @@ func TestBreakerCountsServerErrors(t *testing.T) {
 	fail(down)
 	if st := fromGobreaker(cb.State()); st != BreakerOpen {
 		t.Fatalf("after three server failures in a row (one content error between them): breaker %v, want open", st)
+	}
+}
+
+// eventRecorder records the ErrorEvents it observes.
+type eventRecorder struct {
+	core.NopObserver
+	mu  sync.Mutex
+	evs []core.ErrorEvent
+}
+
+func (r *eventRecorder) ObserveError(e core.ErrorEvent) {
+	r.mu.Lock()
+	r.evs = append(r.evs, e)
+	r.mu.Unlock()
+}
+
+// unknownClient hides a client's type, so that the store groups a batch by
+// hash tag, as on a Ring: one script call per tag.
+type unknownClient struct{ redis.UniversalClient }
+
+// failRefunds fails, after 20 ms, every refund script call while on.
+type failRefunds struct{ on atomic.Bool }
+
+func (h *failRefunds) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failRefunds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *failRefunds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.on.Load() && slices.Contains(cmd.Args(), any(modeRefund)) {
+			time.Sleep(20 * time.Millisecond)
+			err := errors.New("refund refused")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestSpreadRefundFailureReport: a batch spanning two script calls whose
+// second layer is refused at the charge (another request took its last unit
+// between the check and the charge) refunds the first; when that refund
+// fails, the report names the first layer's policy alone, with the time
+// the refund took.
+func TestSpreadRefundFailureReport(t *testing.T) {
+	c := newClient(t, redistest.Server(t))
+	hook := &failRefunds{}
+	c.AddHook(hook)
+	rec := &eventRecorder{}
+	s := newStore(t, unknownClient{c}, &Config{ClientTime: true, HashTag: TagByKey, Observer: rec})
+	a := mustPolicy(t, core.Rule{Name: "sa", Limit: 5, Window: time.Hour})
+	b := mustPolicy(t, core.Rule{Name: "sb", Limit: 1, Window: time.Hour})
+	at := storetest.T0.Add(time.Hour)
+	s.betweenPhases = func() {
+		s.betweenPhases = nil
+		if d := take(t, s, at, b, "k2", 1); !d.Allowed {
+			t.Errorf("the interleaved take was refused")
+		}
+		hook.on.Store(true)
+	}
+	var out [2]core.Decision
+	if err := s.Take(context.Background(), at, []core.Request{{Policy: a, Key: "k1", Cost: 1}, {Policy: b, Key: "k2", Cost: 1}}, out[:]); err != nil || out[1].Allowed {
+		t.Fatalf("the batch: %v %+v, want sb refusing", err, out)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.evs) != 1 || len(rec.evs[0].Policies) != 1 || rec.evs[0].Policies[0] != a || rec.evs[0].Latency < 20*time.Millisecond {
+		t.Fatalf("reported %+v, want one error naming sa alone, of 20ms or more", rec.evs)
 	}
 }

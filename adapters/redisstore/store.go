@@ -929,7 +929,9 @@ func (s *Store) decideSpread(ctx context.Context, nowArg any, reqs []core.Reques
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.refundTimeout())
 	defer cancel()
 	refunded := make([]core.Decision, len(reqs))
+	start := time.Now()
 	rerrs := runAll(rctx, modeRefund, charged, refunded)
+	took := time.Since(start)
 	for g, idx := range gs {
 		if !charged[g] {
 			continue
@@ -942,7 +944,13 @@ func (s *Store) decideSpread(ctx context.Context, nowArg any, reqs []core.Reques
 			}
 		}
 		if rerrs[g] != nil {
-			s.observe(reqs, fmt.Errorf("redisstore: refunding a refused batch: %w", rerrs[g]), 0)
+			// The requests of the group whose refund failed, not the
+			// batch's (the others were refunded, or refused).
+			var grp [core.MaxBatch]core.Request
+			for k, i := range idx {
+				grp[k] = reqs[i]
+			}
+			s.observe(grp[:len(idx)], fmt.Errorf("redisstore: refunding a refused batch: %w", rerrs[g]), took)
 		}
 	}
 	return firstErr
