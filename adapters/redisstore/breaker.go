@@ -206,7 +206,8 @@ func (s *Store) nodeBreaker(node string) *gobreaker.CircuitBreaker[struct{}] {
 // through for a minute or more, as seen by two calls of NodeStates (or
 // State) at least a minute apart, is dropped: that of a master gone from
 // the Cluster, or whose address changed, would otherwise report open or
-// half-open for good. A master asked again gets a new breaker.
+// half-open for good; Config.OnStateChange hears a dropped breaker that was
+// not closed change to closed. A master asked again gets a new breaker.
 func (s *Store) NodeStates() map[string]BreakerState {
 	if !s.perNode {
 		return nil
@@ -220,7 +221,9 @@ func (s *Store) NodeStates() map[string]BreakerState {
 	s.nodeBreakers.Range(func(k, v any) bool {
 		b := v.(*nodeBreaker)
 		if g-b.gen.Load() > 1 {
-			s.nodeBreakers.CompareAndDelete(k, v)
+			if st := fromGobreaker(b.cb.State()); s.nodeBreakers.CompareAndDelete(k, v) && st != BreakerClosed && s.onChange != nil {
+				s.onChange(st, BreakerClosed) // its report was the last word on it
+			}
 			return true
 		}
 		m[k.(string)] = fromGobreaker(b.cb.State())

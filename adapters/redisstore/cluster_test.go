@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -329,11 +330,12 @@ func TestClusterSlotMapWithinTimeout(t *testing.T) {
 // TestNodeBreakersDropped checks that a master's breaker that no decision
 // has used for a whole sweep period of NodeStates (a master gone from the
 // Cluster, or whose address changed, with its breaker open) is dropped, so
-// that State does not report it open for good, while the breakers of the
-// masters decisions use stay.
+// that State does not report it open for good, and OnStateChange hears it
+// close, while the breakers of the masters decisions use stay.
 func TestNodeBreakersDropped(t *testing.T) {
 	client := newClusterClient(t, redistest.Cluster(t))
-	s := newStore(t, client, &Config{Breaker: &BreakerConfig{Failures: 1, OpenFor: time.Hour}})
+	var tr transitions
+	s := newStore(t, client, &Config{Breaker: &BreakerConfig{Failures: 1, OpenFor: time.Hour}, OnStateChange: tr.record})
 	s.lastSweep.Store(time.Now().UnixNano()) // a sweep period begins
 	p := mustPolicy(t, core.Rule{Name: "n", Limit: 10, Window: time.Minute})
 	take(t, s, time.Now(), p, "k", 1)
@@ -361,6 +363,9 @@ func TestNodeBreakersDropped(t *testing.T) {
 	}
 	if got := s.State(); got != BreakerClosed {
 		t.Fatalf("State() = %v, want closed", got)
+	}
+	if got := tr.list(); !slices.Equal(got, []string{"closed>open", "open>closed"}) {
+		t.Fatalf("OnStateChange heard %v, want the gone master's breaker open, then closed when dropped", got)
 	}
 	// Calls within one period sweep nothing.
 	s.nodeBreaker(gone)

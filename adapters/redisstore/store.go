@@ -236,14 +236,15 @@ type Store struct {
 	breaker      *gobreaker.CircuitBreaker[struct{}] // the store's one breaker, unless perNode
 	perNode      bool                                // a Cluster: one breaker per master (nodeBreakers)
 	newBreaker   breakerFactory
-	nodeBreakers sync.Map      // master address -> *nodeBreaker
-	breakerGen   atomic.Uint64 // the sweeps of NodeStates so far (see nodeBreaker)
-	lastSweep    atomic.Int64  // Unix nanosecond of NodeStates' last sweep
-	deadlines    deadlines     // Done channels of the decisions' timeouts
-	gate         *gate         // the running calls; closed by Close
-	slots        chan struct{} // one per connection of a single-node client; nil: no pacing
-	pipe         *pipeliner    // nil: each call sent alone (Config.Pipeline)
-	ring         *ringGuard    // a Ring's: keys moved off a shard that is down
+	nodeBreakers sync.Map                    // master address -> *nodeBreaker
+	breakerGen   atomic.Uint64               // the sweeps of NodeStates so far (see nodeBreaker)
+	lastSweep    atomic.Int64                // Unix nanosecond of NodeStates' last sweep
+	onChange     func(from, to BreakerState) // Config.OnStateChange
+	deadlines    deadlines                   // Done channels of the decisions' timeouts
+	gate         *gate                       // the running calls; closed by Close
+	slots        chan struct{}               // one per connection of a single-node client; nil: no pacing
+	pipe         *pipeliner                  // nil: each call sent alone (Config.Pipeline)
+	ring         *ringGuard                  // a Ring's: keys moved off a shard that is down
 	queueWait    time.Duration
 
 	// betweenPhases, if set (by tests), runs between the check and the
@@ -340,6 +341,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 		}
 		s.pipe = &pipeliner{client: client, gate: s.gate, timeout: s.timeout, lanes: c.Pipeline}
 	}
+	s.onChange = c.OnStateChange
 	mk, err := newBreaker(c.Breaker, c.OnStateChange)
 	if err != nil {
 		return nil, err
