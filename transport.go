@@ -62,8 +62,8 @@ type TransportConfig struct {
 	// unlimited (it is sent at once, and nothing is learned from its
 	// response; when that is so for every one of the first
 	// [AbsentKeyLogAfter] requests, Logger hears of it once); any other
-	// error, or an empty key, fails the request. The
-	// default value is [TargetHost]: one quota per host and port.
+	// error, or an empty key, fails the request. The default value is
+	// [TargetHost]: one quota per host and port.
 	Key KeyFunc
 
 	// MaxWait bounds how long one request may wait for a slot, in total.
@@ -121,8 +121,8 @@ type TransportConfig struct {
 // the server asked for meanwhile (a 429 to another request of the key). A
 // request admitted with a delay, or held by such a pause, that it may not
 // wait (FailFast, MaxWait, a deadline, or its context ending) is not sent
-// and fails as above, and keeps its charge, as
-// the middleware's requests do: a refund gives back a bucket's latest
+// and fails as above, and keeps its charge, as the middleware's requests
+// do: a refund gives back a bucket's latest
 // units, not this request's, so that with a request booked behind it
 // meanwhile (by this process or another) the next one would take a slot
 // already taken. So each such attempt books a slot: give callers that may

@@ -557,12 +557,9 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 			}
 			if !found {
 				if m.observer != nil {
-					// The report's Stale: a state left ahead of a clock
-					// that stepped back matters only as long as a decision
-					// at now leaves it, clamped (as in recoveryWait).
-					s.exam.pol.alg.Decide(s.exam.pol, &s.exam.st, 0, now, true, &s.dec)
-					s.write(ref, sl, &s.exam.st)
-					exp = s.exam.expiry()
+					// The report's Stale, as a decision at now leaves
+					// the state (see clampExam).
+					exp = s.clampExam(ref, sl, now)
 				}
 				firstKey, firstName, firstExp, found = k, s.exam.pol.rule.Name, exp, true
 			}
@@ -597,9 +594,7 @@ func (s *memShard) recoveryWait(excess int, batch []uint64, now int64) int64 {
 		excess--
 		sl := s.load(ref, &s.exam)
 		if s.exam.expiry() > now {
-			s.exam.pol.alg.Decide(s.exam.pol, &s.exam.st, 0, now, true, &s.dec)
-			s.write(ref, sl, &s.exam.st)
-			wait = max(wait, s.exam.expiry()-now)
+			wait = max(wait, s.clampExam(ref, sl, now)-now)
 		}
 		s.exam = memEntry{}
 	}
@@ -615,6 +610,15 @@ func (s *memShard) recoveryWait(excess int, batch []uint64, now int64) int64 {
 		visit(k, ref)
 	}
 	return wait
+}
+
+// clampExam writes s.exam, the record loaded from sl, whose LRU value is
+// ref, as a decision at now would leave it (a state left ahead of a clock
+// that stepped back, clamped), and returns its expiry then. Requires s.mu.
+func (s *memShard) clampExam(ref memRef, sl *memSlot, now int64) int64 {
+	s.exam.pol.alg.Decide(s.exam.pol, &s.exam.st, 0, now, true, &s.dec)
+	s.write(ref, sl, &s.exam.st)
+	return s.exam.expiry()
 }
 
 // insert stores st as the state of r, whose hash is h; makeRoom has made

@@ -483,11 +483,15 @@ func handlersAt(routes chi.Routes, pattern string) map[string]http.Handler {
 		sub  chi.Routes
 		rest string
 		best = -1
+		own  map[string]http.Handler // pattern's at this level, of some methods
 	)
 	for _, rt := range routes.Routes() {
 		if rt.SubRoutes == nil {
-			if rt.Pattern == pattern && rt.Handlers["*"] != nil {
-				return rt.Handlers
+			if rt.Pattern == pattern {
+				if rt.Handlers["*"] != nil {
+					return rt.Handlers
+				}
+				own = rt.Handlers
 			}
 			continue
 		}
@@ -497,12 +501,7 @@ func handlersAt(routes chi.Routes, pattern string) map[string]http.Handler {
 		}
 	}
 	if sub == nil {
-		for _, rt := range routes.Routes() {
-			if rt.SubRoutes == nil && rt.Pattern == pattern {
-				return rt.Handlers
-			}
-		}
-		return nil
+		return own
 	}
 	if rest == "" {
 		rest = "/"

@@ -12,8 +12,8 @@
 // answers is keyed by that handler's path, as an e.Any route is: echo's own
 // (the catch-alls g.Use adds at a group's path and its "/*", so that a 404
 // under /api/ is keyed "/api/*") or one registered with e.RouteNotFound.
-// Middleware added with e.Use, g.Use or per
-// route runs after routing; in e.Pre middleware the route is looked up in
+// Middleware added with e.Use, g.Use or per route runs after routing; in
+// e.Pre middleware the route is looked up in
 // echo's router, so one Limiter in e.Pre or e.Use can hold per-IP, per-user
 // and per-route layers in one atomic batch. In e.Pre the route is looked up
 // by the path and method as they are when the middleware runs: put the
@@ -188,9 +188,9 @@ func admit(l *ratelimit.Limiter, result bool, w http.ResponseWriter, kc *keyCont
 // its method, "/login" for one registered for every method (e.Any) and
 // "/api/*" for a RouteNotFound handler's (a group's catch-all that g.Use
 // adds, or one of e.RouteNotFound), "" for a request no route or handler
-// matches (404, 405). Before routing (in e.Pre
-// middleware) it looks the route up in the router echo will use: the
-// request's host's (e.Host), or the default one.
+// matches (404, 405). Before routing (in e.Pre middleware) it looks the
+// route up in the router echo will use: the request's host's (e.Host), or
+// the default one.
 func RouteOf(c echo.Context) string {
 	e := c.Echo()
 	r := c.Request()

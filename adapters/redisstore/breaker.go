@@ -28,10 +28,10 @@ const (
 // closed every decision goes to Redis; Failures consecutive failures
 // (errors or timeouts; a caller's own cancellation does not count, nor
 // does an error Redis replies about one call's own content, see
-// callError) open it, and for OpenFor no decision goes to Redis: Take fails fast with
-// ErrUnavailable or decides with the Fallback. It then turns half-open and
-// lets Probes decisions through: if they all succeed it closes, and if one
-// fails it opens again.
+// callError) open it, and for OpenFor no decision goes to Redis: Take
+// fails fast with ErrUnavailable or decides with the Fallback. It then
+// turns half-open and lets Probes decisions through: if they all succeed
+// it closes, and if one fails it opens again.
 type BreakerConfig struct {
 	// Disabled turns the breaker off: every decision goes to Redis and
 	// waits for its Timeout. The default value is false.

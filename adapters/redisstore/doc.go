@@ -153,8 +153,8 @@
 // the key (TagByKey); and an untagged key holding '{' is written after an
 // empty hash tag, Prefix + "{}" + name + ":" + key, so Redis Cluster
 // hashes the whole key: a key such as "{victim}" cannot choose its hash
-// slot (or its node) unless Config.HashTag says so. Keys that may hold secrets (API keys) should be
-// hashed before they reach the store.
+// slot (or its node) unless Config.HashTag says so. Keys that may hold
+// secrets (API keys) should be hashed before they reach the store.
 //
 // The buckets and windows keep one string per key ("g:tat:frac;id",
 // "f:window:count;id", "c:window:prev:curr;id", id the policy's identity);

@@ -33,10 +33,9 @@ const MaxKeyLen = 256
 // longer than MaxKeyLen bytes is written as "%h" + hex(SHA-256(tag)), which
 // no escaped tag equals (its '%' would be written %25); one tag is always
 // written the same way, so it still puts every key it tags in one slot.
-// The empty hash tag
-// "{}" in front of a key holding '{' makes Redis Cluster hash the whole
-// key: a caller-supplied key never chooses its slot by holding "{...}";
-// only Config.HashTag chooses slots.
+// The empty hash tag "{}" in front of a key holding '{' makes Redis
+// Cluster hash the whole key: a caller-supplied key never chooses its slot
+// by holding "{...}"; only Config.HashTag chooses slots.
 
 // escapeName escapes a policy name for a Redis key.
 func escapeName(s string) string {
