@@ -21,17 +21,18 @@ import (
 // "golang-lru-hash" keeps it inline in a simplelru.LRU[uint64, state] keyed
 // by the key's maphash, read with Peek and written back with Add (which
 // moves the key to the front), as core.MemoryStore did until it took the
-// "golang-lru-slot" layout: the LRU maps the hash to a slot of a per-shard
-// slab, written in place, and a key goes to the front only when it may
-// have drifted into the back half of its shard; "golang-lru-hash-ptr" keys
+// "golang-lru-slot" layout (its layout until it took "slab-index"): the
+// LRU maps the hash to a slot of a per-shard slab, written in place, and a
+// key goes to the front only when it may have drifted into the back half
+// of its shard; "golang-lru-hash-ptr" keys
 // a simplelru.LRU[uint64, *state] by the hash and writes the state in
 // place, without moving the key; "slab" keeps the state in a node of a
 // per-shard slice indexed by a map[string]uint32, with no LRU at all;
-// "slab-index" makes the slab the index: each 32-byte slot holds the
-// key's hash beside its state, its policy and its stamp, keys are placed
-// by linear probing from their home slot, and a simplelru.LRU[uint64,
-// struct{}] (64-byte entries) keeps only the order, touched when a key may
-// have drifted. The LRUs hold twice the keys, as Keys100kParallel's store
+// "slab-index", core.MemoryStore's layout, makes the slab the index: each
+// 32-byte slot holds the key's hash beside its state, its policy and its
+// stamp, keys are placed by linear probing from their home slot, and a
+// simplelru.LRU[uint64, struct{}] (64-byte entries) keeps only the order,
+// touched when a key may have drifted. The LRUs hold twice the keys, as Keys100kParallel's store
 // does, and the slab-index slab has 5/4 of a slot for each key the shard
 // can hold.
 func BenchmarkLRULayout(b *testing.B) { benchLRULayout(b, 100_000) }

@@ -15,7 +15,7 @@ import (
 )
 
 // DefaultCapacity is the number of keys a MemoryStore holds when its
-// configuration sets none: about 12 MB at the ~120 bytes per key measured
+// configuration sets none: about 13 MB at the ~126 bytes per key measured
 // at 1,000,000 keys (BenchmarkHeapPerKey).
 const DefaultCapacity = 100_000
 
@@ -43,12 +43,12 @@ type MemoryConfig struct {
 	// bound is per shard: a full shard makes room in itself even if another
 	// shard has room.
 	//
-	// Capacity also sizes some memory up front: the store allocates half a
-	// byte per key of Capacity when it is made (where each key's 16-byte
-	// slot will be, and which slots are in use). The slots themselves are
-	// allocated 64 at a time (1 KiB) as keys arrive: 1 KiB for a shard's
-	// first key, then 16 to about 43 bytes per key held while a shard fills
-	// (see MemoryStore), never more than 16 bytes per key of Capacity.
+	// Capacity also sizes the slabs that hold the keys' state: each shard
+	// starts with a slab of at most 64 slots of 32 bytes (2 KiB), and its
+	// slab about doubles as keys arrive (see MemoryStore): 43 to 86 bytes
+	// per key held while a shard fills, 36 bytes per key of Capacity once
+	// full (a slot per key and 1/8 more), never more. A growth allocates
+	// the new slab before the old one is dropped.
 	Capacity int
 
 	// Shards is the number of independently locked shards, lowered to
@@ -116,31 +116,29 @@ type MemoryConfig struct {
 // n live keys that happens with probability about n²/2⁶⁵, 3·10⁻⁸ for
 // 1,000,000 keys.
 //
-// Each shard's golang-lru list holds, for each key, where its state is: a
-// slot of the shard, written in place by every decision. A new key takes
-// the slot its hash points to when that one is free, and a decision reads
-// that slot while it looks the key up, so that finding the key and reading
-// its state overlap. The slots a hash points to are the shard's first
-// ones, at most 8/3 times as many as the keys it holds (from its 24th key),
-// and at least 4/3 as many until they are the whole shard: when its keys
-// pass three quarters of them, the range about doubles, and the shard
-// places all its keys anew, the most recently used first, keeping their
-// LRU order. The range's sizes are the shard's capacity c (Capacity
-// divided among the shards) halved over and over, so that the last growth
-// is about a doubling too (at least 1.75 times in a shard of 1,000 keys or
-// more). That is at most ⌈log2(c/64)⌉ pauses in a shard's life, each
-// taking about a decision's time and 40 bytes of allocation per key held
-// (48 with sliding logs), with the shard's lock held; a shard filling to c
-// places 3/4 of a key anew per key of c in all when c is large, up to 0.94
-// for c of a few thousand. On a 2-core test machine, the pauses took at
-// most 2 to 3 ms while a store of 200,000 keys filled and 9 to 12 ms for
-// one of 1,050,000 (see BENCHMARKS.md). A filling shard keeps 60 to 80% of
-// its keys at their home slot. A shard that runs full and evicts places
-// its new keys in the slots freed, and stops guessing once fewer than half
-// of its keys are at home. Slots are placed by hash, not in the order keys
-// arrive: traffic that revisits keys in the order they first came finds
-// them further apart in memory than an arrival-ordered layout would keep
-// them.
+// Each shard keeps its records in a slab of slots that is also its index:
+// a slot holds a key's hash beside its state, written in place by every
+// decision, and keys are placed by linear probing from the slot their hash
+// points to, in Robin Hood order (along a run of slots, keys sit in the
+// order of the slots their hashes point to, so that a search stops as soon
+// as it passes where its key would be). A decision on a held key reads the
+// slab alone, most often one slot. The shard's golang-lru list, keyed by
+// the same hashes, holds no value: it keeps the keys' order for eviction.
+// A shard's slab has 1/8 more slots than its capacity c (Capacity divided
+// among the shards) once full, where a successful search reads about five
+// slots on average; while the shard fills, its slab is that size halved
+// over and over, and when its keys pass three quarters of it, it about
+// doubles and the shard places all its keys anew (at least 1.75 times in a
+// shard of 1,000 keys or more; the LRU, which does not name slots, is left
+// alone). That is at most ⌈log2(c/64)⌉ pauses in a shard's life, each
+// taking about a placement per key held and the new slab's allocation (32
+// bytes a slot), with the shard's lock held. A new key in a full shard
+// costs more than in the slab's growing range: its search, and the keys
+// its placement and the evicted key's removal move by one slot, cross
+// longer runs of slots (see BENCHMARKS.md). Slots are placed by hash, not
+// in the order keys arrive: traffic that revisits keys in the order they
+// first came finds them further apart in memory than an arrival-ordered
+// layout would keep them.
 //
 // Recency is kept lazily, as memcached keeps its LRU: a decision moves its
 // key to the front of the shard's list only when the key may have drifted
@@ -167,8 +165,7 @@ type MemoryConfig struct {
 // Deciding an existing key allocates nothing (unless its policy changes,
 // when the shard's table of policies may grow). A new key costs one
 // allocation (its LRU entry; with an Observer, one more for its text; in a
-// filling shard, now and then a chunk of slots or the shard's placing its
-// keys anew). A full shard drops a recovered key before evicting one that
+// filling shard, now and then the slab's growth). A full shard drops a recovered key before evicting one that
 // holds state (see MemoryConfig.KeepActive for how far it looks). Times
 // outside [MinTime, MaxTime] are clamped to them.
 //
@@ -248,8 +245,8 @@ func (s *memShard) refuseConverted(old memEntry, h uint64, p *Policy, cost, now 
 	s.exam = old
 	o.alg.Decide(o, &s.exam.st, 0, now, true, &s.dec) // the clamp
 	reset := s.dec.ResetAfter
-	if ref, ok := s.lru.Peek(h); ok {
-		s.write(ref, s.at(ref.slot), &s.exam.st)
+	if i, ok := s.lookup(h); ok {
+		s.write(&s.slab[i], &s.exam.st)
 	}
 	// A request of cost c under p fits once old's units in use are at most
 	// p's capacity less c.
@@ -280,16 +277,17 @@ type memShard struct {
 	// The hot record: the key takeOne decided twice in a row, while no
 	// other request reaches the shard (see takeOne and flush). Its State
 	// is kept here, on the cache line of mu, and its slot is behind until
-	// flush writes it back; the LRU holds hotRef as the key's value.
-	// Guarded by mu, like every field below.
+	// flush writes it back, with the stamp hotRef holds. Guarded by mu,
+	// like every field below.
 	hotOK  bool
 	hotH   uint64  // the hot key's hash
-	hotRef memRef  // its LRU value
+	hotRef memRef  // its slot and stamp
 	hotPol *Policy // its policy, a hotAlgorithm
-	hot    memSlot // its State
-	lastH  uint64  // the hash of the key takeOne last decided
+	hotA   int64   // its State
+	hotB   int64
+	lastH  uint64 // the hash of the key takeOne last decided
 
-	lru *simplelru.LRU[uint64, memRef]
+	lru *simplelru.LRU[uint64, struct{}]
 	cap int
 	// lazy is how far from the front a key may drift before a decision
 	// moves it back there (see put): half the shard's capacity, or 0 with
@@ -297,20 +295,13 @@ type memShard struct {
 	lazy uint64
 	tick uint64 // keys gone to the front so far
 
-	slab  [][]memSlot // chunks of slabChunk slots, each allocated when first used
-	used  []uint64    // bit i: slot i holds a key; set past the last slot
-	freed uint32      // 1 + the slot last freed; 0 for none
-	span  uint32      // the slots keys are placed in: [0, span) (see add and grow)
-	// athome counts the keys at their home slot; guessing is whether
-	// they are at least half of the shard's keys (see find).
-	athome   uint32
-	guessing bool
-	none     memSlot // what guess returns for a slot not allocated
-	// logs holds the sliding logs of the shard's records by slot; nil
+	slab []memSlot // span slots: the shard's index and records (see memslab.go)
+	span uint32    // len(slab) (see add and grow)
+	// logs holds the sliding logs of the shard's records by hash; nil
 	// until the first is stored.
-	logs map[uint32]*timeLog
+	logs map[uint64]*timeLog
 
-	pols     []*Policy // the policies of the shard's records; nil where free
+	pols     []*Policy // the policies of the shard's records; nil where free, and at 0
 	polRefs  []uint32  // records of each policy
 	polFree  []uint32  // free indexes of pols
 	polIndex map[*Policy]uint32
@@ -323,7 +314,7 @@ type memShard struct {
 	// keys holds the text of every key, by hash, when the store has an
 	// Observer (for its eviction events); nil otherwise. Guarded by mu.
 	keys map[uint64]string
-	_    [80]byte // 512 bytes in all: a shard's first field starts a cache line
+	_    [128]byte // 512 bytes in all: a shard's first field starts a cache line
 }
 
 // NewMemoryStore returns a MemoryStore configured by cfg (nil for the
@@ -361,19 +352,15 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 	}
 	for i := range m.shards {
 		s := &m.shards[i]
-		l, err := simplelru.NewLRU[uint64, memRef](per, s.evicted)
+		l, err := simplelru.NewLRU[uint64, struct{}](per, s.evicted)
 		if err != nil {
 			return nil, fmt.Errorf("ratelimit: memory store: %w", err)
 		}
 		s.lru = l
 		s.cap = per
-		s.span = nextSpan(0, per)
-		s.setGuessing()
-		s.slab = make([][]memSlot, (per+slabChunk-1)/slabChunk)
-		s.used = make([]uint64, (per+63)/64)
-		if r := per % 64; r != 0 {
-			s.used[len(s.used)-1] = ^uint64(0) << r
-		}
+		s.span = nextSpan(0, fullSpan(per))
+		s.slab = make([]memSlot, s.span)
+		s.pols, s.polRefs = []*Policy{nil}, []uint32{0} // index 0: a free slot
 		if !c.KeepActive {
 			// KeepActive examines only the last key of the list, which
 			// must then be the least recently used: it keeps exact recency.
@@ -520,9 +507,10 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 			return wait, ErrStoreFull
 		}
 		for excess > 0 {
-			k, ref, _ := s.lru.GetOldest()
+			k, _, _ := s.lru.GetOldest()
 			if held(k, batch) {
-				s.front(k, ref)
+				_, sl := s.get(k)
+				s.renew(k, sl)
 				continue
 			}
 			s.lru.RemoveOldest()
@@ -539,16 +527,16 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 			dropped   bool
 		)
 		for seen := 0; seen < EvictionScan; {
-			k, ref, _ := s.lru.GetOldest()
+			k, _, _ := s.lru.GetOldest()
 			if found && k == firstKey {
 				break // every key of the shard has been examined
 			}
+			sl := s.load(k, &s.exam)
 			if held(k, batch) {
-				s.front(k, ref)
+				s.renew(k, sl)
 				continue
 			}
 			seen++
-			sl := s.load(ref, &s.exam)
 			exp := s.exam.expiry()
 			if exp <= now {
 				s.lru.RemoveOldest()
@@ -559,11 +547,11 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 				if m.observer != nil {
 					// The report's Stale, as a decision at now leaves
 					// the state (see clampExam).
-					exp = s.clampExam(ref, sl, now)
+					exp = s.clampExam(sl, now)
 				}
 				firstKey, firstName, firstExp, found = k, s.exam.pol.rule.Name, exp, true
 			}
-			s.front(k, ref) // a second chance for a key holding state
+			s.renew(k, sl) // a second chance for a key holding state
 		}
 		s.exam = memEntry{}
 		if dropped {
@@ -587,37 +575,36 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 // own recovery time and holds for the next decision. Requires s.mu.
 func (s *memShard) recoveryWait(excess int, batch []uint64, now int64) int64 {
 	var wait int64
-	visit := func(k uint64, ref memRef) {
+	visit := func(k uint64) {
 		if held(k, batch) {
 			return // the batch's own keys are not made room from
 		}
 		excess--
-		sl := s.load(ref, &s.exam)
+		sl := s.load(k, &s.exam)
 		if s.exam.expiry() > now {
-			wait = max(wait, s.clampExam(ref, sl, now)-now)
+			wait = max(wait, s.clampExam(sl, now)-now)
 		}
 		s.exam = memEntry{}
 	}
-	if k, ref, ok := s.lru.GetOldest(); ok && excess == 1 && !held(k, batch) {
-		visit(k, ref) // the usual case: one new key, the oldest makes room
+	if k, _, ok := s.lru.GetOldest(); ok && excess == 1 && !held(k, batch) {
+		visit(k) // the usual case: one new key, the oldest makes room
 		return wait
 	}
 	for _, k := range s.lru.Keys() { // oldest first
 		if excess == 0 {
 			break
 		}
-		ref, _ := s.lru.Peek(k)
-		visit(k, ref)
+		visit(k)
 	}
 	return wait
 }
 
-// clampExam writes s.exam, the record loaded from sl, whose LRU value is
-// ref, as a decision at now would leave it (a state left ahead of a clock
-// that stepped back, clamped), and returns its expiry then. Requires s.mu.
-func (s *memShard) clampExam(ref memRef, sl *memSlot, now int64) int64 {
+// clampExam writes s.exam, the record loaded from sl, as a decision at now
+// would leave it (a state left ahead of a clock that stepped back,
+// clamped), and returns its expiry then. Requires s.mu.
+func (s *memShard) clampExam(sl *memSlot, now int64) int64 {
 	s.exam.pol.alg.Decide(s.exam.pol, &s.exam.st, 0, now, true, &s.dec)
-	s.write(ref, sl, &s.exam.st)
+	s.write(sl, &s.exam.st)
 	return s.exam.expiry()
 }
 
@@ -670,20 +657,13 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	p := r.Policy
 	h := m.hash(r)
 	s := &m.shards[m.shard(h)]
-	// The key's home slot is guessed only when the lock was free: on a
-	// contended shard (one hot key decided from several goroutines) the
-	// guessed read, issued as soon as the processor sees it, would take
-	// the slot's cache line from the goroutine still writing it.
-	guess := s.mu.TryLock()
-	if !guess {
-		s.mu.Lock()
-	}
+	s.mu.Lock()
 	if s.hotOK && s.hotH == h && s.hotPol == p {
 		// The hot key under its own policy: the decision reads and writes
 		// the cache line of the lock alone.
-		st := State{A: s.hot.A, B: s.hot.B}
+		st := State{A: s.hotA, B: s.hotB}
 		decideBuiltin(p, &st, r.Cost, now, true, out)
-		s.hot = memSlot{st.A, st.B}
+		s.hotA, s.hotB = st.A, st.B
 		if s.drifted(s.hotRef) {
 			s.hotRef = s.front(h, s.hotRef)
 		}
@@ -694,7 +674,7 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	last := s.lastH
 	s.lastH = h
 	var e memEntry
-	ref, sl, ok := s.find(h, &e, guess)
+	ref, sl, ok := s.find(h, &e)
 	if !ok {
 		return m.takeNew(s, h, r, now, out)
 	}
@@ -703,7 +683,7 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 	}
 	ref = s.put(h, ref, sl, &e)
 	if last == h && hotAlgorithm(p) {
-		s.hotOK, s.hotH, s.hotRef, s.hotPol, s.hot = true, h, ref, p, *sl
+		s.hotOK, s.hotH, s.hotRef, s.hotPol, s.hotA, s.hotB = true, h, ref, p, sl.A, sl.B
 	}
 	s.mu.Unlock()
 	return nil
@@ -715,8 +695,8 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 // every record as it is. Requires s.mu.
 func (s *memShard) flush() {
 	if s.hotOK {
-		sl := s.at(s.hotRef.slot)
-		sl.A, sl.B = s.hot.A, s.hot.B
+		sl := &s.slab[s.hotRef.slot]
+		sl.A, sl.B, sl.stamp = s.hotA, s.hotB, s.hotRef.stamp
 		s.hotOK, s.hotPol = false, nil
 	}
 }
@@ -836,9 +816,9 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
 		var st *State
-		if ref, _, ok := s.find(hashes[i], &s.cur, true); ok {
+		if _, sl, ok := s.find(hashes[i], &s.cur); ok {
 			// To the front, so that making room keeps the batch's keys.
-			s.front(hashes[i], ref)
+			s.renew(hashes[i], sl)
 			found[i] = true
 			olds[i], conv[i] = s.cur, converted(&s.cur, r.Policy)
 			lost[i] = s.adopt(&s.cur, r.Policy, now)

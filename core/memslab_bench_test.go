@@ -14,9 +14,8 @@ import (
 // each row adding one to the row before it:
 //
 //   - lookup: the key's hash, the shard's lock, the key's record found
-//     (memShard.find: its home slot guessed, golang-lru's Peek, the slot
-//     read) and written back unchanged: the store's structure, with no
-//     algorithm;
+//     (memShard.find: the slab searched from the key's home slot) and
+//     written back unchanged: the store's structure, with no algorithm;
 //   - take-fixed-now: the store's whole decision (the record loaded, the
 //     token bucket decided, the record written back) at a fixed time;
 //   - take: the same at the Limiter's clock, read once per decision;
@@ -90,7 +89,7 @@ func BenchmarkKeys100kParallelSteps(b *testing.B) {
 			s := &m.shards[m.shard(h)]
 			s.mu.Lock()
 			var e memEntry
-			_, sl, ok := s.find(h, &e, true)
+			_, sl, ok := s.find(h, &e)
 			if ok {
 				sl.A, sl.B = e.st.A, e.st.B
 			}

@@ -6,82 +6,90 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 	"unsafe"
 )
 
-// checkShard verifies the bookkeeping of a shard against its LRU: every key
-// has its own slot, marked used, and the other slots are marked free and
-// zeroed, the policy table counts exactly the records using each
-// policy and holds no other, every sliding log belongs to a live slot, and
-// no key is further from the front than its stamp allows.
+// checkShard verifies the bookkeeping of a shard against its LRU: every
+// key is found in its own slot, which holds its hash, and no other slot
+// holds a key; the slab is in Robin Hood order (no key is further from its
+// home than the key before it, plus one, and none after a free slot); free
+// slots are zeroed; the policy table counts exactly the records using each
+// policy and holds no other (index 0, which marks a free slot, none);
+// every sliding log belongs to a held key; and no key is further from the
+// front than its stamp allows.
 func checkShard(t *testing.T, s *memShard) {
 	t.Helper()
 	keys := s.lru.Keys() // oldest first
 	n := len(keys)
-	used := map[uint32]bool{}
+	if len(s.slab) != int(s.span) {
+		t.Fatalf("a slab of %d slots, span %d", len(s.slab), s.span)
+	}
+	full := fullSpan(s.cap)
+	if s.span == 0 || s.span > full || s.span < full && uint64(n)*4 > uint64(s.span)*3 || uint64(n) >= uint64(s.span) {
+		t.Fatalf("span %d for %d keys in a shard of %d (full span %d)", s.span, n, s.cap, full)
+	}
+	slots := map[uint32]bool{}
+	held := map[uint64]bool{}
 	refs := map[uint32]uint32{}
 	for pos, h := range keys {
-		ref, ok := s.lru.Peek(h)
+		i, ok := s.lookup(h)
 		if !ok {
-			t.Fatalf("key %x listed but not held", h)
+			t.Fatalf("key %x listed but not found in the slab", h)
 		}
-		if used[ref.slot] {
-			t.Fatalf("slot %d held by two keys", ref.slot)
+		if slots[i] || s.slab[i].h != h {
+			t.Fatalf("slot %d found for key %x holds %x (or another key's too)", i, h, s.slab[i].h)
 		}
-		used[ref.slot] = true
-		if int(ref.pol) >= len(s.pols) || s.pols[ref.pol] == nil {
-			t.Fatalf("key %x names policy %d, which the table does not hold", h, ref.pol)
+		slots[i], held[h] = true, true
+		sl := s.slab[i]
+		if int(sl.pol) >= len(s.pols) || sl.pol == 0 || s.pols[sl.pol] == nil {
+			t.Fatalf("key %x names policy %d, which the table does not hold", h, sl.pol)
 		}
-		refs[ref.pol]++
-		if fromFront := uint64(n - 1 - pos); fromFront > s.tick-ref.stamp {
-			t.Fatalf("key %x is %d from the front, but only %d keys went there since its stamp", h, fromFront, s.tick-ref.stamp)
-		}
-	}
-	if s.span == 0 || int(s.span) > s.cap || int(s.span) < s.cap && uint64(n)*4 > uint64(s.span)*3 {
-		t.Fatalf("span %d for %d keys in a shard of %d", s.span, n, s.cap)
-	}
-	home := uint32(0)
-	for _, h := range keys {
-		if ref, _ := s.lru.Peek(h); ref.slot == s.home(h) {
-			home++
-		}
-	}
-	if home != s.athome || s.guessing != (home*2 >= uint32(n)) {
-		t.Fatalf("%d of %d keys at home; the shard counts %d, guessing %v", home, n, s.athome, s.guessing)
-	}
-	held := 0
-	for i := uint32(0); i < uint32(len(s.used))*64; i++ {
-		switch {
-		case i >= s.span && i < uint32(s.cap) && s.isUsed(i):
-			t.Fatalf("slot %d, past the span (%d), is used", i, s.span)
-		case i >= uint32(s.cap):
-			if !s.isUsed(i) {
-				t.Fatalf("bit %d, past the last slot (%d), is clear", i, s.cap)
+		refs[sl.pol]++
+		stamp := sl.stamp
+		if s.hotOK && s.hotH == h {
+			stamp = s.hotRef.stamp
+			if s.hotRef.slot != i {
+				t.Fatalf("the hot record names slot %d, its key is at %d", s.hotRef.slot, i)
 			}
-		case s.isUsed(i):
-			if !used[i] {
-				t.Fatalf("slot %d marked used, but no key holds it", i)
+		}
+		// A stamp more than s.lazy behind says only that the key may have
+		// drifted (see restamp).
+		if fromFront, d := uint32(n-1-pos), uint32(s.tick)-stamp; uint64(d) <= s.lazy && fromFront > d {
+			t.Fatalf("key %x is %d from the front, but only %d keys went there since its stamp", h, fromFront, d)
+		}
+	}
+	used := 0
+	for i := range s.slab {
+		sl := s.slab[i]
+		if sl.pol == 0 {
+			if sl != (memSlot{}) {
+				t.Fatalf("free slot %d not cleared: %+v", i, sl)
 			}
-			held++
-		case used[i]:
-			t.Fatalf("slot %d held by a key, but marked free", i)
-		default:
-			if c := s.slab[i>>slabShift]; c != nil && c[i&slabMask] != (memSlot{}) {
-				t.Fatalf("free slot %d not cleared: %+v", i, c[i&slabMask])
+			continue
+		}
+		used++
+		if !slots[uint32(i)] || !held[sl.h] {
+			t.Fatalf("slot %d holds key %x, which the LRU does not list there", i, sl.h)
+		}
+		if d := s.dist(uint32(i), sl.h); d > 0 {
+			prev := (uint32(i) + s.span - 1) % s.span
+			p := s.slab[prev]
+			if p.pol == 0 || s.dist(prev, p.h)+1 < d {
+				t.Fatalf("slot %d is %d from its key's home, after slot %d (%+v): not in Robin Hood order", i, d, prev, p)
 			}
 		}
 	}
-	if held != n {
-		t.Fatalf("%d slots marked used, %d keys held", held, n)
+	if used != n {
+		t.Fatalf("%d slots used, %d keys held", used, n)
 	}
-	if s.none != (memSlot{}) {
-		t.Fatalf("the shard's unused slot was written: %+v", s.none)
+	if s.pols[0] != nil || s.polRefs[0] != 0 || slices.Contains(s.polFree, 0) {
+		t.Fatalf("policy index 0 is in use: %v, %d records, free %v", s.pols[0], s.polRefs[0], s.polFree)
 	}
 	live := 0
-	for i, p := range s.pols {
+	for i, p := range s.pols[1:] {
+		i++
 		if p == nil {
 			if s.polRefs[i] != 0 {
 				t.Fatalf("free policy index %d counts %d records", i, s.polRefs[i])
@@ -96,7 +104,7 @@ func checkShard(t *testing.T, s *memShard) {
 			t.Fatalf("policy %d indexed at %d, %v", i, j, ok)
 		}
 	}
-	if live != len(s.polIndex) || live+len(s.polFree) != len(s.pols) {
+	if live != len(s.polIndex) || 1+live+len(s.polFree) != len(s.pols) {
 		t.Fatalf("%d live policies, %d indexed, %d free, %d in the table", live, len(s.polIndex), len(s.polFree), len(s.pols))
 	}
 	if s.keys != nil {
@@ -109,9 +117,9 @@ func checkShard(t *testing.T, s *memShard) {
 			}
 		}
 	}
-	for slot, l := range s.logs {
-		if !used[slot] || l == nil {
-			t.Fatalf("sliding log of slot %d, held %v", slot, used[slot])
+	for h, l := range s.logs {
+		if !held[h] || l == nil {
+			t.Fatalf("sliding log of key %x, held %v", h, held[h])
 		}
 	}
 }
@@ -124,10 +132,9 @@ func TestMemShardBookkeeping(t *testing.T) {
 	for _, c := range []MemoryConfig{
 		{Capacity: 16}, {Capacity: 16, KeepActive: true}, {Capacity: 16, Observer: NopObserver{}},
 		{Capacity: 1}, {Capacity: 2}, {Capacity: 3, Observer: NopObserver{}}, {Capacity: 5, KeepActive: true},
-		// slots in three chunks and three words of the used bits, a span
-		// that grows twice
-		{Capacity: 2*slabChunk + 2}, {Capacity: 2*slabChunk + 2, KeepActive: true},
-		{Capacity: 2*slabChunk + 2, Observer: NopObserver{}},
+		// a span that grows twice
+		{Capacity: 2*minSpan + 2}, {Capacity: 2*minSpan + 2, KeepActive: true},
+		{Capacity: 2*minSpan + 2, Observer: NopObserver{}},
 	} {
 		c.Shards = 1
 		t.Run(fmt.Sprintf("%d,KeepActive=%v,Observer=%v", c.Capacity, c.KeepActive, c.Observer != nil), func(t *testing.T) {
@@ -223,8 +230,8 @@ func TestMemShardForgetsUnusedPolicies(t *testing.T) {
 	}
 	s := &m.shards[0]
 	checkShard(t, s)
-	if len(s.polIndex) != 1 || len(s.pols) > 2 {
-		t.Fatalf("%d policies indexed, a table of %d, after 1000 rule sets on 3 keys; want 1 and at most 2", len(s.polIndex), len(s.pols))
+	if len(s.polIndex) != 1 || len(s.pols) > 3 {
+		t.Fatalf("%d policies indexed, a table of %d, after 1000 rule sets on 3 keys; want 1 and at most 3 (index 0 unused)", len(s.polIndex), len(s.pols))
 	}
 }
 
@@ -266,7 +273,7 @@ func maphashString(m *MemoryStore, s string) uint64 {
 	return m.hash(&Request{Policy: &Policy{}, Key: s})
 }
 
-// A shard smaller than a slab chunk gets a chunk of its own size.
+// A shard smaller than minSpan gets a slab of its full span at once.
 func TestMemShardSmallSlab(t *testing.T) {
 	m := MustMemoryStore(&MemoryConfig{Capacity: 10, Shards: 1})
 	p := MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Minute})
@@ -275,27 +282,26 @@ func TestMemShardSmallSlab(t *testing.T) {
 		m.Take(context.Background(), time.Unix(int64(i), 0), []Request{{Policy: p, Key: fmt.Sprint(i), Cost: 1}}, out[:])
 	}
 	s := &m.shards[0]
-	if len(s.slab) != 1 || len(s.slab[0]) != 10 {
-		t.Fatalf("slab of %d chunks, the first of %d slots; want one of 10", len(s.slab), len(s.slab[0]))
+	if len(s.slab) != 12 || s.span != 12 {
+		t.Fatalf("a slab of %d slots, span %d; want 12 (10 keys, 1/8 more, and one)", len(s.slab), s.span)
 	}
 	checkShard(t, s)
 }
 
 // A key takes its home slot when it is free, and is then found there; a
 // key whose home another key holds is decided on its own record, never on
-// the one its home holds; and a shard allocates only the chunks of slots
-// its keys use.
+// the one its home holds.
 func TestMemShardHomeSlots(t *testing.T) {
-	m, s, do := oneShard(t, MemoryConfig{Capacity: 4 * slabChunk})
+	m, s, do := oneShard(t, MemoryConfig{Capacity: 4 * minSpan})
 	p := MustPolicy(Rule{Name: "r", Limit: 3, Window: time.Hour})
 	take := func(k string) bool { return do(Request{Policy: p, Key: k, Cost: 1}).Allowed }
 	home := func(k string) uint32 { return s.home(m.hash(&Request{Policy: p, Key: k})) }
 	slot := func(k string) uint32 {
-		ref, ok := s.lru.Peek(m.hash(&Request{Policy: p, Key: k}))
+		i, ok := s.lookup(m.hash(&Request{Policy: p, Key: k}))
 		if !ok {
 			t.Fatalf("%q not held", k)
 		}
-		return ref.slot
+		return i
 	}
 
 	// Two keys sharing a home slot: the first takes it, the second goes
@@ -311,15 +317,12 @@ func TestMemShardHomeSlots(t *testing.T) {
 	if slot(first) != home(first) {
 		t.Fatalf("the first key is at slot %d, its home is %d", slot(first), home(first))
 	}
-	if chunks := allocatedChunks(s); chunks != 1 {
-		t.Fatalf("%d chunks allocated for one key; want 1", chunks)
-	}
 	take(second)
-	if slot(second) == home(second) {
+	if slot(second) == home(second) || slot(first) != home(first) {
 		t.Fatal("the second key took the home slot the first holds")
 	}
-	// The first key spends its quota; the second, guessed at the first's
-	// slot, still has all of its own.
+	// The first key spends its quota; the second, whose search starts at
+	// the first's slot, still has all of its own.
 	for i := 1; i < 3; i++ {
 		take(first)
 	}
@@ -337,21 +340,10 @@ func TestMemShardHomeSlots(t *testing.T) {
 	checkShard(t, s)
 }
 
-func allocatedChunks(s *memShard) int {
-	n := 0
-	for _, c := range s.slab {
-		if c != nil {
-			n++
-		}
-	}
-	return n
-}
-
-// Filling a shard to capacity places every key (the last ones by searching
-// the used bits forward from their home, wrapping around), and a key added
-// to the full shard after an eviction takes the slot freed.
+// Filling a shard to capacity places every key, and a key added to the
+// full shard after an eviction is found, the evicted key no longer.
 func TestMemShardFillsEverySlot(t *testing.T) {
-	const capacity = 2*slabChunk + 3
+	const capacity = 2*minSpan + 3
 	m, s, take := oneShard(t, MemoryConfig{Capacity: capacity})
 	p := MustPolicy(Rule{Name: "r", Limit: 3, Window: time.Hour})
 	for i := 0; i < capacity; i++ {
@@ -362,30 +354,31 @@ func TestMemShardFillsEverySlot(t *testing.T) {
 	if n := s.lru.Len(); n != capacity {
 		t.Fatalf("%d keys held, want %d", n, capacity)
 	}
-	if chunks := allocatedChunks(s); chunks != len(s.slab) || chunks != 3 {
-		t.Fatalf("%d of %d chunks allocated; want all 3", chunks, len(s.slab))
+	if s.span != fullSpan(capacity) {
+		t.Fatalf("span %d for a full shard; want %d", s.span, fullSpan(capacity))
 	}
 	checkShard(t, s)
-	_, ref, _ := s.lru.GetOldest()
+	oldest, _, _ := s.lru.GetOldest()
 	if d := take(Request{Policy: p, Key: "new", Cost: 1}); !d.Allowed {
 		t.Fatalf("new key: %+v", d)
 	}
-	got, ok := s.lru.Peek(m.hash(&Request{Policy: p, Key: "new"}))
-	if !ok || got.slot != ref.slot {
-		t.Fatalf("the new key is at slot %d (held %v); the evicted key's was %d", got.slot, ok, ref.slot)
+	if _, ok := s.lookup(m.hash(&Request{Policy: p, Key: "new"})); !ok {
+		t.Fatal("the new key is not found")
+	}
+	if _, ok := s.lookup(oldest); ok {
+		t.Fatal("the evicted key is still found")
 	}
 	checkShard(t, s)
 }
 
-// When a shard's span grows, every key is placed anew under the new span:
-// at its home when free, else where a new key would go; the LRU keeps its
-// order, each key's stamp is then exactly its distance from the front, and
-// every record (a sliding log too) keeps its state.
+// When a shard's span grows, every key is placed anew under the new span;
+// the LRU keeps its order and every key its stamp, and every record (a
+// sliding log too) keeps its state.
 //
 // The store keeps exact recency (KeepActive), so that the keys' second
 // requests, made in reverse, reorder the LRU before the span grows.
 func TestMemShardGrow(t *testing.T) {
-	m, s, do := oneShard(t, MemoryConfig{Capacity: 8 * slabChunk, KeepActive: true})
+	m, s, do := oneShard(t, MemoryConfig{Capacity: 8 * minSpan, KeepActive: true})
 	pols := []*Policy{
 		MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour}),
 		MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour, Algorithm: SlidingWindowLog}),
@@ -394,26 +387,32 @@ func TestMemShardGrow(t *testing.T) {
 		return Request{Policy: pols[i%2], Key: fmt.Sprint("k", i), Cost: 1}
 	}
 	take := func(i int) Decision { return do(req(i)) }
+	first := s.span
 	// Fill the first span to three quarters, each key charged twice, in
 	// an order that differs from the keys' first requests.
-	n := slabChunk * 3 / 4
+	n := int(first) * 3 / 4
 	for i := 0; i < n; i++ {
 		take(i)
 	}
 	for i := n - 1; i >= 0; i-- {
 		take(i)
 	}
-	if s.span != slabChunk {
-		t.Fatalf("span %d with %d keys; want %d", s.span, n, slabChunk)
+	if s.span != first {
+		t.Fatalf("span %d with %d keys; want %d", s.span, n, first)
 	}
 	order := s.lru.Keys()
 	if r := req(0); order[len(order)-1] != m.hash(&r) {
 		t.Fatal("the second requests did not reorder the LRU")
 	}
-	// One more key doubles the span.
+	stamps := map[uint64]uint32{}
+	for _, h := range order {
+		_, sl := s.get(h)
+		stamps[h] = sl.stamp
+	}
+	// One more key about doubles the span.
 	take(n)
-	if s.span != 2*slabChunk {
-		t.Fatalf("span %d with %d keys; want %d", s.span, n+1, 2*slabChunk)
+	if want := nextSpan(first, fullSpan(s.cap)); s.span != want || want < 2*first-1 {
+		t.Fatalf("span %d with %d keys; want %d", s.span, n+1, want)
 	}
 	n++
 	after := s.lru.Keys()
@@ -422,15 +421,13 @@ func TestMemShardGrow(t *testing.T) {
 		t.Fatal("the LRU order changed when the span grew")
 	}
 	atHome := 0
-	for pos, h := range after {
-		ref, _ := s.lru.Peek(h)
-		if d := uint64(len(after) - 1 - pos); s.tick-ref.stamp != d {
-			t.Fatalf("key at %d from the front has stamp distance %d", d, s.tick-ref.stamp)
+	for _, h := range order {
+		i, sl := s.get(h)
+		if sl.stamp != stamps[h] {
+			t.Fatalf("key %x: stamp %d after the growth, %d before", h, sl.stamp, stamps[h])
 		}
-		if home := s.home(h); ref.slot == home {
+		if i.slot == s.home(h) {
 			atHome++
-		} else if !s.isUsed(home) {
-			t.Fatalf("a key is at slot %d while its home %d is free", ref.slot, home)
 		}
 	}
 	if atHome == 0 {
@@ -455,12 +452,10 @@ func TestMemShardGrow(t *testing.T) {
 	checkShard(t, s)
 }
 
-// A full shard that keeps evicting places its new keys in the slots freed,
-// not at their homes: once fewer than half of its keys are at home, its
-// decisions stop guessing (checkShard checks the count), and the keys are
-// still decided on their own records.
-func TestMemShardStopsGuessing(t *testing.T) {
-	const capacity = 2 * slabChunk
+// A full shard that keeps evicting keeps its slab in order (checkShard),
+// and its keys are still decided on their own records.
+func TestMemShardChurn(t *testing.T) {
+	const capacity = 2 * minSpan
 	_, s, do := oneShard(t, MemoryConfig{Capacity: capacity})
 	p := MustPolicy(Rule{Name: "r", Limit: 2, Window: time.Hour})
 	take := func(k string) bool { return do(Request{Policy: p, Key: k, Cost: 1}).Allowed }
@@ -468,9 +463,6 @@ func TestMemShardStopsGuessing(t *testing.T) {
 		take(fmt.Sprint(i))
 	}
 	checkShard(t, s)
-	if s.guessing {
-		t.Fatalf("%d of %d keys at home after the shard evicted %d: still guessing", s.athome, s.lru.Len(), 3*capacity)
-	}
 	// The keys held are the last capacity ones: each has one request left.
 	for i := 3 * capacity; i < 4*capacity; i++ {
 		if !take(fmt.Sprint(i)) {
@@ -479,6 +471,39 @@ func TestMemShardStopsGuessing(t *testing.T) {
 		if take(fmt.Sprint(i)) {
 			t.Fatalf("key %d admitted beyond its limit", i)
 		}
+	}
+	checkShard(t, s)
+}
+
+// A key left idle while 2^32 keys go to the front of its shard is still
+// seen to have drifted when it is decided again (and goes to the front),
+// though its 32-bit stamp has wrapped around: restamp keeps it marked.
+func TestMemShardStampWraps(t *testing.T) {
+	m, s, do := oneShard(t, MemoryConfig{Capacity: 16})
+	p := MustPolicy(Rule{Name: "r", Limit: 1 << 20, Window: time.Hour})
+	take := func(k string) { do(Request{Policy: p, Key: k, Cost: 1}) }
+	hash := func(k string) uint64 { return m.hash(&Request{Policy: p, Key: k}) }
+	for i := 0; i < 16; i++ {
+		take(fmt.Sprint("k", i)) // k0 at the back, its stamp 1
+	}
+	// Four times, jump to just before a restamp and send a drifted key to
+	// the front: 2^32 keys have then gone there since k0's stamp.
+	for j := 1; j <= 4; j++ {
+		s.tick = uint64(j)*restampEvery - 1
+		take(fmt.Sprint("k", 16-j))
+	}
+	if uint32(s.tick) != 0 {
+		t.Fatalf("tick %d", s.tick)
+	}
+	// A few keys more go to the front: k0's raw distance, modulo 2^32,
+	// is now less than s.lazy.
+	for i := 1; i <= 4; i++ {
+		take(fmt.Sprint("k", i))
+	}
+	checkShard(t, s)
+	take("k0")
+	if got := s.lru.Keys(); got[len(got)-1] != hash("k0") {
+		t.Fatalf("k0, idle while 2^32 keys went to the front, was not moved there")
 	}
 	checkShard(t, s)
 }
@@ -504,15 +529,16 @@ func oneShard(t *testing.T, cfg MemoryConfig) (*MemoryStore, *memShard, func(r R
 // A batch whose new key makes the span grow charges all its keys, the
 // held one on the record it had before the shard placed its keys anew.
 func TestMemShardGrowInBatch(t *testing.T) {
-	m, s, take := oneShard(t, MemoryConfig{Capacity: 4 * slabChunk})
+	m, s, take := oneShard(t, MemoryConfig{Capacity: 4 * minSpan})
 	p := MustPolicy(Rule{Name: "r", Limit: 5, Window: time.Hour})
-	n := slabChunk * 3 / 4
+	first := s.span
+	n := int(first) * 3 / 4
 	for i := 0; i < n; i++ {
 		take(Request{Policy: p, Key: fmt.Sprint("k", i), Cost: 1})
 	}
 	take(Request{Policy: p, Key: "k0", Cost: 1}) // k0 has 3 left
-	if s.span != slabChunk {
-		t.Fatalf("span %d before the batch; want %d", s.span, slabChunk)
+	if s.span != first {
+		t.Fatalf("span %d before the batch; want %d", s.span, first)
 	}
 	// The new key first: the held key's record is written after the
 	// shard has placed its keys anew.
@@ -521,8 +547,8 @@ func TestMemShardGrowInBatch(t *testing.T) {
 	if err := m.Take(context.Background(), time.Unix(1_700_000_000, 0), batch, out[:]); err != nil {
 		t.Fatal(err)
 	}
-	if s.span != 2*slabChunk {
-		t.Fatalf("span %d after the batch; want %d", s.span, 2*slabChunk)
+	if want := nextSpan(first, fullSpan(s.cap)); s.span != want {
+		t.Fatalf("span %d after the batch; want %d", s.span, want)
 	}
 	if !out[0].Allowed || out[0].Remaining != 4 || !out[1].Allowed || out[1].Remaining != 1 {
 		t.Fatalf("batch decisions %+v, %+v; want admitted with 4 and 1 remaining", out[0], out[1])
@@ -536,60 +562,55 @@ func TestMemShardGrowInBatch(t *testing.T) {
 	}
 }
 
-// A shard's spans run from 64 slots (its capacity, when smaller) up to
-// its capacity, each short of the capacity a whole number of chunks, each
-// step at most a doubling (so that a shard's slab stays dense), at most
-// ⌈log2(c/64)⌉ steps, and, in a shard of 1,000 slots or more, the last
-// step about a doubling too: a shard filling to its capacity then places
-// at most 0.94 of a key anew per slot in all, and at most 0.8 from 8,192
-// slots.
+// A shard's spans run from minSpan slots (its full span, when smaller) up
+// to its full span, each step at most a doubling (so that a shard's slab
+// stays dense), at most ⌈log2(c/minSpan)⌉ steps, and, from a full span of
+// 1,000 slots, the last step about a doubling too: a shard filling up
+// then places at most 0.94 of a key anew per slot in all, and at most 0.8
+// from 8,192 slots.
 func TestNextSpan(t *testing.T) {
-	caps := []int{1<<20 + 5}
-	for c := 1; c <= 20_000; c++ {
+	caps := []uint32{1<<20 + 5}
+	for c := uint32(1); c <= 20_000; c++ {
 		caps = append(caps, c)
 	}
-	if strconv.IntSize == 64 {
-		for _, c := range []uint64{1<<31 + 1, maxShardCapacity} {
-			caps = append(caps, int(c))
-		}
-	}
+	caps = append(caps, fullSpan(int(maxShardCapacity)), 1<<32-1)
 	for _, c := range caps {
 		span := nextSpan(0, c)
-		if want := uint32(min(c, slabChunk)); span != want {
-			t.Fatalf("capacity %d: first span %d; want %d", c, span, want)
+		if span > max(minSpan, (c+1)/2) || span > c || span < min(c, minSpan/2) {
+			t.Fatalf("full span %d: first span %d", c, span)
 		}
 		placed, steps, last := 0.0, 0, 0.0
-		for int(span) < c {
+		for span < c {
 			next := nextSpan(span, c)
-			if next <= span || int(next) > c {
-				t.Fatalf("capacity %d: span %d grows to %d", c, span, next)
-			}
-			if int(next) < c && next%slabChunk != 0 {
-				t.Fatalf("capacity %d: span %d is not a whole number of chunks", c, next)
+			if next <= span || next > c {
+				t.Fatalf("full span %d: span %d grows to %d", c, span, next)
 			}
 			last = float64(next) / float64(span)
 			if last > 2 || span >= 2048 && last < 1.9 {
-				t.Fatalf("capacity %d: span %d grows to %d (%.3fx)", c, span, next, last)
+				t.Fatalf("full span %d: span %d grows to %d (%.3fx)", c, span, next, last)
 			}
 			placed += 0.75 * float64(span)
 			steps++
 			span = next
 		}
-		if c > slabChunk && steps > int(math.Ceil(math.Log2(float64(c)/slabChunk))) {
-			t.Fatalf("capacity %d: %d steps", c, steps)
+		if c > minSpan && steps > int(math.Ceil(math.Log2(float64(c)/minSpan))) {
+			t.Fatalf("full span %d: %d steps", c, steps)
 		}
 		perSlot := placed / float64(c)
 		if c >= 1000 && (last < 1.75 || perSlot > 0.94) || c >= 8192 && perSlot > 0.8 {
-			t.Fatalf("capacity %d: last step %.3fx, %.3f keys placed anew per slot", c, last, perSlot)
+			t.Fatalf("full span %d: last step %.3fx, %.3f keys placed anew per slot", c, last, perSlot)
 		}
 	}
 	var got []uint32
-	for span := uint32(0); int(span) < 16935; {
+	for span := uint32(0); span < 16935; {
 		span = nextSpan(span, 16935)
 		got = append(got, span)
 	}
-	if want := []uint32{64, 128, 192, 320, 576, 1088, 2176, 4288, 8512, 16935}; !slices.Equal(got, want) {
-		t.Fatalf("spans of a shard of 16,935: %v; want %v", got, want)
+	if want := []uint32{34, 67, 133, 265, 530, 1059, 2117, 4234, 8468, 16935}; !slices.Equal(got, want) {
+		t.Fatalf("spans of a full span of 16,935: %v; want %v", got, want)
+	}
+	if got := fullSpan(int(maxShardCapacity)); uint64(got) <= maxShardCapacity {
+		t.Fatalf("full span %d for %d keys", got, maxShardCapacity)
 	}
 }
 
@@ -623,7 +644,76 @@ func TestMemShardLayout(t *testing.T) {
 	if n := unsafe.Sizeof(s); n%64 != 0 {
 		t.Errorf("a memShard is %d bytes, not a whole number of 64-byte cache lines: adjust its padding", n)
 	}
-	if end := unsafe.Offsetof(s.hot) + unsafe.Sizeof(s.hot); end > 64 {
+	if end := unsafe.Offsetof(s.hotB) + unsafe.Sizeof(s.hotB); end > 64 {
 		t.Errorf("the hot record ends at byte %d of its shard, past the lock's cache line", end)
 	}
+}
+
+// Keys whose runs of slots wrap around the end of the slab are placed,
+// found, moved and removed as the others: a key inserted before a run
+// that crosses the end shifts keys into the slab's first slots, and a key
+// removed before it shifts them back.
+func TestMemShardWrapAround(t *testing.T) {
+	m, s, do := oneShard(t, MemoryConfig{Capacity: 16})
+	p := MustPolicy(Rule{Name: "r", Limit: 3, Window: time.Hour})
+	n := s.span
+	if n != fullSpan(16) {
+		t.Fatalf("span %d; want the full span %d at once", n, fullSpan(16))
+	}
+	hash := func(k string) uint64 { return m.hash(&Request{Policy: p, Key: k}) }
+	// keys returns count keys whose home is slot home.
+	keys := func(home uint32, count int, prefix string) []string {
+		var ks []string
+		for i := 0; len(ks) < count; i++ {
+			if k := fmt.Sprint(prefix, i); s.home(hash(k)) == home {
+				ks = append(ks, k)
+			}
+		}
+		return ks
+	}
+	slot := func(k string) uint32 {
+		t.Helper()
+		i, ok := s.lookup(hash(k))
+		if !ok {
+			t.Fatalf("%q not found", k)
+		}
+		return i
+	}
+	take := func(k string) Decision { return do(Request{Policy: p, Key: k, Cost: 1}) }
+	a := keys(n-2, 2, "a") // home: the slot before the last
+	b := keys(n-1, 2, "b") // home: the last slot
+	take(a[0])             // slot n-2
+	take(b[0])             // slot n-1
+	take(b[1])             // wraps to slot 0
+	if got := []uint32{slot(a[0]), slot(b[0]), slot(b[1])}; !slices.Equal(got, []uint32{n - 2, n - 1, 0}) {
+		t.Fatalf("slots %v; want [%d %d 0]", got, n-2, n-1)
+	}
+	checkShard(t, s)
+	// a[1] belongs before b[0]: b[0] and b[1] move on, across the end.
+	take(a[1])
+	if got := []uint32{slot(a[0]), slot(a[1]), slot(b[0]), slot(b[1])}; !slices.Equal(got, []uint32{n - 2, n - 1, 0, 1}) {
+		t.Fatalf("slots %v; want [%d %d 0 1]", got, n-2, n-1)
+	}
+	checkShard(t, s)
+	// Each key kept its own record: a second request leaves 1 of 3.
+	for _, k := range append(a, b...) {
+		if d := take(k); !d.Allowed || d.Remaining != 1 {
+			t.Fatalf("%q: %+v; want its second unit", k, d)
+		}
+	}
+	// Removing a[0] moves the others back, across the end.
+	m.Reset(context.Background(), p, a[0])
+	if got := []uint32{slot(a[1]), slot(b[0]), slot(b[1])}; !slices.Equal(got, []uint32{n - 2, n - 1, 0}) {
+		t.Fatalf("slots %v after a removal; want [%d %d 0]", got, n-2, n-1)
+	}
+	checkShard(t, s)
+	for _, k := range []string{a[1], b[0], b[1]} {
+		if d := take(k); !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("%q: %+v; want its last unit", k, d)
+		}
+	}
+	if d := take(a[0]); !d.Allowed || d.Remaining != 2 {
+		t.Fatalf("%q after its reset: %+v; want a fresh quota", a[0], d)
+	}
+	checkShard(t, s)
 }

@@ -235,7 +235,7 @@ func (m *MemoryStore) refund(reqs []Request, now int64) error {
 	for i := range reqs {
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
-		ref, sl, ok := s.find(hashes[i], &s.cur, true)
+		ref, sl, ok := s.find(hashes[i], &s.cur)
 		if !ok {
 			continue // never charged, or forgotten: nothing in use
 		}
@@ -300,7 +300,7 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 	for i := 0; i < n; i++ {
 		r := &reqs[i]
 		s := &m.shards[shardIdx[i]]
-		if ref, sl, ok := s.find(hashes[i], &held[i], true); ok {
+		if _, sl, ok := s.find(hashes[i], &held[i]); ok {
 			found[i] = true
 			if held[i].pol.identity == r.Policy.identity {
 				// A state left ahead of a clock that stepped back is
@@ -315,7 +315,7 @@ func (m *MemoryStore) peekBatch(reqs []Request, out []Decision, now int64) error
 				s.cur = held[i]
 				r.Policy.alg.Decide(r.Policy, &s.cur.st, 0, now, true, &s.dec)
 				held[i].st = s.cur.st
-				s.write(ref, sl, &s.cur.st)
+				s.write(sl, &s.cur.st)
 				s.cur = memEntry{}
 			}
 		}
