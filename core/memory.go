@@ -43,12 +43,14 @@ type MemoryConfig struct {
 	// bound is per shard: a full shard makes room in itself even if another
 	// shard has room.
 	//
-	// Capacity also sizes the slabs that hold the keys' state: each shard
-	// starts with a slab of at most 64 slots of 32 bytes (2 KiB), and its
-	// slab about doubles as keys arrive (see MemoryStore): 43 to 86 bytes
-	// per key held while a shard fills, 36 bytes per key of Capacity once
-	// full (a slot per key and 1/8 more), never more. A growth allocates
-	// the new slab before the old one is dropped.
+	// Capacity also sizes the slabs that hold the keys' state, 32 bytes a
+	// slot. A shard of c keys starts with a slab of at most 64 slots (2
+	// KiB), which about doubles as keys arrive (see MemoryStore), up to
+	// c + c/8 + 1 slots (c/8 rounded down), never more: 36 bytes per key of
+	// Capacity and 32 bytes per shard (up to 64 bytes per key in a shard
+	// of one key). While a large shard fills, that is up to about 86 bytes
+	// per key held right after a growth, falling to 43 before the next. A
+	// growth allocates the new slab before the old one is dropped.
 	Capacity int
 
 	// Shards is the number of independently locked shards, lowered to
@@ -122,7 +124,9 @@ type MemoryConfig struct {
 // points to, in Robin Hood order (along a run of slots, keys sit in the
 // order of the slots their hashes point to, so that a search stops as soon
 // as it passes where its key would be). A decision on a held key reads the
-// slab alone, most often one slot. The shard's golang-lru list, keyed by
+// slab alone: one slot for a key at its home, as most keys are while the
+// shard has room, and about five on average once the shard is full (see
+// below). The shard's golang-lru list, keyed by
 // the same hashes, holds no value: it keeps the keys' order for eviction.
 // A shard's slab has 1/8 more slots than its capacity c (Capacity divided
 // among the shards) once full, where a successful search reads about five
@@ -130,7 +134,8 @@ type MemoryConfig struct {
 // over and over, and when its keys pass three quarters of it, it about
 // doubles and the shard places all its keys anew (at least 1.75 times in a
 // shard of 1,000 keys or more; the LRU, which does not name slots, is left
-// alone). That is at most ⌈log2(c/64)⌉ pauses in a shard's life, each
+// alone). That is at most ⌈log2(s/64)⌉ pauses in a shard's life, s being
+// its full slab's c + c/8 + 1 slots (5 in a default shard), each
 // taking about a placement per key held and the new slab's allocation (32
 // bytes a slot), with the shard's lock held. A new key in a full shard
 // costs more than in the slab's growing range: its search, and the keys

@@ -8,7 +8,7 @@ package core
 // a function of the hash, in Robin Hood order: along a run of slots, keys
 // sit in the order of their homes, so that a search for a key stops as
 // soon as it passes the slots where the key would be. A lookup reads the
-// slab alone, most often the key's home slot (see lookup). The shard's
+// slab alone, from the key's home slot (see lookup). The shard's
 // golang-lru list, keyed by the same hashes, holds no value: it keeps the
 // keys' order of use for eviction, and is touched only when a key goes to
 // its front (see front).
@@ -58,8 +58,9 @@ type memSlot struct {
 	stamp uint32 // its memRef.stamp
 }
 
-// minSpan is the fewest slots a shard's slab has once the halving of its
-// full span stops (see nextSpan).
+// minSpan bounds a shard's first span: the halving of its full span stops
+// at minSpan slots or fewer (from minSpan/2, unless the full span is
+// smaller; see nextSpan).
 const minSpan = 64
 
 // maxShardCapacity is the most keys one shard can hold: its slots, 1/8
@@ -374,7 +375,9 @@ func (s *memShard) grow() {
 
 // nextSpan returns the span a shard whose full span is c takes after span:
 // the least of c, c/2, c/4, ... (rounded up) above span, or the first of
-// them when span is 0. The halving stops at minSpan slots. The spans are
+// them when span is 0. The halving stops once at most minSpan slots are
+// left (so the first span has minSpan/2 to minSpan slots, or the full
+// span when that is smaller). The spans are
 // halvings of the full span, not doublings of minSpan, so that the last
 // growth is about a doubling too: one from 16,384 slots to a full span of
 // 16,935 would place 12,288 keys anew for 551 more slots.
