@@ -324,7 +324,7 @@ type memShard struct {
 
 // NewMemoryStore returns a MemoryStore configured by cfg (nil for the
 // defaults). It returns an error for a negative Capacity or Shards, and for
-// more than 2³²-1 keys per shard.
+// more than 2³¹ keys per shard.
 func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 	var c MemoryConfig
 	if cfg != nil {
