@@ -148,6 +148,9 @@ func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (break
 // fast. A reply that says the server cannot serve (serverReplies), also
 // when a script's command met it, counts, as does every other error.
 func callError(err error) bool {
+	if err == nil {
+		return false // before re, which escapes: a success allocates nothing
+	}
 	var re redis.Error
 	if !errors.As(err, &re) {
 		return false

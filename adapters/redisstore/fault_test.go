@@ -523,3 +523,19 @@ func TestSpreadRefundFailureReport(t *testing.T) {
 		t.Fatalf("reported %+v, want one error naming sa alone, of 20ms or more", rec.evs)
 	}
 }
+
+// The breaker asks callError about every call it runs, successes
+// included: a success must cost no allocation (it used to cost one, a
+// tenth of a decision's).
+func TestCallErrorOfSuccessAllocatesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation counts")
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if callError(nil) {
+			t.Fatal("a success is a call error")
+		}
+	}); n != 0 {
+		t.Fatalf("callError(nil) allocates %v times", n)
+	}
+}
