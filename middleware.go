@@ -348,6 +348,9 @@ type Limiter struct {
 	// rules holds the layers' rules and the header strings derived from
 	// them; SetRules replaces it whole, so a request sees one set.
 	rules atomic.Pointer[ruleSet]
+	// resets remembers when Reset last reset each layer's keys (see
+	// resetLog); nil until the first Reset.
+	resets atomic.Pointer[resetLog]
 	// reloadMu serialises SetRules calls.
 	reloadMu sync.Mutex
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"net"
 	"net/http"
@@ -41,7 +42,11 @@ type refundConfig struct {
 // ChargedAt), so it gives back only what that charge still holds: nothing
 // that has recovered meanwhile (a bucket never fills above its capacity),
 // nothing once the charge's window is over, and none of the units of
-// requests charged while the handler ran. It uses the request's context
+// requests charged while the handler ran. Two kinds of layer keep their
+// charge: a shaping layer (a rule with MaxDelay), whose bucket would give
+// back its latest units, the place of a request booked behind this one,
+// and a layer whose key [Limiter.Reset] reset since the charge, whose
+// record holds only later charges. It uses the request's context
 // without its cancellation, so a client that hung up does not keep its
 // charge. A failed refund leaves the charge in place (the limiter errs
 // on the side of limiting), is reported to the Observer's ObserveError and
@@ -208,6 +213,20 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 		if n == len(reqs) || ly.Refused || !ly.Decision.Allowed || ly.Decision.Policy == nil {
 			return 0
 		}
+		if ly.Decision.Policy.MaxDelay() > 0 {
+			// A shaping layer keeps its charge: a bucket gives back its
+			// latest units, not this request's, so that with requests
+			// booked behind it meanwhile, the next request would be
+			// released with one of them (as the Transport keeps a shaped
+			// charge it does not send).
+			continue
+		}
+		if at != 0 && ly.index < len(l.layers) && l.resetSince(l.layers[ly.index].name, ly.Key, at) {
+			// Reset since the charge: the key's record holds only later
+			// charges, none of this one, and a refund would give back
+			// one of theirs.
+			continue
+		}
 		p, cost := ly.Decision.Policy, ly.Cost
 		if rs != nil && rs != cur && own(rs, ly) && ly.index < len(cur.rules) {
 			// Under the rule in force, whose capacity may be below the
@@ -228,7 +247,9 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 }
 
 // Refund gives back what the request res was decided for was charged, on
-// every layer, in one atomic store call (see core.Refunder), for flows
+// every layer but those that keep their charge (a shaping layer, and a
+// layer whose key Reset reset since the charge: see [WithRefund]), in one
+// atomic store call (see core.Refunder), for flows
 // built on [Limiter.Decide] or [Limiter.AdmitWithResult] (a framework
 // handler reading [ResultFromContext]) that decide on a refund themselves;
 // [WithRefund] does it for [Limiter.Handler] and
@@ -496,7 +517,11 @@ func (l *Limiter) Peek(r *http.Request) Result {
 // Resolver picks for it. key is the layer's key as its KeyFunc gives it
 // (LayerResult.Key): for a client-IP layer, an IPv6 client's key is its
 // network ("2001:db8::/64" with the default IPv6Prefix), not its address,
-// and resetting a key that holds no state does nothing. It returns an error
+// and resetting a key that holds no state does nothing. A refund of a
+// charge made before the reset gives nothing back on that layer (see
+// [WithRefund]); the Limiter remembers its resets in 1,024 slots by hash,
+// so a key sharing a slot with a key reset since its charge keeps its
+// charge too. It returns an error
 // wrapping ErrUnknownLayer for a name no layer has, and one wrapping
 // core.ErrUnsupported when the store is not a core.Resetter or the layer
 // is a concurrency layer (Layer.InFlight): its slots are given back by the
@@ -522,7 +547,59 @@ func (l *Limiter) Reset(ctx context.Context, layerName, key string) error {
 				p = rp
 			}
 		}
-		return l.cl.Reset(ctx, p, key)
+		if err := l.cl.Reset(ctx, p, key); err != nil {
+			return err
+		}
+		l.noteReset(layerName, key)
+		return nil
 	}
 	return fmt.Errorf("%w: %q", ErrUnknownLayer, layerName)
+}
+
+// resetSlots is the number of times a resetLog keeps.
+const resetSlots = 1024
+
+// resetLog remembers when Limiter.Reset last reset a layer's key, so that
+// the refund of a charge made before the reset gives nothing back (the
+// record then holds only charges made after it). Keys share resetSlots
+// slots by hash, each holding the latest reset of its keys: a key sharing
+// a slot with a key reset since its charge keeps its charge too, which
+// errs on the side of limiting. It knows only this Limiter's resets.
+type resetLog struct {
+	seed maphash.Seed
+	at   [resetSlots]atomic.Int64 // Unix ns of the latest reset, by slot
+}
+
+// slot returns the slot of layer name's key.
+func (r *resetLog) slot(name, key string) *atomic.Int64 {
+	var h maphash.Hash
+	h.SetSeed(r.seed)
+	h.WriteString(name)
+	h.WriteByte(0)
+	h.WriteString(key)
+	return &r.at[h.Sum64()%resetSlots]
+}
+
+// noteReset records that layer name's key was reset now.
+func (l *Limiter) noteReset(name, key string) {
+	r := l.resets.Load()
+	if r == nil {
+		l.resets.CompareAndSwap(nil, &resetLog{seed: maphash.MakeSeed()})
+		r = l.resets.Load()
+	}
+	now := l.cl.NowUnixNano()
+	s := r.slot(name, key)
+	for {
+		old := s.Load()
+		if old >= now || s.CompareAndSwap(old, now) {
+			return
+		}
+	}
+}
+
+// resetSince reports whether layer name's key may have been reset at or
+// after at (Unix ns).
+func (l *Limiter) resetSince(name, key string, at int64) bool {
+	r := l.resets.Load()
+	return r != nil && r.slot(name, key).Load() >= at
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -1029,5 +1030,121 @@ func TestRefundKeepsWriterInterfaces(t *testing.T) {
 		if !full.flushed || !full.hijacked || !full.readFrom || len(full.pushed) != 1 {
 			t.Errorf("refund %v: the server's writer saw flush %v, hijack %v, ReadFrom %v, pushes %v; want all", refund, full.flushed, full.hijacked, full.readFrom, full.pushed)
 		}
+	}
+}
+
+// TestRefundShapingLayerKeepsCharge: a shaping leaky bucket (1 per second,
+// requests spaced 1s apart) with WithRefund. A is served at once and its
+// handler is still running when B and C are booked 1s and 2s later. A's
+// handler fails and A is refunded. D, the next request, must be booked
+// after C (3s): a refund would give back the bucket's latest unit, C's
+// slot in the schedule, and release C and D at the same instant, so a
+// shaping layer keeps its charge.
+func TestRefundShapingLayerKeepsCharge(t *testing.T) {
+	clk := core.NewFakeClock(mwT0)
+	inA := make(chan struct{})
+	releaseA := make(chan struct{})
+	first := true
+	var mu sync.Mutex
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		isA := first
+		first = false
+		mu.Unlock()
+		if isA {
+			close(inA)
+			<-releaseA
+			w.WriteHeader(http.StatusBadGateway) // refunded
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.Global("q"),
+		Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute}}},
+		ratelimit.WithClock(clk), ratelimit.WithLogger(nil), ratelimit.WithRefund(ratelimit.RefundFailed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dmu sync.Mutex
+	var delays []time.Duration
+	ratelimit.SetWaitFunc(l, func(ctx context.Context, d time.Duration) error {
+		dmu.Lock()
+		delays = append(delays, d)
+		dmu.Unlock()
+		return nil
+	})
+	h := l.Handler(next)
+	done := make(chan struct{})
+	go func() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, mwReq("192.0.2.1:1"))
+		close(done)
+	}()
+	<-inA
+	for i := 0; i < 2; i++ { // B and C, booked while A runs
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, mwReq("192.0.2.1:1"))
+		if rec.Code != 200 {
+			t.Fatalf("B/C: %d", rec.Code)
+		}
+	}
+	close(releaseA)
+	<-done
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, mwReq("192.0.2.1:1")) // D
+	dmu.Lock()
+	defer dmu.Unlock()
+	t.Logf("delays B, C, D: %v", delays)
+	if len(delays) != 3 || delays[2] <= delays[1] {
+		t.Fatalf("delays B, C, D = %v: D is released together with C (or before it)", delays)
+	}
+}
+
+// TestRefundAfterResetKeepsLaterCharges: the Reset doc's use case ("after
+// a successful login, say") with WithRefund(RefundSuccessful) (count only
+// failed logins): a successful login resets its client's quota and is
+// refunded when it returns. Failed logins charged while it ran (after the
+// reset) must all stay charged: 5 of them spend the quota of 5, and the
+// 6th is refused.
+func TestRefundAfterResetKeepsLaterCharges(t *testing.T) {
+	clk := core.NewFakeClock(mwT0)
+	var l *ratelimit.Limiter
+	inGood := make(chan struct{})
+	releaseGood := make(chan struct{})
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Password") == "good" {
+			if err := l.Reset(r.Context(), "login", "192.0.2.1"); err != nil {
+				t.Error(err)
+			}
+			close(inGood)
+			<-releaseGood
+			_, _ = w.Write([]byte("welcome"))
+			return
+		}
+		http.Error(w, "wrong password", http.StatusUnauthorized)
+	})
+	var err error
+	l, err = ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "login", Limit: 5, Window: 15 * time.Minute}}},
+		ratelimit.WithClock(clk), ratelimit.WithLogger(nil), ratelimit.WithRefund(ratelimit.RefundSuccessful))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := l.Handler(next)
+	done := make(chan struct{})
+	go func() {
+		serve(h, mwReq("192.0.2.1:1", "Password", "good"))
+		close(done)
+	}()
+	<-inGood
+	for i := 0; i < 5; i++ { // failed logins while the good one runs, after its reset
+		if rec := serve(h, mwReq("192.0.2.1:1", "Password", "bad")); rec.Code != 401 {
+			t.Fatalf("failed login %d: %d", i+1, rec.Code)
+		}
+	}
+	close(releaseGood)
+	<-done
+	if rec := serve(h, mwReq("192.0.2.1:1", "Password", "bad")); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("6th failed login since the reset: %d, want 429 (the refund of the successful login gave back a failed login's charge)", rec.Code)
 	}
 }

@@ -74,10 +74,12 @@ type Resetter interface {
 // Without ChargedAt a refund cannot tell which charges it stands for: made
 // after a later charge (or, for the windows, after a window boundary), it
 // gives back that charge's units. With ChargedAt, a key whose record
-// another policy has written since gives back nothing. Three limits
+// another policy has written since gives back nothing. Four limits
 // remain, where a refund may give back units of later charges: a record
 // that requests under another policy have converted and that requests under
 // the refund's policy have converted back holds no history of the charge;
+// a record reset (Resetter) since the charge holds only later charges (the
+// root package's Limiter skips such refunds for its own resets);
 // a clock that steps back between the charge and the refund shortens the
 // time the refund sees the charge recovering; and in a bucket, the refund
 // of an earlier charge moves the later charges' units forward, so that a
