@@ -104,11 +104,11 @@ func (s *memShard) lookup(h uint64) (uint32, bool) {
 // dist returns how far slot i is from the home of a key hashed h, along
 // the span (wrapping around). Requires s.mu.
 func (s *memShard) dist(i uint32, h uint64) uint32 {
-	if j := s.home(h); i >= j {
+	j := s.home(h)
+	if i >= j {
 		return i - j
-	} else {
-		return i + s.span - j
 	}
+	return i + s.span - j
 }
 
 // at returns the memRef of the key in slot i, and the slot. Requires
