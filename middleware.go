@@ -226,6 +226,9 @@ type LayerResult struct {
 	Refused bool
 
 	index int // position of the layer in Limiter.layers
+	// resets is the Limiter's count of resets of the layer's key (see
+	// resetLog) read before the layer was charged.
+	resets uint64
 	// claim is the storage of Result.claim for a Result of Decide, in the
 	// element after the last of its Layers' array, which no copy's Layers
 	// reaches (so reading them never races with a refund).
@@ -1118,7 +1121,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			shaped, maxDelay = true, max(maxDelay, d)
 		}
 		reqs[n] = core.Request{Policy: p, Key: key, Cost: cost}
-		buf[n] = LayerResult{Key: key, Cost: cost, index: i}
+		buf[n] = LayerResult{Key: key, Cost: cost, index: i, resets: l.resetCount(l.layers[i].name, key)}
 		n++
 	}
 	if n == 0 {

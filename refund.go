@@ -45,8 +45,10 @@ type refundConfig struct {
 // requests charged while the handler ran. Two kinds of layer keep their
 // charge: a shaping layer (a rule with MaxDelay), whose bucket would give
 // back its latest units, the place of a request booked behind this one,
-// and a layer whose key [Limiter.Reset] reset since the charge, whose
-// record holds only later charges. It uses the request's context
+// and a layer whose key [Limiter.Reset] reset since (or while) the charge
+// was made, whose record holds only later charges. Behind
+// http.TimeoutHandler, a request that timed out is judged by the status
+// its handler wrote, not the 503 the client got. It uses the request's context
 // without its cancellation, so a client that hung up does not keep its
 // charge. A failed refund leaves the charge in place (the limiter errs
 // on the side of limiting), is reported to the Observer's ObserveError and
@@ -213,18 +215,10 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 		if n == len(reqs) || ly.Refused || !ly.Decision.Allowed || ly.Decision.Policy == nil {
 			return 0
 		}
-		if ly.Decision.Policy.MaxDelay() > 0 {
-			// A shaping layer keeps its charge: a bucket gives back its
-			// latest units, not this request's, so that with requests
-			// booked behind it meanwhile, the next request would be
-			// released with one of them (as the Transport keeps a shaped
-			// charge it does not send).
-			continue
-		}
-		if at != 0 && ly.index < len(l.layers) && l.resetSince(l.layers[ly.index].name, ly.Key, at) {
-			// Reset since the charge: the key's record holds only later
-			// charges, none of this one, and a refund would give back
-			// one of theirs.
+		if ly.index < len(l.layers) && l.resetCount(l.layers[ly.index].name, ly.Key) != ly.resets {
+			// Reset since (or while) the layer was charged: the key's
+			// record holds only later charges, none of this one, and a
+			// refund would give back one of theirs.
 			continue
 		}
 		p, cost := ly.Decision.Policy, ly.Cost
@@ -234,6 +228,15 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 			// and a refund gives back no more than is in use.
 			p = cur.rules[ly.index].policy
 			cost = min(cost, p.Capacity())
+		}
+		if ly.Decision.Policy.MaxDelay() > 0 || p.MaxDelay() > 0 {
+			// A shaping layer (under the rule that charged it or the
+			// one in force) keeps its charge: a bucket gives back its
+			// latest units, not this request's, so that with requests
+			// booked behind it meanwhile, the next request would be
+			// released with one of them (as the Transport keeps a shaped
+			// charge it does not send).
+			continue
 		}
 		reqs[n] = core.Request{Policy: p, Key: ly.Key, Cost: cost, Fallback: ly.Decision.Fallback}
 		if at != 0 {
@@ -547,11 +550,12 @@ func (l *Limiter) Reset(ctx context.Context, layerName, key string) error {
 				p = rp
 			}
 		}
-		if err := l.cl.Reset(ctx, p, key); err != nil {
-			return err
-		}
+		// Counted before and after the store's reset, so that a request
+		// charged meanwhile, whose charge the reset may or may not have
+		// erased, keeps it too.
 		l.noteReset(layerName, key)
-		return nil
+		defer l.noteReset(layerName, key)
+		return l.cl.Reset(ctx, p, key)
 	}
 	return fmt.Errorf("%w: %q", ErrUnknownLayer, layerName)
 }
@@ -559,47 +563,43 @@ func (l *Limiter) Reset(ctx context.Context, layerName, key string) error {
 // resetSlots is the number of times a resetLog keeps.
 const resetSlots = 1024
 
-// resetLog remembers when Limiter.Reset last reset a layer's key, so that
-// the refund of a charge made before the reset gives nothing back (the
-// record then holds only charges made after it). Keys share resetSlots
-// slots by hash, each holding the latest reset of its keys: a key sharing
-// a slot with a key reset since its charge keeps its charge too, which
-// errs on the side of limiting. It knows only this Limiter's resets.
+// resetLog counts the resets of each layer's keys (Limiter.Reset), so
+// that the refund of a charge made before a reset gives nothing back (the
+// record then holds only charges made after it): a charge reads its
+// key's count first, and its refund gives nothing back if the count has
+// changed. Keys share resetSlots counts by hash: a key sharing one with a
+// key reset since its charge keeps its charge too, which errs on the side
+// of limiting. It knows only this Limiter's resets.
 type resetLog struct {
-	seed maphash.Seed
-	at   [resetSlots]atomic.Int64 // Unix ns of the latest reset, by slot
+	seed  maphash.Seed
+	count [resetSlots]atomic.Uint64
 }
 
-// slot returns the slot of layer name's key.
-func (r *resetLog) slot(name, key string) *atomic.Int64 {
+// slot returns the count of layer name's key.
+func (r *resetLog) slot(name, key string) *atomic.Uint64 {
 	var h maphash.Hash
 	h.SetSeed(r.seed)
 	h.WriteString(name)
 	h.WriteByte(0)
 	h.WriteString(key)
-	return &r.at[h.Sum64()%resetSlots]
+	return &r.count[h.Sum64()%resetSlots]
 }
 
-// noteReset records that layer name's key was reset now.
+// noteReset counts a reset of layer name's key.
 func (l *Limiter) noteReset(name, key string) {
 	r := l.resets.Load()
 	if r == nil {
 		l.resets.CompareAndSwap(nil, &resetLog{seed: maphash.MakeSeed()})
 		r = l.resets.Load()
 	}
-	now := l.cl.NowUnixNano()
-	s := r.slot(name, key)
-	for {
-		old := s.Load()
-		if old >= now || s.CompareAndSwap(old, now) {
-			return
-		}
-	}
+	r.slot(name, key).Add(1)
 }
 
-// resetSince reports whether layer name's key may have been reset at or
-// after at (Unix ns).
-func (l *Limiter) resetSince(name, key string, at int64) bool {
-	r := l.resets.Load()
-	return r != nil && r.slot(name, key).Load() >= at
+// resetCount returns the count of resets of layer name's key: 0 before
+// any Reset.
+func (l *Limiter) resetCount(name, key string) uint64 {
+	if r := l.resets.Load(); r != nil {
+		return r.slot(name, key).Load()
+	}
+	return 0
 }

@@ -1033,24 +1033,19 @@ func TestRefundKeepsWriterInterfaces(t *testing.T) {
 	}
 }
 
-// TestRefundShapingLayerKeepsCharge: a shaping leaky bucket (1 per second,
-// requests spaced 1s apart) with WithRefund. A is served at once and its
-// handler is still running when B and C are booked 1s and 2s later. A's
-// handler fails and A is refunded. D, the next request, must be booked
-// after C (3s): a refund would give back the bucket's latest unit, C's
-// slot in the schedule, and release C and D at the same instant, so a
-// shaping layer keeps its charge.
-func TestRefundShapingLayerKeepsCharge(t *testing.T) {
+// shapedRefundDelays serves four requests of one key under rule with
+// WithRefund(RefundFailed): A, whose handler fails (and is refunded) once
+// B and C have been booked behind it, while whileA has run; then D. It
+// returns the delays B, C and D were given.
+func shapedRefundDelays(t *testing.T, rule core.Rule, whileA func(l *ratelimit.Limiter)) []time.Duration {
+	t.Helper()
 	clk := core.NewFakeClock(mwT0)
 	inA := make(chan struct{})
 	releaseA := make(chan struct{})
-	first := true
-	var mu sync.Mutex
+	var once sync.Once
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		isA := first
-		first = false
-		mu.Unlock()
+		isA := false
+		once.Do(func() { isA = true })
 		if isA {
 			close(inA)
 			<-releaseA
@@ -1059,42 +1054,51 @@ func TestRefundShapingLayerKeepsCharge(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusOK)
 	})
-	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.Global("q"),
-		Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute}}},
+	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.Global("q"), Rule: rule}},
 		ratelimit.WithClock(clk), ratelimit.WithLogger(nil), ratelimit.WithRefund(ratelimit.RefundFailed))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dmu sync.Mutex
+	var mu sync.Mutex
 	var delays []time.Duration
 	ratelimit.SetWaitFunc(l, func(ctx context.Context, d time.Duration) error {
-		dmu.Lock()
+		mu.Lock()
 		delays = append(delays, d)
-		dmu.Unlock()
+		mu.Unlock()
 		return nil
 	})
 	h := l.Handler(next)
 	done := make(chan struct{})
 	go func() {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, mwReq("192.0.2.1:1"))
+		serve(h, mwReq("192.0.2.1:1"))
 		close(done)
 	}()
 	<-inA
+	if whileA != nil {
+		whileA(l)
+	}
 	for i := 0; i < 2; i++ { // B and C, booked while A runs
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, mwReq("192.0.2.1:1"))
-		if rec.Code != 200 {
+		if rec := serve(h, mwReq("192.0.2.1:1")); rec.Code != 200 {
 			t.Fatalf("B/C: %d", rec.Code)
 		}
 	}
 	close(releaseA)
 	<-done
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, mwReq("192.0.2.1:1")) // D
-	dmu.Lock()
-	defer dmu.Unlock()
-	t.Logf("delays B, C, D: %v", delays)
+	serve(h, mwReq("192.0.2.1:1")) // D
+	mu.Lock()
+	defer mu.Unlock()
+	return delays
+}
+
+// TestRefundShapingLayerKeepsCharge: a shaping leaky bucket (1 per second,
+// requests spaced 1s apart) with WithRefund. A is served at once and its
+// handler is still running when B and C are booked 1s and 2s later. A's
+// handler fails and A is refunded. D, the next request, must be booked
+// after C (3s): a refund would give back the bucket's latest unit, C's
+// slot in the schedule, and release C and D at the same instant, so a
+// shaping layer keeps its charge.
+func TestRefundShapingLayerKeepsCharge(t *testing.T) {
+	delays := shapedRefundDelays(t, core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute}, nil)
 	if len(delays) != 3 || delays[2] <= delays[1] {
 		t.Fatalf("delays B, C, D = %v: D is released together with C (or before it)", delays)
 	}
@@ -1146,5 +1150,119 @@ func TestRefundAfterResetKeepsLaterCharges(t *testing.T) {
 	<-done
 	if rec := serve(h, mwReq("192.0.2.1:1", "Password", "bad")); rec.Code != http.StatusTooManyRequests {
 		t.Fatalf("6th failed login since the reset: %d, want 429 (the refund of the successful login gave back a failed login's charge)", rec.Code)
+	}
+}
+
+// TestRefundAfterSetRulesMakesShapingKeepsCharge: A is charged under a
+// meter LeakyBucket (no MaxDelay); while its handler runs, SetRules makes
+// the layer shaping (MaxDelay). B and C are booked behind A (delays 1s,
+// 2s). A's refund would be made under the rule in force, a shaping one,
+// and give back the bucket's latest units, releasing D together with C:
+// A keeps its charge, and D is booked after C.
+func TestRefundAfterSetRulesMakesShapingKeepsCharge(t *testing.T) {
+	delays := shapedRefundDelays(t, core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second}, func(l *ratelimit.Limiter) {
+		if err := l.SetRules(map[string]core.Rule{"shape": {Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute}}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if len(delays) != 3 || delays[2] <= delays[1] {
+		t.Fatalf("delays B, C, D = %v: D is released together with C (or before it)", delays)
+	}
+}
+
+// hookStore is a MemoryStore whose Reset runs afterReset once the state is
+// reset and before Reset returns: what another goroutine may do meanwhile.
+type hookStore struct {
+	*core.MemoryStore
+	afterReset func()
+	failReset  error
+}
+
+func (s *hookStore) Reset(ctx context.Context, p *core.Policy, key string) error {
+	if s.failReset != nil {
+		return s.failReset
+	}
+	if err := s.MemoryStore.Reset(ctx, p, key); err != nil {
+		return err
+	}
+	if f := s.afterReset; f != nil {
+		s.afterReset = nil
+		f()
+	}
+	return nil
+}
+
+// TestRefundDuringResetKeepsLaterCharges: a request charged before a
+// reset, refunded while the store's Reset call is still returning (a
+// Redis round trip), keeps its charge: its refund would give back a unit
+// of a failed login charged after the reset, and a 6th failed login would
+// pass a limit of 5.
+func TestRefundDuringResetKeepsLaterCharges(t *testing.T) {
+	clk := core.NewFakeClock(mwT0)
+	ms, err := core.NewMemoryStore(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &hookStore{MemoryStore: ms}
+	inGood := make(chan struct{})
+	releaseGood := make(chan struct{})
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Password") == "good" {
+			close(inGood)
+			<-releaseGood
+			_, _ = w.Write([]byte("welcome"))
+			return
+		}
+		http.Error(w, "wrong password", http.StatusUnauthorized)
+	})
+	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "login", Limit: 5, Window: 15 * time.Minute}}},
+		ratelimit.WithStore(st), ratelimit.WithClock(clk), ratelimit.WithLogger(nil), ratelimit.WithRefund(ratelimit.RefundSuccessful))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := l.Handler(next)
+	done := make(chan struct{})
+	go func() { // a successful login, charged before the reset
+		serve(h, mwReq("192.0.2.1:1", "Password", "good"))
+		close(done)
+	}()
+	<-inGood
+	st.afterReset = func() {
+		// The key is reset in the store; Limiter.Reset has not returned.
+		for i := 0; i < 5; i++ {
+			if rec := serve(h, mwReq("192.0.2.1:1", "Password", "bad")); rec.Code != 401 {
+				t.Errorf("failed login %d: %d", i+1, rec.Code)
+			}
+		}
+		close(releaseGood) // the successful login returns and is refunded
+		<-done
+	}
+	if err := l.Reset(context.Background(), "login", "192.0.2.1"); err != nil {
+		t.Fatal(err)
+	}
+	if rec := serve(h, mwReq("192.0.2.1:1", "Password", "bad")); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("6th failed login since the reset: %d, want 429", rec.Code)
+	}
+}
+
+// TestRefundOfChargeAfterResetAtSameInstant: charges made after a Reset,
+// at the same clock reading (a FakeClock's), are refunded: the reset log
+// orders resets and charges by counting, not by the clock, and
+// RefundSuccessful's successful logins never count.
+func TestRefundOfChargeAfterResetAtSameInstant(t *testing.T) {
+	l, h, _ := refundEnv(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "login", Limit: 5, Window: 15 * time.Minute}}}, loginHandler, ratelimit.WithRefund(ratelimit.RefundSuccessful))
+	serve(h, mwReq("192.0.2.1:1", "Password", "bad"))
+	if err := l.Reset(context.Background(), "login", "192.0.2.1"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ { // charged after the reset, then refunded
+		if rec := serve(h, mwReq("192.0.2.1:1", "Password", "good")); rec.Code != http.StatusOK {
+			t.Fatalf("login %d: %d", i, rec.Code)
+		}
+	}
+	if rem := l.Peek(mwReq("192.0.2.1:1")).Layers[0].Decision.Remaining; rem != 4 {
+		t.Fatalf("Remaining after one more request: %d, want 4 (the 3 successful logins since the reset kept their charge)", rem)
 	}
 }

@@ -150,7 +150,11 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 // sent as its age at now (now less ChargedAt, to the microsecond), and the
 // script takes the charge's time as its own now less that age: on the
 // server's clock (the default), the charge's time is then right to within
-// the difference between the two calls' trips to Redis. The batch is validated
+// the difference between the two calls' trips to Redis. A sliding log
+// gives back only the entry recorded at exactly the charge's time, so on
+// the server's clock its refunds by charge almost never find it and give
+// nothing back (the charge stays): set Config.ClientTime for refunds on a
+// sliding log. The batch is validated
 // (core.CheckRefund, and the policies the store cannot run) before Redis
 // is contacted, and refunded in one atomic script call when its keys share
 // a Cluster slot (always on a single node; on a Cluster, with a
