@@ -351,8 +351,8 @@ type Limiter struct {
 	// rules holds the layers' rules and the header strings derived from
 	// them; SetRules replaces it whole, so a request sees one set.
 	rules atomic.Pointer[ruleSet]
-	// resets remembers when Reset last reset each layer's keys (see
-	// resetLog); nil until the first Reset.
+	// resets counts the resets of each layer's keys (see resetLog); nil
+	// until the first Reset.
 	resets atomic.Pointer[resetLog]
 	// reloadMu serialises SetRules calls.
 	reloadMu sync.Mutex

@@ -522,9 +522,11 @@ func (l *Limiter) Peek(r *http.Request) Result {
 // network ("2001:db8::/64" with the default IPv6Prefix), not its address,
 // and resetting a key that holds no state does nothing. A refund of a
 // charge made before the reset gives nothing back on that layer (see
-// [WithRefund]); the Limiter remembers its resets in 1,024 slots by hash,
-// so a key sharing a slot with a key reset since its charge keeps its
-// charge too. It returns an error
+// [WithRefund]), nor does one of a charge made while the reset runs; the
+// Limiter counts its resets in 1,024 slots by hash, so a key sharing a
+// slot with a key reset since its charge keeps its charge too. Once a
+// Limiter has reset a key, each decision hashes its layers' keys once
+// more to read their counts. It returns an error
 // wrapping ErrUnknownLayer for a name no layer has, and one wrapping
 // core.ErrUnsupported when the store is not a core.Resetter or the layer
 // is a concurrency layer (Layer.InFlight): its slots are given back by the
@@ -560,7 +562,7 @@ func (l *Limiter) Reset(ctx context.Context, layerName, key string) error {
 	return fmt.Errorf("%w: %q", ErrUnknownLayer, layerName)
 }
 
-// resetSlots is the number of times a resetLog keeps.
+// resetSlots is the number of counts a resetLog keeps.
 const resetSlots = 1024
 
 // resetLog counts the resets of each layer's keys (Limiter.Reset), so
