@@ -670,7 +670,7 @@ func (m *MemoryStore) takeOne(r *Request, now int64, out *Decision) error {
 		decideBuiltin(p, &st, r.Cost, now, true, out)
 		s.hotA, s.hotB = st.A, st.B
 		if s.drifted(s.hotRef) {
-			s.hotRef = s.front(h, s.hotRef)
+			s.hotRef.stamp = s.front(h)
 		}
 		s.mu.Unlock()
 		return nil

@@ -171,7 +171,7 @@ func (s *memShard) put(h uint64, ref memRef, sl *memSlot, e *memEntry) memRef {
 		front = true
 	}
 	if front || s.drifted(ref) {
-		ref = s.front(h, ref)
+		ref.stamp = s.front(h)
 		sl.stamp = ref.stamp
 	}
 	return ref
@@ -216,25 +216,21 @@ func (s *memShard) setLog(h uint64, l *timeLog) {
 	s.logs[h] = l
 }
 
-// front moves the key hashed h, whose memRef is ref, to the front of the
-// shard's LRU, and returns its memRef with its new stamp, which the
-// caller writes to the key's slot (or, for the hot record, flush does).
-// Requires s.mu.
-func (s *memShard) front(h uint64, ref memRef) memRef {
+// front moves the key hashed h to the front of the shard's LRU, and
+// returns its new stamp, which the caller writes to the key's slot (or,
+// for the hot record, flush does). Requires s.mu.
+func (s *memShard) front(h uint64) uint32 {
 	s.tick++
 	if uint32(s.tick)&(restampEvery-1) == 0 {
 		s.restamp()
 	}
-	ref.stamp = uint32(s.tick)
 	s.lru.Add(h, struct{}{})
-	return ref
+	return uint32(s.tick)
 }
 
 // renew moves the key hashed h, whose slot is sl, to the front of the
 // shard's LRU. Requires s.mu.
-func (s *memShard) renew(h uint64, sl *memSlot) {
-	sl.stamp = s.front(h, memRef{}).stamp
-}
+func (s *memShard) renew(h uint64, sl *memSlot) { sl.stamp = s.front(h) }
 
 // restampEvery is how many keys go to the front between two restamps.
 const restampEvery = 1 << 30
@@ -272,8 +268,7 @@ func (s *memShard) restamp() {
 // all of it, each on a cache line of its own).
 func (s *memShard) add(h uint64, e *memEntry) {
 	pol := s.acquire(e.pol)
-	stamp := s.front(h, memRef{}).stamp
-	s.place(memSlot{h: h, A: e.st.A, B: e.st.B, pol: pol, stamp: stamp})
+	s.place(memSlot{h: h, A: e.st.A, B: e.st.B, pol: pol, stamp: s.front(h)})
 	if e.st.log != nil {
 		s.setLog(h, e.st.log)
 	}
@@ -283,19 +278,19 @@ func (s *memShard) add(h uint64, e *memEntry) {
 }
 
 // place puts x, the record of a key the shard does not hold, in the slab
-// in Robin Hood order, and returns its slot: along its search from home,
-// x goes before the first key whose home is past its own (at the first
-// free slot, or at a key nearer its home than x would be there), and the
-// keys from there to the next free slot move one slot on, each one
-// further from its home. The span has a free slot. Requires s.mu.
-func (s *memShard) place(x memSlot) uint32 {
+// in Robin Hood order: along its search from home, x goes before the
+// first key whose home is past its own (at the first free slot, or at a
+// key nearer its home than x would be there), and the keys from there to
+// the next free slot move one slot on, each one further from its home.
+// The span has a free slot. Requires s.mu.
+func (s *memShard) place(x memSlot) {
 	n := s.span
 	i := s.home(x.h)
 	for d := uint32(0); ; d++ {
 		sl := &s.slab[i]
 		if sl.pol == 0 {
 			*sl = x
-			return i
+			return
 		}
 		if s.dist(i, sl.h) < d {
 			break
@@ -323,7 +318,6 @@ func (s *memShard) place(x memSlot) uint32 {
 		copy(s.slab[i+1:f+1], s.slab[i:f])
 	}
 	s.slab[i] = x
-	return i
 }
 
 // vacate frees slot i, moving back by one slot the keys after it that are
