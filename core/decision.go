@@ -42,4 +42,13 @@ type Decision struct {
 
 	// Policy is the policy that made the decision.
 	Policy *Policy
+
+	// At is the time the store decided at when it decides on a clock of
+	// its own instead of the time it is given (a Redis store on the
+	// server's clock: the server's reading, to the microsecond), and zero
+	// when it decided at the time it was given, as the in-memory store
+	// does. A refund names a charge by the time of the clock that decided
+	// it (Request.ChargedAt, from Policy.ChargeStart, which reads At), so
+	// that the store finds the charge on that clock.
+	At time.Time
 }

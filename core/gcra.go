@@ -162,6 +162,9 @@ func (leakyBucket) RefundCharge(p *Policy, s *State, cost, start, now int64) {
 
 // ChargeStart returns the time from which a charge of cost, decided as d at
 // at, gives its units back: what a refund of it names as Request.ChargedAt.
+// at is the now given to the Take that made the charge; when d.At is set
+// (the store decided on a clock of its own), d.At is read instead, and the
+// time returned is on that clock.
 // For the window algorithms it is when the charge was recorded: at, or the
 // key's own later time when at lay behind it (see ClockTolerance), which
 // d.ResetAfter shows. The buckets give units back in the order they were
@@ -171,6 +174,9 @@ func (leakyBucket) RefundCharge(p *Policy, s *State, cost, start, now int64) {
 // not come from a charge of cost under p it returns at, from which a
 // refund gives back less, never more.
 func (p *Policy) ChargeStart(at time.Time, cost int64, d Decision) time.Time {
+	if !d.At.IsZero() {
+		at = d.At
+	}
 	if p == nil || cost < 1 || cost > p.capacity || d.ResetAfter <= 0 || !d.Allowed {
 		return at
 	}

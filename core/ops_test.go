@@ -216,3 +216,36 @@ func TestRefundChargeAfterClockBack(t *testing.T) {
 		})
 	}
 }
+
+// TestChargeStartReadsDecisionAt: a Decision made on a store's own clock
+// (Decision.At set) names its charge on that clock, whatever the time the
+// caller gave the Take: a window's charge at At, a bucket's at At plus the
+// units in use before it.
+func TestChargeStartReadsDecisionAt(t *testing.T) {
+	given := time.Unix(1_800_000_030, 0)  // 30 s into a minute
+	server := given.Add(-3 * time.Second) // a store whose clock is 3 s behind the caller's
+	win := core.MustPolicy(core.Rule{Name: "w", Algorithm: core.FixedWindow, Limit: 10, Window: time.Minute})
+	// Decided at the time given, the window ends 30 s after it.
+	d := core.Decision{Allowed: true, Limit: 10, Remaining: 9, ResetAfter: 30 * time.Second, Policy: win}
+	if got := win.ChargeStart(given, 1, d); !got.Equal(given) {
+		t.Fatalf("without At: %v, want the time given %v", got, given)
+	}
+	// Decided on the store's clock, 33 s after At.
+	d.ResetAfter, d.At = 33*time.Second, server
+	if got := win.ChargeStart(given, 1, d); !got.Equal(server) {
+		t.Fatalf("window with At: %v, want At %v", got, server)
+	}
+	tb := core.MustPolicy(core.Rule{Name: "b", Limit: 10, Window: time.Second}) // a unit per 100 ms
+	// The tenth unit of a bucket, charged at At: it comes back 900 ms
+	// after At, once the nine before it have.
+	d = core.Decision{Allowed: true, Limit: 10, ResetAfter: time.Second, Policy: tb, At: server}
+	if got, want := tb.ChargeStart(given, 1, d), server.Add(900*time.Millisecond); !got.Equal(want) {
+		t.Fatalf("bucket with At: %v, want %v", got, want)
+	}
+	// A refused decision names no charge: At, the store's time, is still
+	// the clock a refund would be read on.
+	d = core.Decision{Allowed: false, Limit: 10, Policy: tb, At: server}
+	if got := tb.ChargeStart(given, 1, d); !got.Equal(server) {
+		t.Fatalf("refused with At: %v, want At %v", got, server)
+	}
+}

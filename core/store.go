@@ -21,9 +21,11 @@ type Request struct {
 	// Cost is the number of units to charge, in [1, Policy.Capacity()].
 	Cost int64
 	// ChargedAt matters to Refunder.Refund alone: when the charge being
-	// given back began to give its units back, which is when it was made
-	// (the now of the Take that made it) except for a bucket that was not
-	// full: Policy.ChargeStart returns it from the charge's Decision. The
+	// given back began to give its units back, on the clock that decided
+	// it, which is when it was made (the now of the Take that made it, or
+	// the charge's Decision.At when the store decided on a clock of its
+	// own) except for a bucket that was not full: Policy.ChargeStart
+	// returns it from the charge's Decision. The
 	// refund then gives back only what that charge still holds at the
 	// refund's now: nothing of what has recovered since, and none of the
 	// units of charges made after it (see Refunder). The zero time means

@@ -263,9 +263,10 @@ type leaseEntry struct {
 	period      int64 // start of the current hot period (Unix ns)
 	count, prev int   // decisions in the current and the previous period
 
-	granted, expires int64 // the lease's grant time and end (Unix ns)
-	exactUntil       int64 // the backend refused a lease until then (Unix ns)
-	resetAt          int64 // when the backend's quota is whole, as of the grant
+	granted, expires int64     // the lease's grant time and end (Unix ns)
+	charged          time.Time // the grant's charge, as a refund names it (core.Policy.ChargeStart)
+	exactUntil       int64     // the backend refused a lease until then (Unix ns)
+	resetAt          int64     // when the backend's quota is whole, as of the grant
 	limit            int64
 	fallback         bool          // the backend's Fallback granted the lease (core.Decision.Fallback)
 	src              core.Refunder // the store that charged the lease, if it can refund
@@ -438,7 +439,7 @@ func (s *LeaseStore) giveBack(ctx context.Context, now time.Time, e *leaseEntry,
 			// The charge named (see core.Refunder): the backend gives
 			// back only while the grant's window is its current one,
 			// however late the refund reaches it.
-			reqs[0].ChargedAt = time.Unix(0, e.granted)
+			reqs[0].ChargedAt = e.charged
 		}
 		var err error
 		if st, ok := e.src.(*Store); ok {
@@ -649,6 +650,7 @@ func (s *LeaseStore) lease(ctx context.Context, now time.Time, t int64, e *lease
 		s.leases.Add(1)
 		s.leased.Add(uint64(want))
 		e.granted, e.expires = t, t+s.maxAge
+		e.charged = d.Policy.ChargeStart(now, want, *d)
 		e.until.Store(e.expires)
 		for g := s.granted.Load(); t > g && !s.granted.CompareAndSwap(g, t); g = s.granted.Load() {
 		}

@@ -83,7 +83,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 	var keys [core.MaxBatch]string
 	s.keysOf(reqs, infos, keys[:len(reqs)])
 	var zero [core.MaxBatch]core.Decision
-	runs := s.opsRuns(modePeek, now, nowArg, reqs, infos, keys[:len(reqs)])
+	runs := s.opsRuns(modePeek, nowArg, reqs, infos, keys[:len(reqs)])
 	var replies []string
 	if s.ring != nil {
 		if err = s.ring.check(keys[:len(reqs)]); errors.Is(err, ErrRingChanged) {
@@ -104,7 +104,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 		})
 	}
 	for g := 0; err == nil && g < len(runs); g++ {
-		if perr := parsePeek(replies[g], reqs, runs[g].idx, out, zero[:]); perr != nil {
+		if perr := parsePeek(replies[g], !s.clientTime, reqs, runs[g].idx, out, zero[:]); perr != nil {
 			err = fmt.Errorf("redisstore: %w", perr)
 		}
 	}
@@ -147,14 +147,12 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 // Refund implements core.Refunder: it gives back each request's cost as
 // core.Refunder defines per algorithm, never more than the key has in use,
 // converting a record of another policy first. A request's ChargedAt is
-// sent as its age at now (now less ChargedAt, to the microsecond), and the
-// script takes the charge's time as its own now less that age: on the
-// server's clock (the default), the charge's time is then right to within
-// the difference between the two calls' trips to Redis. A sliding log
-// gives back only the entry recorded at exactly the charge's time, so on
-// the server's clock its refunds by charge almost never find it and give
-// nothing back (the charge stays): set Config.ClientTime for refunds on a
-// sliding log. The batch is validated
+// read on the clock the store decides on, to the microsecond: on the
+// server's clock (the default), a time of the server's clock, which every
+// Decision of Take carries in its At and Policy.ChargeStart returns (the
+// root package's Limiter names its charges so); in ClientTime mode, the
+// time given to the Take that made the charge. A sliding log gives back
+// only the entry recorded at exactly that time. The batch is validated
 // (core.CheckRefund, and the policies the store cannot run) before Redis
 // is contacted, and refunded in one atomic script call when its keys share
 // a Cluster slot (always on a single node; on a Cluster, with a
@@ -211,7 +209,7 @@ func (s *Store) refund(ctx context.Context, now time.Time, reqs []core.Request, 
 	}
 	var keys [core.MaxBatch]string
 	s.keysOf(reqs, infos, keys[:len(reqs)])
-	runs := s.opsRuns(modeGiveBack, now, nowArg, reqs, infos, keys[:len(reqs)])
+	runs := s.opsRuns(modeGiveBack, nowArg, reqs, infos, keys[:len(reqs)])
 	run := func() error {
 		_, err := s.opsBounded(ctx, func(ctx context.Context, ended func() bool) ([]string, error) {
 			return s.runOps(ctx, ended, runs)
@@ -333,7 +331,7 @@ type opsRun struct {
 // opsRuns returns the calls of the ops script in mode for the batch, one
 // per group of keys one script call can see (see Store.groups), in order;
 // a request over its capacity is peeked at cost 0.
-func (s *Store) opsRuns(mode string, now time.Time, nowArg any, reqs []core.Request, infos []*policyInfo, keys []string) []opsRun {
+func (s *Store) opsRuns(mode string, nowArg any, reqs []core.Request, infos []*policyInfo, keys []string) []opsRun {
 	gs := s.groups(keys)
 	if gs == nil {
 		all := make([]int, len(keys))
@@ -355,23 +353,29 @@ func (s *Store) opsRuns(mode string, now time.Time, nowArg any, reqs []core.Requ
 			if cost > reqs[i].Policy.Capacity() {
 				cost = 0
 			}
-			args = append(args, infos[i].args, cost, chargeAge(mode, now, reqs[i].ChargedAt))
+			args = append(args, infos[i].args, cost, chargeTime(mode, reqs[i].ChargedAt))
 		}
 		runs[g] = opsRun{idx: idx, args: args}
 	}
 	return runs
 }
 
-// chargeAge is the ops script's age argument of a request: for a refund
-// naming the time of its charge (core.Request.ChargedAt), the microseconds
-// from that time to now, below 0 for a time after now (the script reads
-// the charge's time as its own now less that age, so that it holds on the
-// server's clock too); "" otherwise.
-func chargeAge(mode string, now, at time.Time) any {
+// chargeTime is the ops script's charge-time argument of a request: for a
+// refund naming the time of its charge (core.Request.ChargedAt), that time
+// in microseconds, rounded down and clamped to the times the script
+// holds, read by the script on the clock it decides on (the server's,
+// where Policy.ChargeStart has read it from the charge's Decision.At, or
+// in ClientTime mode the one given to Take); "" otherwise.
+func chargeTime(mode string, at time.Time) any {
 	if mode != modeGiveBack || at.IsZero() {
 		return ""
 	}
-	return now.UnixMicro() - at.UnixMicro()
+	ns := core.ClampTime(at)
+	us := ns / 1000
+	if ns%1000 < 0 {
+		us--
+	}
+	return min(max(us, -maxNowMicros), maxNowMicros)
 }
 
 // runOps makes the calls runs, in order, stopping at an error, or before
@@ -407,10 +411,14 @@ func (s *Store) runOps(ctx context.Context, ended func() bool, runs []opsRun) ([
 }
 
 // parsePeek reads a peek's reply: now, then per request the decision at
-// its cost (to out) and at cost 0 (to zero).
-func parsePeek(reply string, reqs []core.Request, idx []int, out, zero []core.Decision) error {
+// its cost (to out) and at cost 0 (to zero). The decisions' At is that now
+// when serverClock.
+func parsePeek(reply string, serverClock bool, reqs []core.Request, idx []int, out, zero []core.Decision) error {
 	p := replyParser{s: reply}
-	p.next() // the time decided at
+	var at time.Time
+	if now := p.next(); serverClock { // the time decided at
+		at = time.UnixMicro(now)
+	}
 	for _, i := range idx {
 		pol := reqs[i].Policy
 		out[i] = core.Decision{
@@ -421,6 +429,7 @@ func parsePeek(reply string, reqs []core.Request, idx []int, out, zero []core.De
 			RetryAfter: micros(p.next()),
 			Delay:      micros(p.next()),
 			Policy:     pol,
+			At:         at,
 		}
 		zero[i] = core.Decision{
 			Allowed:    true,
@@ -429,6 +438,7 @@ func parsePeek(reply string, reqs []core.Request, idx []int, out, zero []core.De
 			ResetAfter: micros(p.next()),
 			Delay:      micros(p.next()),
 			Policy:     pol,
+			At:         at,
 		}
 	}
 	if p.err || p.pos != len(p.s) {

@@ -16,11 +16,22 @@ import (
 )
 
 // TestRefundFailedLoginsSharedRedis: two middleware instances sharing one
-// Redis count only failed logins, 5 per IP per 15 minutes: successful
-// logins on either instance never count, the 6th failure is refused on
-// both, and a Reset on one instance lets the IP in again on the other.
+// Redis count only failed logins, 5 per IP per 15 minutes (a sliding log,
+// which refunds a charge by its exact time): successful logins on either
+// instance never count, the 6th failure is refused on both, and a Reset on
+// one instance lets the IP in again on the other. On the server's clock
+// too, where the refunds name their charges by the server's time
+// (core.Decision.At).
 func TestRefundFailedLoginsSharedRedis(t *testing.T) {
 	addr := redistest.Server(t)
+	for _, clientTime := range []bool{true, false} {
+		t.Run(map[bool]string{true: "ClientTime", false: "server clock"}[clientTime], func(t *testing.T) {
+			refundFailedLogins(t, addr, clientTime)
+		})
+	}
+}
+
+func refundFailedLogins(t *testing.T, addr string, clientTime bool) {
 	prefix := "rltest:refund:" + time.Now().Format("150405.000000000") + ":"
 	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
 	login := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -33,7 +44,7 @@ func TestRefundFailedLoginsSharedRedis(t *testing.T) {
 	for i := range limiters {
 		client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { client.Close() })
-		store, err := redisstore.New(client, &redisstore.Config{Prefix: prefix, ClientTime: true, Timeout: 10 * time.Second})
+		store, err := redisstore.New(client, &redisstore.Config{Prefix: prefix, ClientTime: clientTime, Timeout: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -364,3 +364,48 @@ func TestPeekThroughBreaker(t *testing.T) {
 		t.Fatalf("the Fallback's Peek reported %v with latencies %v, want one error of the Timeout's latency or more", rec.errs, rec.lats)
 	}
 }
+
+// TestRefundByChargeOnServerClock: on the server's clock (the default), a
+// refund naming its charge by Policy.ChargeStart, which reads the server's
+// time of the decision from Decision.At, gives back that charge's unit
+// under every algorithm; a sliding log finds its entry by that time to the
+// microsecond.
+func TestRefundByChargeOnServerClock(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	s := newStore(t, client, nil)
+	ctx := context.Background()
+	for _, alg := range []core.Algorithm{core.TokenBucket, core.LeakyBucket, core.FixedWindow, core.SlidingWindowCounter, core.SlidingWindowLog} {
+		t.Run(alg.Name(), func(t *testing.T) {
+			// Three a day: nothing comes back while the test runs.
+			r := core.Rule{Name: "srv-" + alg.Name(), Algorithm: alg, Limit: 3, Window: 24 * time.Hour}
+			if alg == core.LeakyBucket {
+				r.Burst = 3
+			}
+			p := mustPolicy(t, r)
+			var d core.Decision
+			var at time.Time
+			for i := 0; i < 3; i++ {
+				at = time.Now()
+				before := time.Now()
+				d = take(t, s, at, p, "k", 1)
+				if !d.Allowed {
+					t.Fatalf("charge %d refused: %+v", i+1, d)
+				}
+				if d.At.Before(before.Add(-time.Minute)) || d.At.After(time.Now().Add(time.Minute)) {
+					t.Fatalf("charge %d: At %v is not the server's time of the decision (about %v)", i+1, d.At, before)
+				}
+			}
+			req := []core.Request{{Policy: p, Key: "k", Cost: 1, ChargedAt: p.ChargeStart(at, 1, d)}}
+			if err := s.Refund(ctx, time.Now(), req); err != nil {
+				t.Fatal(err)
+			}
+			var out [1]core.Decision
+			if err := s.Peek(ctx, time.Now(), []core.Request{{Policy: p, Key: "k", Cost: 1}}, out[:]); err != nil {
+				t.Fatal(err)
+			}
+			if !out[0].Allowed || out[0].Remaining != 0 {
+				t.Fatalf("after the refund of the third charge: %+v; want it admitted with 0 remaining after it", out[0])
+			}
+		})
+	}
+}

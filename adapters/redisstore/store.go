@@ -997,7 +997,11 @@ func (s *Store) call(ctx context.Context, mode string, nowArg any, reqs []core.R
 	if err != nil {
 		return false, err
 	}
-	return parseReply(reply, reqs, idx, extras, out)
+	var at time.Time
+	if !s.clientTime && len(reply) > 0 {
+		at = time.UnixMicro(reply[0]) // decided on the server's clock
+	}
+	return parseReply(reply, reqs, idx, at, extras, out)
 }
 
 // eval runs the script, bounded by ctx's deadline even when the client
@@ -1087,7 +1091,8 @@ func (s *Store) Close() error {
 }
 
 // parseReply reads the script's reply: now, then six integers per request.
-func parseReply(reply []int64, reqs []core.Request, idx []int, extras []int64, out []core.Decision) (bool, error) {
+// Each Decision's At is at.
+func parseReply(reply []int64, reqs []core.Request, idx []int, at time.Time, extras []int64, out []core.Decision) (bool, error) {
 	if len(reply) != 1+6*len(idx) {
 		return false, fmt.Errorf("unexpected script reply %v", reply)
 	}
@@ -1103,6 +1108,7 @@ func parseReply(reply []int64, reqs []core.Request, idx []int, extras []int64, o
 			RetryAfter: micros(v[3]),
 			Delay:      micros(v[4]),
 			Policy:     pol,
+			At:         at,
 		}
 		extras[i] = v[5]
 		out[i] = d

@@ -9,9 +9,8 @@
 -- ARGV[2] now in Unix microseconds, or '' to read the server's TIME.
 -- ARGV[3] milliseconds added to every key's expiry.
 -- Then three arguments per request: the policy (as for the take script,
--- see policyargs), the cost, and, for 'F', the age of the charge it gives
--- back in microseconds ('' when not known; the charge was made at now less
--- its age, on the clock of now).
+-- see policyargs), the cost, and, for 'F', the time of the charge it gives
+-- back in Unix microseconds, on the clock of now ('' when not known).
 --
 -- A record written under another policy (another identity tag) is read as
 -- the take script reads it: the units in use under its own policy carry
@@ -236,11 +235,10 @@ for i = 1, n do
   local cost = tonumber(ARGV[base + 1])
   local at
   if ARGV[base + 2] ~= '' then
-    local age = tonumber(ARGV[base + 2]) -- below 0 for a charge after now
-    if age == nil then
+    at = tonumber(ARGV[base + 2]) -- on the clock of now; after now if it stepped back
+    if at == nil then
       return redis.error_reply('ERR ratelimit: bad argument for request ' .. i)
     end
-    at = now - age
   end
   if alg == nil or tr == nil or cost == nil then
     return redis.error_reply('ERR ratelimit: bad argument for request ' .. i)
