@@ -17,11 +17,7 @@ import (
 // below 2^53) and on random operands within it.
 func TestLuaMulDiv(t *testing.T) {
 	client := newClient(t, redistest.Server(t))
-	src, err := luaFiles.ReadFile("lua/prelude.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
-	script := string(src) + `
+	script := composeScript([]string{"lua/prelude.lua", "lua/arith.lua"}) + `
 local out = {}
 for i = 1, #ARGV, 4 do
   local q, r = muldiv(tonumber(ARGV[i]), tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3]))

@@ -68,11 +68,12 @@ func TestFullPath(t *testing.T) {
 // on the full path alone. Decisions and the records written must be
 // equal, and the fast path must have decided most requests of each
 // algorithm, refusals, stepped-back clocks and untagged records
-// included, while declining every record of another policy.
+// included, while declining every record of another policy, and the
+// requests of wide quotas whose arithmetic reaches 2^53 (left to muldiv).
 func TestFastPathMatchesFullPath(t *testing.T) {
 	client := newClient(t, redistest.Server(t))
 	st := replayFastVsFull(t, client, storetest.T0, 7, 4000)
-	t.Logf("decided by the fast path: %v (%d refused, %d with the clock stepped back, %d on untagged records); declined: %v", st.decided, st.refused, st.back, st.untagged, st.declined)
+	t.Logf("decided by the fast path: %v (%d refused, %d with the clock stepped back, %d on untagged records); declined: %v, and %d of the wide buckets", st.decided, st.refused, st.back, st.untagged, st.declined, st.wide)
 	for _, a := range []core.Algorithm{core.TokenBucket, core.LeakyBucket, core.FixedWindow} {
 		if st.decided[a.Name()] < st.declined[a.Name()] || st.decided[a.Name()] < 100 {
 			t.Errorf("the fast path decided %d %s requests and declined %d", st.decided[a.Name()], a.Name(), st.declined[a.Name()])
@@ -89,6 +90,9 @@ func TestFastPathMatchesFullPath(t *testing.T) {
 	}
 	if st.untagged < 10 {
 		t.Errorf("the fast path decided %d requests on untagged records, want 10 or more", st.untagged)
+	}
+	if st.wide < 10 {
+		t.Errorf("the fast path declined %d requests of the wide buckets, want 10 or more (their arithmetic reaching 2^53)", st.wide)
 	}
 }
 
@@ -113,6 +117,10 @@ func TestFastPathMatchesFullPathAtExtremes(t *testing.T) {
 type fastStats struct {
 	decided, declined                map[string]int // per algorithm
 	refused, back, foreign, untagged int
+	// wide counts the requests of the buckets of wide quotas (tb-huge,
+	// tb-wide) declined, which declined counts not: mostly those whose
+	// arithmetic reaches 2^53, which fast.lua leaves to muldiv.
+	wide int
 }
 
 // replayFastVsFull replays steps random single requests from base (seeded
@@ -168,7 +176,7 @@ func replayFastVsFull(t *testing.T, client *redis.Client, base time.Time, seed u
 	at, maxAt := base, base
 	decided := map[string]int{}  // by the fast path, per algorithm
 	declined := map[string]int{} // by the fast path, per algorithm
-	var fastRefused, fastBack, fastForeign, fastUntagged int
+	var fastRefused, fastBack, fastForeign, fastUntagged, fastWide int
 	for step := range steps {
 		switch x := rng.IntN(100); {
 		case x < 45:
@@ -220,7 +228,11 @@ func replayFastVsFull(t *testing.T, client *redis.Client, base time.Time, seed u
 		alg := p.Algorithm().Name()
 		gerr := fast.Take(ctx, at, req, got[:])
 		if gerr != nil && strings.Contains(gerr.Error(), "fell through") {
-			declined[alg]++
+			if name := p.Name(); name == "tb-huge" || name == "tb-wide" {
+				fastWide++
+			} else {
+				declined[alg]++
+			}
 			fast.script = takeLua
 			gerr = fast.Take(ctx, at, req, got[:])
 			fast.script = fastOnlyScript
@@ -250,5 +262,5 @@ func replayFastVsFull(t *testing.T, client *redis.Client, base time.Time, seed u
 			t.Fatalf("step %d at %v (%s key %q cost %d): fast path wrote %q, full path %q", step, at.UTC(), p, k, cost, g, w)
 		}
 	}
-	return fastStats{decided: decided, declined: declined, refused: fastRefused, back: fastBack, foreign: fastForeign, untagged: fastUntagged}
+	return fastStats{decided: decided, declined: declined, refused: fastRefused, back: fastBack, foreign: fastForeign, untagged: fastUntagged, wide: fastWide}
 }

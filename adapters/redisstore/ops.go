@@ -31,6 +31,7 @@ var (
 
 var opsParts = []string{
 	"lua/prelude.lua",
+	"lua/arith.lua",
 	"lua/helpers.lua",
 	"lua/gcra.lua",
 	"lua/fixed_window.lua",

@@ -5,8 +5,9 @@
 -- plain numbers, with no closures made and one table, the reply
 -- (helpers.lua, gcra.lua and fixed_window.lua name the steps). Anything
 -- else (a check, a refund, another algorithm, a record written under
--- another policy, a bad argument) falls through, untouched, to the rest of
--- the script (shortargs.lua first).
+-- another policy, a bad argument, a bucket whose arithmetic reaches 2^53)
+-- falls through, untouched, to the rest of the script (shortargs.lua
+-- first).
 --
 -- The usual decision comes with the short arguments (one key, at most
 -- four arguments): ARGV[1] the policy (as main.lua's), ARGV[2] the cost,
@@ -17,8 +18,10 @@
 -- for the server to read and to hand to the script on every call.
 --
 -- Every call of the script runs it from the top: what is set up before
--- this point is paid by every decision, so only the locals and the two
--- arithmetic closures of prelude.lua are. The check of I64 (helpers.lua)
+-- this point is paid by every decision, so only the locals of prelude.lua
+-- are (a closure costs the server about as much as a command's reply:
+-- muldiv and divmod are made after this file, in arith.lua, and the
+-- divisions here are written out). The check of I64 (helpers.lua)
 -- is made only for a value that needs it (one beyond 2^31 in magnitude,
 -- where a 32-bit C long would not hold it).
 
@@ -95,8 +98,8 @@ if #KEYS == 1 and #ARGV <= 4 then
         local kept = tagged and idx == A and nowArg == nil and redis.REDIS_VERSION_NUM
         local ms = 0
         if not kept then
-          local rm
-          ms, rm = divmod(e, 1000)
+          local rm = fmod(e, 1000)
+          ms = (e - rm) / 1000
           if rm > 0 then ms = ms + 1 end
           ms = ms + slack
         end
@@ -116,7 +119,11 @@ if #KEYS == 1 and #ARGV <= 4 then
       if rem < 0 then rem = 0 end -- as fixed.decide: never below 0
       return { now, allowed, rem, reset, retry, 0, idx }
     end
-    -- gcra.decide, with lesseq and ceildiff written out
+    -- gcra.decide, with lesseq and ceildiff written out, and muldiv's
+    -- products as single divisions while they stay below 2^53, exact: a
+    -- product beyond (a quota so large that the arithmetic needs
+    -- muldiv's wide path, arith.lua) falls through, before anything is
+    -- written, to the rest of the script
     local bq, br, clamped = now, 0, false
     if not fresh and (A > now or (A == now and B > 0)) then
       bq, br = A, B
@@ -127,57 +134,69 @@ if #KEYS == 1 and #ARGV <= 4 then
         clamped = true
       end
     end
-    local q, nr = muldiv(cost, W, br, L)
-    local nq = bq + q
-    local dq = nq - now
-    local lim = tauQ + md
-    local allowed, delay, retry = 0, 0, 0
-    local rq, rr -- TAT - now of the state reported
-    if dq < lim or (dq == lim and nr <= tauR) then
-      allowed = 1
-      if dq > tauQ or (dq == tauQ and nr > tauR) then
-        delay = dq - tauQ
-        if nr > tauR then delay = delay + 1 end
-      end
-      rq, rr = dq, nr
-    else
-      retry = dq - lim
-      if nr > tauR then retry = retry + 1 end
-      rq, rr = bq - now, br
-    end
-    -- gcra_remaining
-    local rem = 0
-    if rq < tauQ or (rq == tauQ and rr <= tauR) then
-      local used, r = muldiv(rq, L, rr, W)
-      if r > 0 then used = used + 1 end
-      if used < cap then
-        rem = cap - used
-      end
-    end
-    local reset = rq
-    if rr > 0 then reset = reset + 1 end
-    -- gcra.commit (gcra_store, keep)
-    if clamped and (allowed == 0 or cost == 0) then
-      -- a clock stepped back: keep the clamped TAT, so the bound holds
-      nq, nr = bq, br
-    end
-    if (allowed == 1 and cost > 0) or clamped then
-      local life = nq - now
-      if nr > 0 then life = life + 1 end
-      if life <= 0 then
-        redis.call('DEL', key)
-      else
-        local ms, r = divmod(life, 1000)
-        if r > 0 then ms = ms + 1 end
-        ms = ms + slack
-        local gv, gx = 'g:%d:%d;%s', '%d'
-        if (nq >= 2147483648 or nq < -2147483648 or nr >= 2147483648 or ms >= 2147483648)
-            and sformat('%d', P53) ~= '9007199254740992' then
-          gv, gx = 'g:%.0f:%.0f;%s', '%.0f'
+    local p = cost * W + br
+    if p < P53 then
+      local nr = fmod(p, L)
+      local nq = bq + (p - nr) / L
+      local dq = nq - now
+      local lim = tauQ + md
+      local allowed, delay, retry = 0, 0, 0
+      local rq, rr -- TAT - now of the state reported
+      if dq < lim or (dq == lim and nr <= tauR) then
+        allowed = 1
+        if dq > tauQ or (dq == tauQ and nr > tauR) then
+          delay = dq - tauQ
+          if nr > tauR then delay = delay + 1 end
         end
-        redis.call('SET', key, sformat(gv, nq, nr, tag), 'PX', sformat(gx, ms))
+        rq, rr = dq, nr
+      else
+        retry = dq - lim
+        if nr > tauR then retry = retry + 1 end
+        rq, rr = bq - now, br
+      end
+      -- gcra_remaining
+      local rem, wide = 0, false
+      if rq < tauQ or (rq == tauQ and rr <= tauR) then
+        local u = rq * L + rr
+        if u < P53 then
+          local r = fmod(u, W)
+          local used = (u - r) / W
+          if r > 0 then used = used + 1 end
+          if used < cap then
+            rem = cap - used
+          end
+        else
+          wide = true
+        end
+      end
+      if not wide then
+        local reset = rq
+        if rr > 0 then reset = reset + 1 end
+        -- gcra.commit (gcra_store, keep)
+        if clamped and (allowed == 0 or cost == 0) then
+          -- a clock stepped back: keep the clamped TAT, so the bound holds
+          nq, nr = bq, br
+        end
+        if (allowed == 1 and cost > 0) or clamped then
+          local life = nq - now
+          if nr > 0 then life = life + 1 end
+          if life <= 0 then
+            redis.call('DEL', key)
+          else
+            local r = fmod(life, 1000)
+            local ms = (life - r) / 1000
+            if r > 0 then ms = ms + 1 end
+            ms = ms + slack
+            local gv, gx = 'g:%d:%d;%s', '%d'
+            if (nq >= 2147483648 or nq < -2147483648 or nr >= 2147483648 or ms >= 2147483648)
+                and sformat('%d', P53) ~= '9007199254740992' then
+              gv, gx = 'g:%.0f:%.0f;%s', '%.0f'
+            end
+            redis.call('SET', key, sformat(gv, nq, nr, tag), 'PX', sformat(gx, ms))
+          end
+        end
+        return { now, allowed, rem, reset, retry, delay, 0 }
       end
     end
-    return { now, allowed, rem, reset, retry, delay, 0 }
   end
 end
