@@ -73,7 +73,7 @@ end
 }
 
 // ourFastPath defines fast(KEYS, ARGV), the start of adapters/redisstore's
-// script (its arithmetic and its fast path, read from the module's Lua
+// script (its constants and its fast path, read from the module's Lua
 // sources) as a function, and FK and FA, the keys and arguments with which
 // the store takes one unit of the fixed window of policyArgs, on the
 // server's clock: the call the store makes.

@@ -69,7 +69,8 @@ func TestFullPath(t *testing.T) {
 // equal, and the fast path must have decided most requests of each
 // algorithm, refusals, stepped-back clocks and untagged records
 // included, while declining every record of another policy, and the
-// requests of wide quotas whose arithmetic reaches 2^53 (left to muldiv).
+// requests of a wide quota whose arithmetic reaches 2^53 without a whole
+// emission interval (left to muldiv).
 func TestFastPathMatchesFullPath(t *testing.T) {
 	client := newClient(t, redistest.Server(t))
 	st := replayFastVsFull(t, client, storetest.T0, 7, 4000)
@@ -118,8 +119,9 @@ type fastStats struct {
 	decided, declined                map[string]int // per algorithm
 	refused, back, foreign, untagged int
 	// wide counts the requests of the buckets of wide quotas (tb-huge,
-	// tb-wide) declined, which declined counts not: mostly those whose
-	// arithmetic reaches 2^53, which fast.lua leaves to muldiv.
+	// tb-wide) declined, which declined counts not: tb-huge's whose
+	// arithmetic reaches 2^53 (its emission interval is not whole, so
+	// fast.lua leaves them to muldiv), and foreign values.
 	wide int
 }
 
@@ -263,4 +265,89 @@ func replayFastVsFull(t *testing.T, client *redis.Client, base time.Time, seed u
 		}
 	}
 	return fastStats{decided: decided, declined: declined, refused: fastRefused, back: fastBack, foreign: fastForeign, untagged: fastUntagged, wide: fastWide}
+}
+
+// TestFastPathWideBuckets decides buckets whose arithmetic reaches 2^53
+// (cap x Window near 2^53 microseconds) with random costs and times, with
+// the take script, the full path alone and core.MemoryStore: the same
+// decisions and records. A bucket whose emission interval Window/Limit is
+// whole (a million a day) stays on the fast path whatever its products;
+// the others fall through to muldiv's wide arithmetic when a product
+// reaches 2^53.
+func TestFastPathWideBuckets(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	ctx := context.Background()
+	const w53 = 1 << 33 // microseconds: cap 2^20 x w53 = 2^53
+	type wideRule struct {
+		core.Rule
+		whole bool // Window/Limit is a whole number of microseconds: never falls through
+		falls bool // some requests of the trace reach muldiv's wide arithmetic
+	}
+	rules := []wideRule{
+		{core.Rule{Name: "pow2", Algorithm: core.TokenBucket, Limit: 1 << 20, Window: w53 * time.Microsecond}, true, false},
+		{core.Rule{Name: "daily", Algorithm: core.TokenBucket, Limit: 1_000_000, Window: 24 * time.Hour}, true, false},
+		{core.Rule{Name: "monthly", Algorithm: core.LeakyBucket, Limit: 100_000, Window: 30 * 24 * time.Hour, Burst: 50_000, MaxDelay: time.Hour}, true, false},
+		{core.Rule{Name: "below", Algorithm: core.TokenBucket, Limit: 1<<20 + 3, Window: (w53 - 1) * time.Microsecond}, false, true},
+		{core.Rule{Name: "above", Algorithm: core.TokenBucket, Limit: 1<<20 - 3, Window: (w53 + 17) * time.Microsecond}, false, false},
+		{core.Rule{Name: "shaping", Algorithm: core.LeakyBucket, Limit: 1<<20 + 1, Window: (w53 + 1) * time.Microsecond, Burst: 1 << 20, MaxDelay: 3 * time.Second}, false, true},
+	}
+	fell := map[string]int{}
+	for bi, base := range []time.Time{storetest.T0, time.Unix(-3_000_000_000, 123_456_000)} {
+		for _, r := range rules {
+			p := mustPolicy(t, r.Rule)
+			take := newStore(t, client, &Config{ClientTime: true})
+			full := newStore(t, client, &Config{ClientTime: true})
+			full.script = fullPathScript
+			ms := core.MustMemoryStore(nil)
+			rng := rand.New(rand.NewPCG(uint64(bi), 5))
+			at, c := base, p.Capacity()
+			for step := range 150 {
+				switch x := rng.IntN(10); {
+				case x < 4:
+				case x < 7:
+					at = at.Add(time.Duration(rng.Int64N(int64(time.Hour))).Truncate(time.Microsecond))
+				default:
+					at = at.Add(time.Duration(rng.Int64N(int64(200 * time.Hour))).Truncate(time.Microsecond))
+				}
+				cost := []int64{1, c, c - rng.Int64N(4), 1 + rng.Int64N(c), 1 + rng.Int64N(8)}[rng.IntN(5)]
+				req := []core.Request{{Policy: p, Key: "k", Cost: cost}}
+				var got, want, mem [1]core.Decision
+				take.script = fastOnlyScript
+				err := take.Take(ctx, at, req, got[:])
+				if err != nil && strings.Contains(err.Error(), "fell through") {
+					fell[r.Name]++
+					take.script = takeLua
+					err = take.Take(ctx, at, req, got[:])
+				}
+				if err != nil {
+					t.Fatalf("%s step %d: %v", r.Name, step, err)
+				}
+				if err := full.Take(ctx, at, req, want[:]); err != nil {
+					t.Fatal(err)
+				}
+				if err := ms.Take(ctx, at, req, mem[:]); err != nil {
+					t.Fatal(err)
+				}
+				m := mem[0]
+				m.RetryAfter, m.ResetAfter, m.Delay = ceilMicro(m.RetryAfter), ceilMicro(m.ResetAfter), ceilMicro(m.Delay)
+				if got[0] != want[0] || got[0] != m {
+					t.Fatalf("%s step %d at %v cost %d:\ntake   %+v\nfull   %+v\nmemory %+v", r.Name, step, at.UTC(), cost, got[0], want[0], m)
+				}
+				kt := redisKey(take.prefix, p.Name(), tagOf(take, p.Name(), "k"), &core.Request{Key: "k"})
+				kf := redisKey(full.prefix, p.Name(), tagOf(full, p.Name(), "k"), &core.Request{Key: "k"})
+				if vt, vf := client.Get(ctx, kt).Val(), client.Get(ctx, kf).Val(); vt != vf {
+					t.Fatalf("%s step %d: the take script wrote %q, the full path %q", r.Name, step, vt, vf)
+				}
+			}
+		}
+	}
+	for _, r := range rules {
+		if r.whole && fell[r.Name] > 0 {
+			t.Errorf("%s: a whole emission interval, yet %d requests fell through", r.Name, fell[r.Name])
+		}
+		if r.falls && fell[r.Name] == 0 {
+			t.Errorf("%s: no request reached muldiv's wide arithmetic", r.Name)
+		}
+	}
+	t.Logf("fell through: %v", fell)
 }

@@ -10,15 +10,15 @@ import (
 )
 
 // The script is composed of one Lua source per algorithm (each defining
-// load, decide, commit and refund for its state) between a prelude of
-// exact integer helpers and the batch logic of main.lua, so one call can
-// decide a batch that mixes algorithms. fast.lua, between the constants
-// of prelude.lua and the arithmetic closures and other helpers (arith.lua,
-// helpers.lua), decides the usual call (one request taken under a token
+// load, decide, commit and refund for its state) between the exact
+// integer arithmetic and helpers (arith.lua, helpers.lua) and the batch
+// logic of main.lua, so one call can decide a batch that mixes
+// algorithms. fast.lua, between the constants of prelude.lua and those
+// closures, decides the usual call (one request taken under a token
 // bucket, a leaky bucket or a fixed window) with the same arithmetic and
-// returns before the rest is set up. A single take comes with short arguments (see fast.lua),
-// which shortargs.lua rewrites in main.lua's form when fast.lua leaves the
-// request to the rest.
+// returns before the rest is set up. A single take comes with short
+// arguments (see fast.lua), which shortargs.lua rewrites in main.lua's
+// form when fast.lua leaves the request to the rest.
 //
 //go:embed lua/*.lua
 var luaFiles embed.FS

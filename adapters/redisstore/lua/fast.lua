@@ -5,8 +5,8 @@
 -- plain numbers, with no closures made and one table, the reply
 -- (helpers.lua, gcra.lua and fixed_window.lua name the steps). Anything
 -- else (a check, a refund, another algorithm, a record written under
--- another policy, a bad argument, a bucket whose arithmetic reaches 2^53)
--- falls through, untouched, to the rest of the script (shortargs.lua
+-- another policy, a bad argument, a bucket whose arithmetic reaches 2^53
+-- without a whole emission interval) falls through, untouched, to the rest of the script (shortargs.lua
 -- first).
 --
 -- The usual decision comes with the short arguments (one key, at most
@@ -120,10 +120,12 @@ if #KEYS == 1 and #ARGV <= 4 then
       return { now, allowed, rem, reset, retry, 0, idx }
     end
     -- gcra.decide, with lesseq and ceildiff written out, and muldiv's
-    -- products as single divisions while they stay below 2^53, exact: a
-    -- product beyond (a quota so large that the arithmetic needs
-    -- muldiv's wide path, arith.lua) falls through, before anything is
-    -- written, to the rest of the script
+    -- products as single divisions while they stay below 2^53, exact.
+    -- Past 2^53, a whole emission interval T = W/L (a million a day: 86.4
+    -- ms) divides exactly without the product; any other quota whose
+    -- product reaches 2^53 (the arithmetic then needs muldiv's wide path,
+    -- arith.lua) falls through, before anything is written, to the rest
+    -- of the script.
     local bq, br, clamped = now, 0, false
     if not fresh and (A > now or (A == now and B > 0)) then
       bq, br = A, B
@@ -134,10 +136,16 @@ if #KEYS == 1 and #ARGV <= 4 then
         clamped = true
       end
     end
-    local p = cost * W + br
+    local p, q, nr = cost * W + br, nil, nil
     if p < P53 then
-      local nr = fmod(p, L)
-      local nq = bq + (p - nr) / L
+      nr = fmod(p, L)
+      q = (p - nr) / L
+    elseif fmod(W, L) == 0 then
+      -- (cost*W + br) / L = cost*T + br/L, and br < L
+      q, nr = cost * (W / L), br
+    end
+    if q ~= nil then
+      local nq = bq + q
       local dq = nq - now
       local lim = tauQ + md
       local allowed, delay, retry = 0, 0, 0
@@ -162,6 +170,17 @@ if #KEYS == 1 and #ARGV <= 4 then
           local r = fmod(u, W)
           local used = (u - r) / W
           if r > 0 then used = used + 1 end
+          if used < cap then
+            rem = cap - used
+          end
+        elseif fmod(W, L) == 0 then
+          -- (rq*L + rr) / W = rq/T + rr/W: with rq = m*T + s and rr < L,
+          -- the quotient is m, and the remainder s*L + rr is 0 only when
+          -- s and rr are
+          local T = W / L
+          local s = fmod(rq, T)
+          local used = (rq - s) / T
+          if s > 0 or rr > 0 then used = used + 1 end
           if used < cap then
             rem = cap - used
           end
