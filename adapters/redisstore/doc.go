@@ -253,8 +253,10 @@
 // moves that shard's keys to the others, which hold no state for them, and
 // back once the shard is up again. The store does not decide a key moved
 // so (that would grant it a fresh quota): its batch fails with
-// ErrShardDown (the Fallback decides it, when there is one), as do the
-// in-flight slots of InFlight, while the keys of the shards that are up
+// ErrShardDown (the Fallback decides it, when there is one), as do a Peek
+// of it, a Refund and a Reset (which, on the other shard, would change
+// nothing and report success) and the in-flight slots of InFlight, while
+// the keys of the shards that are up
 // decide as usual. The store knows the shards the Ring was built with, and
 // checks each key's routing against them. Ring.SetAddrs, which moves keys
 // between shards without their state whenever it changes them, is reported

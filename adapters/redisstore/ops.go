@@ -86,12 +86,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 	var zero [core.MaxBatch]core.Decision
 	runs := s.opsRuns(modePeek, nowArg, reqs, infos, keys[:len(reqs)])
 	var replies []string
-	if s.ring != nil {
-		if err = s.ring.check(keys[:len(reqs)]); errors.Is(err, ErrRingChanged) {
-			s.observe(reqs, err, 0)
-			err = nil
-		}
-	}
+	err = s.ringCheck(reqs, keys[:len(reqs)])
 	start := time.Now()
 	if err == nil {
 		// Through the breaker, as a decision: while it is open, a peek
@@ -160,7 +155,9 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 // Config.HashTag such as TagByKey). A batch spanning several slots is
 // refunded one slot at a time, each atomically: after a failure, the
 // slots not reached keep their charges (a refund that fails limits more,
-// never less). A failure is not sent to the Fallback, which did not make
+// never less). On a Ring, a batch with a key whose shard is down fails
+// with ErrShardDown, refunding nothing. A failure is not sent to the
+// Fallback, which did not make
 // the charges.
 //
 // A batch whose charges the Fallback made (Request.Fallback, set from
@@ -210,6 +207,9 @@ func (s *Store) refund(ctx context.Context, now time.Time, reqs []core.Request, 
 	}
 	var keys [core.MaxBatch]string
 	s.keysOf(reqs, infos, keys[:len(reqs)])
+	if err := s.ringCheck(reqs, keys[:len(reqs)]); err != nil {
+		return err // the key's shard is down: its charges are not where the Ring would send the refund
+	}
 	runs := s.opsRuns(modeGiveBack, nowArg, reqs, infos, keys[:len(reqs)])
 	run := func() error {
 		_, err := s.opsBounded(ctx, func(ctx context.Context, ended func() bool) ([]string, error) {
@@ -246,7 +246,9 @@ func (s *Store) refundFallback(ctx context.Context, now time.Time, reqs []core.R
 
 // Reset implements core.Resetter: it deletes the key's record under the
 // policy's Name (whatever policy wrote it), with one DEL. It does not
-// reset the Fallback.
+// reset the Fallback. On a Ring, it fails with ErrShardDown while the
+// key's shard is down (the DEL would reach another shard, which holds
+// nothing of the key).
 func (s *Store) Reset(ctx context.Context, p *core.Policy, key string) error {
 	if p == nil {
 		return errors.New("redisstore: reset without a policy")
@@ -261,6 +263,9 @@ func (s *Store) Reset(ctx context.Context, p *core.Policy, key string) error {
 		tag = s.hashTag(p.Name(), key)
 	}
 	k := redisKey(s.prefix, escapeName(p.Name()), tag, &r)
+	if err := s.ringCheck([]core.Request{r}, []string{k}); err != nil {
+		return err // the key's shard is down: a DEL would reach another shard
+	}
 	_, err := s.opsBounded(ctx, func(ctx context.Context, _ func() bool) ([]string, error) {
 		return nil, s.client.Del(ctx, k).Err()
 	})

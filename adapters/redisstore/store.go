@@ -467,6 +467,22 @@ func (s *Store) observe(reqs []core.Request, err error, lat time.Duration) {
 	s.observer.ObserveError(core.ErrorEvent{Policies: ps, Err: err, Latency: lat})
 }
 
+// ringCheck returns an error wrapping ErrShardDown when the store's Ring
+// would send one of keys, the keys of reqs, to another shard than its own,
+// its own being down (see ringGuard.check), and nil otherwise or without a
+// Ring; it reports ErrRingChanged, when it finds it, to the Observer.
+func (s *Store) ringCheck(reqs []core.Request, keys []string) error {
+	if s.ring == nil {
+		return nil
+	}
+	err := s.ring.check(keys)
+	if errors.Is(err, ErrRingChanged) {
+		s.observe(reqs, err, 0)
+		return nil
+	}
+	return err
+}
+
 // takeRedis decides the batch in Redis, through the breaker and within
 // the timeout.
 func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs []core.Request, infos []*policyInfo, over int, out []core.Decision) error {
@@ -477,12 +493,8 @@ func (s *Store) takeRedis(ctx context.Context, st *takeState, nowArg any, reqs [
 		defer func() { <-s.slots }()
 	}
 	s.keysOf(reqs, infos, st.keys[:len(reqs)])
-	if s.ring != nil {
-		if err := s.ring.check(st.keys[:len(reqs)]); errors.Is(err, ErrRingChanged) {
-			s.observe(reqs, err, 0)
-		} else if err != nil {
-			return err // before the breaker: the other shards answer
-		}
+	if err := s.ringCheck(reqs, st.keys[:len(reqs)]); err != nil {
+		return err // before the breaker: the other shards answer
 	}
 	return s.throughBreaker(ctx, st.keys[:len(reqs)], func() error {
 		return s.decideBounded(ctx, st, nowArg, reqs, infos, over, out)

@@ -304,8 +304,9 @@ func TestRing(t *testing.T) {
 // shard from a Ring, and moves its keys to the other shard, which holds no
 // state for them, the keys of that shard fail with ErrShardDown (to the
 // Fallback, when there is one, and its Observer) instead of being granted
-// a fresh quota, that the other shard's keys keep deciding, and that once
-// the shard is back its keys decide there again.
+// a fresh quota (nor peeked at, refunded or reset on the other shard),
+// that the other shard's keys keep deciding, and that once the shard is
+// back its keys decide there again.
 func TestRingShardDown(t *testing.T) {
 	a, b := redistest.Start(t), redistest.Start(t)
 	ring := redis.NewRing(&redis.RingOptions{
@@ -357,6 +358,14 @@ func TestRingShardDown(t *testing.T) {
 		}
 		if err := s.Peek(context.Background(), now, []core.Request{{Policy: p, Key: onB, Cost: 1}}, out[:]); !errors.Is(err, ErrShardDown) {
 			t.Fatalf("Peek for %q, whose shard is down: %v, want ErrShardDown", onB, err)
+		}
+		// A refund or a reset sent to the other shard would change
+		// nothing there and report success.
+		if err := s.Refund(context.Background(), now, []core.Request{{Policy: p, Key: onB, Cost: 1, ChargedAt: now}}); !errors.Is(err, ErrShardDown) {
+			t.Fatalf("Refund for %q, whose shard is down: %v, want ErrShardDown", onB, err)
+		}
+		if err := s.Reset(context.Background(), p, onB); !errors.Is(err, ErrShardDown) {
+			t.Fatalf("Reset of %q, whose shard is down: %v, want ErrShardDown", onB, err)
 		}
 		if d := take(t, s, now, p, onA, 1); d.Allowed {
 			t.Fatalf("%q, on the live shard, admitted above its quota: %+v", onA, d)
