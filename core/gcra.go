@@ -170,14 +170,17 @@ func (leakyBucket) RefundCharge(p *Policy, s *State, cost, start, now int64) {
 // d.ResetAfter shows. The buckets give units back in the order they were
 // charged: a charge made when the bucket was not full starts to give its
 // units back only once the units in use before it have come back, at +
-// d.ResetAfter less the charge's own refill time. For a Decision that did
-// not come from a charge of cost under p it returns at, from which a
-// refund gives back less, never more.
+// d.ResetAfter less the charge's own refill time. d must be the Decision
+// of that very charge: for one that charged nothing (refused, or with
+// nothing in use) or that another policy made (d.Policy set and not p), it
+// returns at, from which a refund gives back less, never more; the
+// Decision of a charge of another cost under p cannot be told apart, and
+// names a wrong start.
 func (p *Policy) ChargeStart(at time.Time, cost int64, d Decision) time.Time {
 	if !d.At.IsZero() {
 		at = d.At
 	}
-	if p == nil || cost < 1 || cost > p.capacity || d.ResetAfter <= 0 || !d.Allowed {
+	if p == nil || cost < 1 || cost > p.capacity || d.ResetAfter <= 0 || !d.Allowed || (d.Policy != nil && d.Policy != p) {
 		return at
 	}
 	if !isGCRA(p) {

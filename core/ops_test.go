@@ -249,3 +249,44 @@ func TestChargeStartReadsDecisionAt(t *testing.T) {
 		t.Fatalf("refused with At: %v, want At %v", got, server)
 	}
 }
+
+// TestChargeStartOfAnotherPolicysDecision: ChargeStart of a Decision
+// another policy made names no charge of p: it returns the time given, from
+// which a refund gives back less, never more. Named by such a Decision, a
+// refund of a charge that has recovered gives nothing back.
+func TestChargeStartOfAnotherPolicysDecision(t *testing.T) {
+	ctx := context.Background()
+	t0 := time.Unix(1_000_000, 0)
+	p := core.MustPolicy(core.Rule{Name: "k", Limit: 10, Window: 10 * time.Second}) // a unit a second
+	q := core.MustPolicy(core.Rule{Name: "q", Limit: 1, Window: time.Hour})
+	store := core.MustMemoryStore(nil)
+	out := make([]core.Decision, 1)
+	if err := store.Take(ctx, t0, []core.Request{{Policy: q, Key: "x", Cost: 1}}, out); err != nil {
+		t.Fatal(err)
+	}
+	foreign := out[0] // ResetAfter an hour
+	if got := p.ChargeStart(t0, 1, foreign); !got.Equal(t0) {
+		t.Fatalf("ChargeStart of q's decision: %v after the time given, want the time given", got.Sub(t0))
+	}
+	// A charge under p at t0 has recovered by t0+2s; the bucket is then
+	// drained, and a refund named by q's decision must not credit it.
+	store.Take(ctx, t0, []core.Request{{Policy: p, Key: "z", Cost: 1}}, out)
+	t2 := t0.Add(2 * time.Second)
+	admitted := 0
+	for range 11 {
+		store.Take(ctx, t2, []core.Request{{Policy: p, Key: "z", Cost: 1}}, out)
+		if out[0].Allowed {
+			admitted++
+		}
+	}
+	if err := store.Refund(ctx, t2, []core.Request{{Policy: p, Key: "z", Cost: 1, ChargedAt: p.ChargeStart(t0, 1, foreign)}}); err != nil {
+		t.Fatal(err)
+	}
+	store.Take(ctx, t2, []core.Request{{Policy: p, Key: "z", Cost: 1}}, out)
+	if out[0].Allowed {
+		admitted++
+	}
+	if admitted != 10 {
+		t.Fatalf("admitted %d at one instant under a bucket of 10 after refunding a recovered charge, want 10", admitted)
+	}
+}
