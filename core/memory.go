@@ -58,11 +58,12 @@ type MemoryConfig struct {
 	// default value is chosen from Capacity: DefaultShards, halved for
 	// small capacities so that each shard holds at least 64 keys (one shard
 	// below 128); for a store of at least 48 x 896 keys, the count between
-	// 48 and 96 whose shards' indexes are the most compact at capacity (a
-	// shard's index is a Go map, whose hash tables of 1,024 slots hold at
-	// most 896 keys and split in two when full: a shard sized just after
-	// a split would leave half of its slots empty, ~38 bytes per key where
-	// a well-sized one needs ~23). A batch with more keys in one shard than
+	// 48 and 96 whose shards' recency maps are the most compact at
+	// capacity (golang-lru keeps a shard's keys in a Go map, whose hash
+	// tables of 1,024 slots hold at most 896 keys and split in two when
+	// full: a shard sized just after a split would leave half of its
+	// slots empty, ~38 bytes per key where a well-sized one needs ~23).
+	// A batch with more keys in one shard than
 	// the shard holds (possible only when a shard holds fewer than MaxBatch
 	// keys) is refused with ErrStoreFull and a RetryAfter of 0: it can
 	// never be stored.
@@ -383,8 +384,8 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 const (
 	mapTableSlots = 1024
 	mapTableKeys  = mapTableSlots * 7 / 8
-	// mapTableFill is the mean keys per table a shard's index is sized
-	// for at capacity: three standard deviations of a table's share of
+	// mapTableFill is the mean keys per table a shard's recency map
+	// (golang-lru's) is sized for at capacity: three standard deviations of a table's share of
 	// evenly hashed keys below mapTableKeys, so that almost no table
 	// splits before the shard is full.
 	mapTableFill = 812
@@ -393,8 +394,9 @@ const (
 // defaultShards returns the default number of shards for a store of
 // capacity keys: DefaultShards, halved while a shard would hold fewer than
 // minShardCapacity keys; for large stores, the count between 3/4 and 3/2
-// of DefaultShards whose indexes take the fewest hash-table slots at
-// capacity (the one nearest DefaultShards among equals).
+// of DefaultShards whose recency maps (golang-lru's) take the fewest
+// hash-table slots at capacity (the one nearest DefaultShards among
+// equals).
 func defaultShards(capacity int) int {
 	n := DefaultShards
 	for n > 1 && capacity/n < minShardCapacity {

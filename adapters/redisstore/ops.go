@@ -157,8 +157,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, reqs []core.Request, ou
 // slots not reached keep their charges (a refund that fails limits more,
 // never less). On a Ring, a batch with a key whose shard is down fails
 // with ErrShardDown, refunding nothing. A failure is not sent to the
-// Fallback, which did not make
-// the charges.
+// Fallback, which did not make the charges.
 //
 // A batch whose charges the Fallback made (Request.Fallback, set from
 // the charges' Decision.Fallback by the HTTP middleware's refunds) is
