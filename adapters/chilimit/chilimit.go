@@ -210,9 +210,10 @@ func WithResult() Option { return func(o *options) { o.result = true } }
 // documentation). Rewrites of other kinds must run before the limiter. A
 // mount point's own path (/users and /users/ for r.Route("/users", ...))
 // gets the sub-router's "/" route, "/users/", as chi serves both. Inside a
-// mount, if no form of the URL ends with the rest of the path chi routes,
-// RouteOf cannot tell the route, and says so (ok false: a route layer fails
-// loudly rather than skip the request).
+// mount, if no form of the URL ends with a form of the rest of the path
+// chi routes (the rest as it is, or as a rewrite in the sub-router leaves
+// it), RouteOf cannot tell the route, and says so (ok false: a route layer
+// fails loudly rather than skip the request).
 func RouteOf(r *http.Request) (route string, ok bool) {
 	rctx := chi.RouteContext(r.Context())
 	if rctx == nil || rctx.Routes == nil {
@@ -279,9 +280,13 @@ func RouteOf(r *http.Request) (route string, ok bool) {
 		}
 	}
 	agrees := rest == ""
+	var rests []string // the forms a rewrite in the sub-router leaves of rest
+	if rest != "" {
+		rests = pathVariants(rest)
+	}
 	for _, m := range methods {
 		for _, p := range pathVariants(path) {
-			if rest != "" && !strings.HasSuffix(p, rest) {
+			if rest != "" && !endsWithAny(p, rests) {
 				continue
 			}
 			agrees = true
@@ -291,6 +296,16 @@ func RouteOf(r *http.Request) (route string, ok bool) {
 		}
 	}
 	return "", agrees
+}
+
+// endsWithAny reports whether p ends with one of suffixes.
+func endsWithAny(p string, suffixes []string) bool {
+	for _, s := range suffixes {
+		if strings.HasSuffix(p, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // rewrite is one of chi's path-rewriting middleware.

@@ -184,3 +184,33 @@ func TestRouteKeyConcurrentFirstRequests(t *testing.T) {
 		<-done
 	}
 }
+
+// TestRouteKeySubRouterRewriteAfterLimiter checks that with the limiter in
+// a mounted sub-router's own r.Use and a rewriting middleware after it,
+// a path that matches no route as it is (/api/login/, /api/login.json) is
+// keyed by the route the rewrite makes chi serve, GET /api/login, and so
+// shares its quota instead of escaping it.
+func TestRouteKeySubRouterRewriteAfterLimiter(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, path string
+		mw                 func(http.Handler) http.Handler
+	}{
+		{"StripSlashes", http.MethodGet, "/api/login/", middleware.StripSlashes},
+		{"URLFormat", http.MethodGet, "/api/login.json", middleware.URLFormat},
+		{"GetHead", http.MethodHead, "/api/login", middleware.GetHead},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := chi.NewRouter()
+			r.Route("/api", func(r chi.Router) {
+				r.Use(chilimit.Middleware(loginLimiter(t)), tc.mw)
+				r.Get("/login", ok)
+			})
+			if c := do(r, http.MethodGet, "/api/login", peer).Code; c != http.StatusOK {
+				t.Fatalf("first GET /api/login: %d", c)
+			}
+			if c := do(r, tc.method, tc.path, peer).Code; c != http.StatusTooManyRequests {
+				t.Errorf("%s %s once GET /api/login's quota is spent: %d, want 429", tc.method, tc.path, c)
+			}
+		})
+	}
+}
