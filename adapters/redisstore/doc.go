@@ -297,7 +297,13 @@
 // the keys of the others keep deciding; a batch spanning masters goes
 // through each of their breakers, and the failure of one of its calls
 // counts against the breaker of that call's master alone (so layered
-// batches that reach a master that is down do not open the others').
+// batches that reach a master that is down do not open the others'). A
+// resharding counts too: while a slot migrates, Redis answers a call on
+// several keys of that slot TRYAGAIN, which counts as the master failing,
+// so a migration under load can open its breaker, and the master's keys
+// then go to the caller's fail policy (or the Fallback) for
+// BreakerConfig.OpenFor: move slots when the load is light, or give the
+// store a Fallback.
 //
 // A cold start (a deploy, a Redis restart) meets an empty script cache and
 // an empty connection pool: call Warm before serving, which loads the
