@@ -33,15 +33,16 @@ var (
 	// a [Route] layer that finds no route pattern ([ErrNoRoute]), a key
 	// function whose error wraps ErrConfig (such as a framework adapter's
 	// key function on a Limiter mounted without that framework's
-	// middleware), layers whose Resolvers return equally named policies
-	// for one request (core.ErrDuplicateRequest), a policy a Resolver picks
-	// without listing it that the store cannot decide
-	// (core.ErrUnsupportedPolicy; a [Transport] fails such a request with
-	// an error wrapping ErrConfig too), or a memory store too small to hold
-	// one request's keys (core.ErrStoreFull with no retry time). Such a
-	// request is answered 500 Internal
-	// Server Error unless the error handler writes a response, whatever the
-	// fail policy: it is never served unlimited. It is logged once.
+	// middleware), a Resolver that returns a policy named as another layer,
+	// as a policy another layer's Resolver lists, or as the policy another
+	// layer decides the same request under (it would share that layer's
+	// state), a policy a Resolver picks without listing it that the store
+	// cannot decide (core.ErrUnsupportedPolicy; a [Transport] fails such a
+	// request with an error wrapping ErrConfig too), or a memory store too
+	// small to hold one request's keys (core.ErrStoreFull with no retry
+	// time). Such a request is answered 500 Internal Server Error unless
+	// the error handler writes a response, whatever the fail policy: it is
+	// never served unlimited. It is logged once.
 	ErrConfig = errors.New("ratelimit: configuration error")
 
 	// ErrMissingKey is wrapped by the error the error handler receives when
@@ -110,7 +111,9 @@ type Layer struct {
 	// by them, so give tier rules names distinct from other layers'.
 	// A Resolver error is handled like a store failure. If the Resolver
 	// implements core.PolicyLister (core.Tiers' does), New refuses policy
-	// names that clash with another layer's.
+	// names that clash with another layer's; a policy it returns unlisted
+	// under another layer's name is a configuration error at request time
+	// (see [ErrConfig]).
 	Resolver core.Resolver
 
 	// IfNoKey says what a request Key does not apply to means: skip the
@@ -347,6 +350,10 @@ type Limiter struct {
 	slots  core.SlotStore // nil: no concurrency layer
 	layers []layer
 	cfg    config
+	// owners maps every layer's name, and every policy a layer's Resolver
+	// lists, to that layer's index: a policy a Resolver returns must not
+	// be named as another layer's.
+	owners map[string]int
 
 	// rules holds the layers' rules and the header strings derived from
 	// them; SetRules replaces it whole, so a request sees one set.
@@ -544,6 +551,10 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 			name:     p.Name(),
 			inFlight: ly.InFlight,
 		}
+	}
+	l.owners = make(map[string]int, len(names))
+	for name, o := range names {
+		l.owners[name] = o.layer
 	}
 	l.slots = slotStore(layers, cfg.slots)
 	if st, ok := l.slots.(*core.SlotTable); ok {
@@ -1104,6 +1115,10 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 					l.configError(res, ly, errors.New("the Resolver returned a Policy not built by core.NewPolicy"))
 					return 0
 				}
+				if err := l.clashes(i, rp, reqs[:n]); err != nil {
+					l.configError(res, ly, err)
+					return 0
+				}
 				p = rp
 			}
 		}
@@ -1369,6 +1384,28 @@ func (l *Limiter) configError(res *Result, ly *layer, err error) {
 		return
 	}
 	l.logConfigError(res.Err)
+}
+
+// clashes returns the configuration error of a policy rp that layer i's
+// Resolver returned under the name of another layer (or of a policy
+// another layer's Resolver lists), or under the name of a policy another
+// layer decides the same request under (taken, the requests of the layers
+// before i): it would share that layer's state in the store. It returns
+// nil otherwise.
+func (l *Limiter) clashes(i int, rp *core.Policy, taken []core.Request) error {
+	name := rp.Name()
+	if o, ok := l.owners[name]; ok {
+		if o == i {
+			return nil // the layer's own rule or one of its listed policies
+		}
+		return fmt.Errorf("the Resolver returned a policy named %q, as layer %s: layer and policy names must be unique within a Limiter", name, l.layers[o].desc)
+	}
+	for j := range taken {
+		if taken[j].Policy.Name() == name {
+			return fmt.Errorf("%w: the Resolver returned a policy named %q, as the policy of another layer of the same request: layer and policy names must be unique within a Limiter", core.ErrDuplicateRequest, name)
+		}
+	}
+	return nil
 }
 
 // containsString reports whether list holds s.

@@ -484,6 +484,43 @@ func TestDuplicatePoliciesAtRequestTime(t *testing.T) {
 	}
 }
 
+// TestResolverPolicyNamedAsAnotherLayer checks that a policy a Resolver
+// returns without listing it, named as another layer, is a configuration
+// error even when the two layers' keys differ (one request's or not): it
+// would keep the resolving layer's state in the other layer's namespace,
+// so that a user whose id reads as an IP address spent that IP's quota. A
+// Reset through that layer is refused too.
+func TestResolverPolicyNamedAsAnotherLayer(t *testing.T) {
+	clash := core.MustPolicy(core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 3, Window: time.Hour})
+	res := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return clash, nil })
+	logs, logOpt := newLogBuf()
+	var er errRecorder
+	e := mwNew(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 3, Window: time.Hour}},
+		{Key: ratelimit.User(), Rule: core.Rule{Name: "per-user", Limit: 100, Window: time.Hour}, Resolver: res},
+	}, logOpt, er.option())
+	for range 3 {
+		if rec := e.do(t, mwUserReq("192.0.2.1:1", "192.0.2.9")); rec.Code != http.StatusInternalServerError {
+			t.Fatalf("a request whose per-user policy is named per-ip: %d, want 500", rec.Code)
+		}
+	}
+	if errs := er.all(); len(errs) != 3 || !errors.Is(errs[0], ratelimit.ErrConfig) {
+		t.Fatalf("error handler saw %v, want ErrConfig", errs)
+	}
+	if logs.count("configuration error at request time") != 1 {
+		t.Fatalf("logs:\n%s", logs)
+	}
+	// The per-ip state of 192.0.2.9 is untouched: its first request has
+	// the whole quota.
+	rec := e.do(t, mwReq("192.0.2.9:1"))
+	if rec.Code != http.StatusOK || rec.Header().Get(ratelimit.HeaderRateLimitRemaining) != "2" {
+		t.Fatalf("first request from 192.0.2.9: %d, remaining %q; want 200 and 2", rec.Code, rec.Header().Get(ratelimit.HeaderRateLimitRemaining))
+	}
+	if err := e.l.Reset(context.Background(), "per-user", "192.0.2.9"); !errors.Is(err, ratelimit.ErrConfig) {
+		t.Fatalf("Reset through the per-user layer: %v, want ErrConfig", err)
+	}
+}
+
 // expectConfigErrors serves 3 requests through e and checks that each is
 // answered 500 with an error wrapping ErrConfig and cause (never a store
 // failure), nothing served, and one line logged.

@@ -549,6 +549,9 @@ func (l *Limiter) Reset(ctx context.Context, layerName, key string) error {
 				return wrap(ErrStoreFailure, "layer "+ly.desc+": resolving the policy", err)
 			}
 			if rp != nil {
+				if err := l.clashes(i, rp, nil); err != nil {
+					return wrap(ErrConfig, "layer "+ly.desc, err)
+				}
 				p = rp
 			}
 		}
