@@ -3,6 +3,7 @@ package core
 import (
 	"errors"
 	"fmt"
+	"math/big"
 	"strconv"
 	"strings"
 	"time"
@@ -195,14 +196,20 @@ func parseRateWindow(s string) (time.Duration, error) {
 		return time.Duration(n) * day, nil
 	}
 	w, err := time.ParseDuration(s)
+	syntax, whole := durationSyntax(s)
 	if err != nil {
-		if durationSyntax(s) {
+		if syntax {
 			return 0, errWindowTooLong // it only overflows
 		}
 		return 0, fmt.Errorf("duration %q is not a whole number of days or a duration such as 10m or 1h30m", s)
 	}
 	if w <= 0 {
 		return 0, fmt.Errorf("duration %q must be positive", s)
+	}
+	if !whole {
+		// ParseDuration drops the fraction of a nanosecond: a window
+		// other than the one written.
+		return 0, fmt.Errorf("duration %q is not a whole number of nanoseconds", s)
 	}
 	return w, nil
 }
@@ -211,16 +218,20 @@ func parseRateWindow(s string) (time.Duration, error) {
 // an unsigned duration: one or more decimal numbers ("10", "1.5", ".5"),
 // each followed by a unit (ns, us, µs, μs, ms, s, m, h). ParseDuration
 // refuses such a text only when its value is beyond time.Duration's range.
-func durationSyntax(s string) bool {
+// whole reports whether every number of it is a whole number of
+// nanoseconds, the fraction of one being what ParseDuration drops.
+func durationSyntax(s string) (syntax, whole bool) {
 	if s == "" {
-		return false
+		return false, false
 	}
+	whole = true
 	for s != "" {
 		i := 0
 		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
 			i++
 		}
 		digits := i
+		frac := ""
 		if i < len(s) && s[i] == '.' {
 			i++
 			j := i
@@ -228,22 +239,40 @@ func durationSyntax(s string) bool {
 				i++
 			}
 			digits += i - j
+			frac = s[j:i]
 		}
 		if digits == 0 {
-			return false
+			return false, false
 		}
 		j := i
 		for i < len(s) && s[i] != '.' && (s[i] < '0' || s[i] > '9') {
 			i++
 		}
-		switch s[j:i] {
-		case "ns", "us", "µs", "μs", "ms", "s", "m", "h":
-		default:
-			return false
+		unit, ok := unitNanos[s[j:i]]
+		if !ok {
+			return false, false
 		}
+		whole = whole && wholeFraction(frac, unit)
 		s = s[i:]
 	}
-	return true
+	return true, whole
+}
+
+// unitNanos are the nanoseconds of time.ParseDuration's units.
+var unitNanos = map[string]int64{
+	"ns": 1, "us": 1e3, "µs": 1e3, "μs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9,
+}
+
+// wholeFraction reports whether the decimal fraction .frac of a unit of
+// unit nanoseconds is a whole number of nanoseconds.
+func wholeFraction(frac string, unit int64) bool {
+	frac = strings.TrimRight(frac, "0")
+	if frac == "" {
+		return true
+	}
+	f, _ := new(big.Int).SetString(frac, 10)
+	pow := new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(len(frac))), nil)
+	return new(big.Int).Mod(f.Mul(f, big.NewInt(unit)), pow).Sign() == 0
 }
 
 func allDigits(s string) bool {
