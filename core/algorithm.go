@@ -139,7 +139,7 @@ func (d *Decision) later(shift int64) {
 // Unlike t.UnixNano, it is defined for every t.
 func ClampTime(t time.Time) int64 {
 	switch sec := t.Unix(); {
-	case sec < MinTime/1_000_000_000:
+	case sec < MinTime/1_000_000_000-1: // the division rounds toward zero, Unix down
 		return MinTime
 	case sec > MaxTime/1_000_000_000:
 		return MaxTime

@@ -200,3 +200,28 @@ func TestTiersListsPolicies(t *testing.T) {
 		}
 	}
 }
+
+// TestClampTime checks that ClampTime is the identity on [MinTime,
+// MaxTime], to the nanosecond at both ends (the instants just after
+// MinTime included, whose Unix seconds round down past MinTime's), and
+// clamps what lies outside, however far.
+func TestClampTime(t *testing.T) {
+	for _, ns := range []int64{core.MinTime, core.MinTime + 1, core.MinTime + int64(400*time.Millisecond), core.MinTime + int64(time.Second), -1, 0, core.MaxTime - int64(time.Second), core.MaxTime - 1, core.MaxTime} {
+		if got := core.ClampTime(time.Unix(0, ns)); got != ns {
+			t.Errorf("ClampTime(%d) = %d, want it unchanged", ns, got)
+		}
+	}
+	for _, c := range []struct {
+		t    time.Time
+		want int64
+	}{
+		{time.Unix(0, core.MinTime-1), core.MinTime},
+		{time.Unix(0, core.MaxTime).Add(1), core.MaxTime},
+		{time.Time{}, core.MinTime},
+		{time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), core.MaxTime},
+	} {
+		if got := core.ClampTime(c.t); got != c.want {
+			t.Errorf("ClampTime(%v) = %d, want %d", c.t, got, c.want)
+		}
+	}
+}
