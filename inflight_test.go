@@ -1082,3 +1082,67 @@ func TestConfigErrorLogDryRun(t *testing.T) {
 		}
 	}
 }
+
+// TestTooCostlyNeverPromisedRetry checks that a request whose cost exceeds
+// a rate layer's capacity is answered 413 without Retry-After (it can
+// never be admitted), not 429 with a Retry-After, when a concurrency
+// layer's slot is busy or the shaping waiting room is full: neither is
+// asked before the cost is checked, and nothing is charged.
+func TestTooCostlyNeverPromisedRetry(t *testing.T) {
+	big := func(r *http.Request) int64 {
+		if r.Header.Get("Big") != "" {
+			return 10
+		}
+		return 1
+	}
+	t.Run("busy slot", func(t *testing.T) {
+		l := mwLimiter(t, []ratelimit.Layer{
+			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 5, Window: time.Minute}},
+			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 1},
+		}, ratelimit.WithCost(big))
+		entered, release := make(chan struct{}), make(chan struct{})
+		h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Hold") != "" {
+				close(entered)
+				<-release
+			}
+		}))
+		done := make(chan struct{})
+		go func() { serve(h, mwReq("192.0.2.1:1", "Hold", "1")); close(done) }()
+		<-entered
+		rec := serve(h, mwReq("192.0.2.1:1", "Big", "1"))
+		close(release)
+		<-done
+		if rec.Code != http.StatusRequestEntityTooLarge || rec.Header().Get("Retry-After") != "" {
+			t.Fatalf("cost 10 under a capacity of 5, the slot busy: %d, Retry-After %q; want 413 and none", rec.Code, rec.Header().Get("Retry-After"))
+		}
+		// The refusal charged nothing: four more of the rate layer's five
+		// fit beside the held request, and the fifth does not.
+		for i := range 5 {
+			want := http.StatusOK
+			if i == 4 {
+				want = http.StatusTooManyRequests
+			}
+			if c := serve(h, mwReq("192.0.2.1:1")).Code; c != want {
+				t.Fatalf("request %d after the refusal: %d, want %d", i+1, c, want)
+			}
+		}
+	})
+	t.Run("full waiting room", func(t *testing.T) {
+		e := mwNew(t, []ratelimit.Layer{
+			{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute}},
+			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "small", Limit: 2, Window: time.Minute}, Cost: big},
+		}, ratelimit.WithMaxWaiting(1))
+		entered, release := holdWait(e.l)
+		e.do(t, mwReq("192.0.2.1:1")) // served at once
+		done := make(chan struct{})
+		go func() { e.do(t, mwReq("192.0.2.2:1")); close(done) }() // waits, in the room's one place
+		<-entered
+		rec := e.do(t, mwReq("192.0.2.3:1", "Big", "1"))
+		close(release)
+		<-done
+		if rec.Code != http.StatusRequestEntityTooLarge || rec.Header().Get("Retry-After") != "" {
+			t.Fatalf("cost 10 under a capacity of 2, the room full: %d, Retry-After %q; want 413 and none", rec.Code, rec.Header().Get("Retry-After"))
+		}
+	})
+}

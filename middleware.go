@@ -67,7 +67,10 @@ const (
 	// NoKeyRefuse refuses the request: the error handler receives an error
 	// wrapping [ErrMissingKey] and, unless it writes a response, the request
 	// is answered 401 Unauthorized (write 400 from the error handler if
-	// that suits the API better). Nothing is charged. Use it for a layer
+	// that suits the API better). The 401 carries no WWW-Authenticate: RFC
+	// 9110 requires one with a challenge of the application's
+	// authentication scheme, which the Limiter cannot know, so set it from
+	// the error handler. Nothing is charged. Use it for a layer
 	// that must apply to every request, such as an API-key layer that is
 	// the only limit.
 	NoKeyRefuse
@@ -1147,7 +1150,18 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 	if l.cfg.logger != nil && !l.logs.done[logForwarded].Load() && l.sampleForwarded(res.at) {
 		l.checkForwarded(r, reqs[:n])
 	}
-	if shaped && reserve && !l.cfg.dryRun {
+	// A rate layer's cost above its capacity can never be admitted: the
+	// store refuses it (413), charging nothing, and neither a full waiting
+	// room nor a concurrency layer's busy slots may answer it with a
+	// Retry-After first.
+	tooCostly := false
+	for j := range reqs[:n] {
+		if l.layers[buf[j].index].inFlight == 0 && reqs[j].Cost > reqs[j].Policy.Capacity() {
+			tooCostly = true
+			break
+		}
+	}
+	if shaped && reserve && !l.cfg.dryRun && !tooCostly {
 		// Take a waiting-room slot before charging, so that a request
 		// refused for a full room is charged nothing.
 		if l.waiting.Add(1) > int64(l.cfg.maxWaiting) {
@@ -1180,9 +1194,10 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		}
 	}
 	m := n
-	if peek && l.slots != nil {
-		// Peek asks the rate layers only: a concurrency layer's slots are
-		// not taken, and the layer is left out of the Result.
+	if (peek || tooCostly) && l.slots != nil {
+		// Peek, and a request too costly for a rate layer, ask the rate
+		// layers only: a concurrency layer's slots are not taken, and the
+		// layer is left out of the Result.
 		m = 0
 		for j := 0; j < n; j++ {
 			if l.layers[buf[j].index].inFlight == 0 {
@@ -1195,7 +1210,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			return 0
 		}
 	}
-	if l.slots != nil && !peek {
+	if l.slots != nil && !peek && !tooCostly {
 		var stop bool
 		if m, stop = l.acquire(ctx, res, buf[:n], reqs[:n], out[:n]); stop {
 			l.release(res)

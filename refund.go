@@ -326,7 +326,8 @@ func (l *Limiter) refundStopped(r *http.Request, res *Result, layers []LayerResu
 }
 
 // statusWriter records the status a handler writes: the first final
-// (non-1xx) WriteHeader, or 200 on the first Write, ReadFrom or successful
+// WriteHeader (not 1xx, but for 101 Switching Protocols, which net/http
+// sends as final), or 200 on the first Write, ReadFrom or successful
 // flush. The handler gets it inside a writer that keeps the optional
 // interfaces of the writer it wraps (http.Flusher, http.Hijacker,
 // http.Pusher: see newStatusWriter) and claims no other;
@@ -337,7 +338,7 @@ type statusWriter struct {
 }
 
 func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 {
+	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.status = code
 	}
 	w.ResponseWriter.WriteHeader(code)

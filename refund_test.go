@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -1264,5 +1265,44 @@ func TestRefundOfChargeAfterResetAtSameInstant(t *testing.T) {
 	}
 	if rem := l.Peek(mwReq("192.0.2.1:1")).Layers[0].Decision.Remaining; rem != 4 {
 		t.Fatalf("Remaining after one more request: %d, want 4 (the 3 successful logins since the reset kept their charge)", rem)
+	}
+}
+
+// TestRefundSees101 checks that WithRefund sees 101 Switching Protocols,
+// which net/http sends as the final status (a later WriteHeader is
+// ignored), not a status the handler writes after it.
+func TestRefundSees101(t *testing.T) {
+	got := make(chan int, 1)
+	l := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.Global("g"), Rule: core.PerMinute(10)}},
+		ratelimit.WithRefund(func(r *http.Request, status int) bool { got <- status; return false }))
+	srv := httptest.NewServer(l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "Upgrade")
+		w.Header().Set("Upgrade", "x")
+		w.WriteHeader(http.StatusSwitchingProtocols)
+		w.WriteHeader(http.StatusInternalServerError) // superfluous: the client got 101
+	})))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	defer srv.Close()
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(line, " 101 ") {
+		t.Fatalf("the client got %q, want 101", strings.TrimSpace(line))
+	}
+	select {
+	case s := <-got:
+		if s != http.StatusSwitchingProtocols {
+			t.Fatalf("WithRefund saw %d, want 101", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WithRefund's function was not called")
 	}
 }
