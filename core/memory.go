@@ -71,11 +71,13 @@ type MemoryConfig struct {
 
 	// KeepActive, when true, never evicts a key that still holds state: a
 	// new key meeting a full shard whose least recently used key has not
-	// fully recovered is refused with ErrStoreFull, and the refusing
-	// Decision's RetryAfter is the time until that key recovers (exact,
-	// never early, if nothing else arrives), so a client over its limit
-	// cannot be released by a flood of other keys. Only the least recently
-	// used key is examined, and only recovered keys are ever dropped; such
+	// fully recovered, ClockTolerance ago, is refused with ErrStoreFull,
+	// and the refusing Decision's RetryAfter is the time until then
+	// (exact, never early, if nothing else arrives), so a client over its
+	// limit cannot be released by a flood of other keys, even by a caller
+	// that read its clock just before the key recovered (see
+	// ClockTolerance). Only the least recently used key is examined, and
+	// only keys so recovered are ever dropped; such
 	// a store keeps exact recency (every decision moves its key to the
 	// front), so that the key examined is the least recently used.
 	//
@@ -83,7 +85,11 @@ type MemoryConfig struct {
 	// end of a full shard's list (its least recently used keys, as far as
 	// the store's lazy recency tells them apart: see MemoryStore): the
 	// first of them that has fully recovered is dropped, silently
-	// (forgetting it changes no decision); the examined keys that still
+	// (forgetting it changes no decision made at or after its recovery; a
+	// decision made up to ClockTolerance late, by a caller that read its
+	// clock before the key recovered and reached the store after a flood
+	// had dropped it, finds the key new: use KeepActive where that race
+	// matters); the examined keys that still
 	// hold state are moved to the front, a second chance; when none of them
 	// has recovered, the first of them (the one that was at the very end)
 	// is evicted, counted and reported to the Observer.
@@ -575,8 +581,9 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 }
 
 // recoveryWait returns how long until the excess least recently used keys
-// of s outside the batch (whose hashes are batch) have all recovered, 0
-// when they have. A state left ahead of a clock that stepped back is
+// of s outside the batch (whose hashes are batch) have all recovered by
+// ClockTolerance (so that no decision, however late within it, would read
+// their state again), 0 when they have. A state left ahead of a clock that stepped back is
 // first written clamped, as a decision at now would write it (without
 // renewing the key in the LRU), so that the wait is bounded by its rule's
 // own recovery time and holds for the next decision. Requires s.mu.
@@ -588,8 +595,10 @@ func (s *memShard) recoveryWait(excess int, batch []uint64, now int64) int64 {
 		}
 		excess--
 		sl := s.load(k, &s.exam)
-		if s.exam.expiry() > now {
-			wait = max(wait, s.clampExam(sl, now)-now)
+		if s.exam.expiry() > now-int64(ClockTolerance) {
+			// Not yet forgettable: a decision up to ClockTolerance late
+			// would still read the state as at its own time.
+			wait = max(wait, s.clampExam(sl, now)+int64(ClockTolerance)-now)
 		}
 		s.exam = memEntry{}
 	}

@@ -158,8 +158,9 @@ func TestMemoryKeepActive(t *testing.T) {
 	if d := take(t, m, t0.Add(time.Second), p, victim); d.Allowed {
 		t.Fatal("flood released the over-limit client")
 	}
-	// Once the quotas recover, new keys fit again.
-	if d := take(t, m, t0.Add(time.Minute), p, "later"); !d.Allowed {
+	// Once the quotas have recovered, ClockTolerance ago (no decision
+	// however late could still read them), new keys fit again.
+	if d := take(t, m, t0.Add(time.Minute+core.ClockTolerance), p, "later"); !d.Allowed {
 		t.Fatal("recovered store still refuses")
 	}
 }
@@ -292,27 +293,29 @@ func TestMemoryKeepActiveRetryAfter(t *testing.T) {
 	for i := 0; i < 16; i++ {
 		take(t, m, t0.Add(time.Duration(i)*time.Second), p, fmt.Sprint("k", i))
 	}
-	// k0 used 1 of 2 tokens at t0: whole again at t0+30s.
+	// k0 used 1 of 2 tokens at t0: whole again at t0+30s, forgettable
+	// ClockTolerance later.
 	at := t0.Add(20 * time.Second)
+	wait := 10*time.Second + core.ClockTolerance
 	var out [2]core.Decision
 	err := m.Take(context.Background(), at, []core.Request{{Policy: p, Key: "new", Cost: 1}}, out[:1])
-	if !errors.Is(err, core.ErrStoreFull) || out[0].Allowed || out[0].RetryAfter != 10*time.Second {
-		t.Fatalf("full store: %+v, %v; want refused with RetryAfter 10s and ErrStoreFull", out[0], err)
+	if !errors.Is(err, core.ErrStoreFull) || out[0].Allowed || out[0].RetryAfter != wait {
+		t.Fatalf("full store: %+v, %v; want refused with RetryAfter %v and ErrStoreFull", out[0], err, wait)
 	}
 	if out[0].Remaining != 2 || out[0].Limit != 2 {
 		t.Fatalf("refusal reports Remaining %d Limit %d, want the new key's whole quota 2/2", out[0].Remaining, out[0].Limit)
 	}
 	// A batch is refused whole, with the same RetryAfter on each decision.
 	err = m.Take(context.Background(), at, []core.Request{{Policy: p, Key: "k5", Cost: 1}, {Policy: p, Key: "new", Cost: 1}}, out[:])
-	if !errors.Is(err, core.ErrStoreFull) || out[0].Allowed || out[1].Allowed || out[0].RetryAfter != 10*time.Second || out[1].RetryAfter != 10*time.Second {
+	if !errors.Is(err, core.ErrStoreFull) || out[0].Allowed || out[1].Allowed || out[0].RetryAfter != wait || out[1].RetryAfter != wait {
 		t.Fatalf("batch in a full store: %+v, %v", out, err)
 	}
 	// One nanosecond early is still refused; exactly on time is admitted.
-	err = m.Take(context.Background(), at.Add(10*time.Second-1), []core.Request{{Policy: p, Key: "new", Cost: 1}}, out[:1])
+	err = m.Take(context.Background(), at.Add(wait-1), []core.Request{{Policy: p, Key: "new", Cost: 1}}, out[:1])
 	if !errors.Is(err, core.ErrStoreFull) || out[0].RetryAfter != 1 {
 		t.Fatalf("1ns before RetryAfter: %+v, %v", out[0], err)
 	}
-	if d := take(t, m, at.Add(10*time.Second), p, "new"); !d.Allowed {
+	if d := take(t, m, at.Add(wait), p, "new"); !d.Allowed {
 		t.Fatalf("at RetryAfter: %+v", d)
 	}
 }
@@ -336,17 +339,18 @@ func TestMemoryKeepActiveRetryAfterSeveralKeys(t *testing.T) {
 	user := core.MustPolicy(core.Rule{Name: "user", Limit: 10, Window: time.Minute})
 	batch := []core.Request{{Policy: ip, Key: "1.2.3.4", Cost: 1}, {Policy: user, Key: "alice", Cost: 1}}
 	var out [2]core.Decision
-	if _, err := lim.PeekAt(ctx, t0, batch, out[:]); !errors.Is(err, core.ErrStoreFull) || out[0].RetryAfter != time.Hour {
-		t.Fatalf("Peek of the batch in a full store: %+v, %v; want ErrStoreFull, RetryAfter 1h", out, err)
+	wait := time.Hour + core.ClockTolerance // b forgettable, ClockTolerance after it recovers
+	if _, err := lim.PeekAt(ctx, t0, batch, out[:]); !errors.Is(err, core.ErrStoreFull) || out[0].RetryAfter != wait {
+		t.Fatalf("Peek of the batch in a full store: %+v, %v; want ErrStoreFull, RetryAfter %v", out, err, wait)
 	}
 	err = m.Take(ctx, t0, batch, out[:])
-	if !errors.Is(err, core.ErrStoreFull) || out[0].RetryAfter != time.Hour || out[1].RetryAfter != time.Hour {
-		t.Fatalf("batch in a full store: %+v, %v; want ErrStoreFull, RetryAfter 1h", out, err)
+	if !errors.Is(err, core.ErrStoreFull) || out[0].RetryAfter != wait || out[1].RetryAfter != wait {
+		t.Fatalf("batch in a full store: %+v, %v; want ErrStoreFull, RetryAfter %v", out, err, wait)
 	}
-	if err := m.Take(ctx, t0.Add(time.Hour-1), batch, out[:]); !errors.Is(err, core.ErrStoreFull) {
+	if err := m.Take(ctx, t0.Add(wait-1), batch, out[:]); !errors.Is(err, core.ErrStoreFull) {
 		t.Fatalf("1ns before RetryAfter: %+v, %v; want ErrStoreFull", out, err)
 	}
-	if err := m.Take(ctx, t0.Add(time.Hour), batch, out[:]); err != nil || !out[0].Allowed || !out[1].Allowed {
+	if err := m.Take(ctx, t0.Add(wait), batch, out[:]); err != nil || !out[0].Allowed || !out[1].Allowed {
 		t.Fatalf("at RetryAfter: %+v, %v; want admitted", out, err)
 	}
 }
@@ -362,10 +366,11 @@ func TestMemoryKeepActiveClockBack(t *testing.T) {
 	var out [1]core.Decision
 	// The clock steps back an hour; a new client arrives.
 	err := m.Take(ctx, t0, []core.Request{{Policy: p, Key: "b", Cost: 1}}, out[:])
-	if !errors.Is(err, core.ErrStoreFull) || out[0].RetryAfter != time.Second {
-		t.Fatalf("after a 1h step back: %+v, %v; want ErrStoreFull with RetryAfter 1s (the rule's recovery)", out[0], err)
+	wait := time.Second + core.ClockTolerance
+	if !errors.Is(err, core.ErrStoreFull) || out[0].RetryAfter != wait {
+		t.Fatalf("after a 1h step back: %+v, %v; want ErrStoreFull with RetryAfter %v (the rule's recovery, then ClockTolerance)", out[0], err, wait)
 	}
-	if err := m.Take(ctx, t0.Add(time.Second), []core.Request{{Policy: p, Key: "b", Cost: 1}}, out[:]); err != nil || !out[0].Allowed {
+	if err := m.Take(ctx, t0.Add(wait), []core.Request{{Policy: p, Key: "b", Cost: 1}}, out[:]); err != nil || !out[0].Allowed {
 		t.Fatalf("at RetryAfter: %+v, %v; want admitted", out[0], err)
 	}
 }
@@ -924,5 +929,45 @@ func TestEvictionStaleAfterClockStepBack(t *testing.T) {
 				t.Errorf("Stale %v, want in (0, %v]", s, bound)
 			}
 		})
+	}
+}
+
+// TestMemoryKeepActiveLateCaller checks that a full KeepActive store does
+// not forget a key the moment it recovers: a request whose time was read
+// just before (within ClockTolerance, which every algorithm reads as the
+// state's own time) and that reaches the store after a new key came is
+// decided on the key's record, as in a store with room, never on a fresh
+// quota.
+func TestMemoryKeepActiveLateCaller(t *testing.T) {
+	ctx := context.Background()
+	for _, alg := range core.Algorithms() {
+		p := core.MustPolicy(core.Rule{Name: "d", Algorithm: alg, Limit: 3, Window: 100 * time.Millisecond})
+		start := time.Unix(1_700_000_000, 0) // a multiple of the window
+		run := func(cfg *core.MemoryConfig) (admitted int) {
+			l := core.Must(core.NewWithPolicy(p, core.WithStore(core.MustMemoryStore(cfg))))
+			take := func(key string, at time.Time) (core.Decision, error) {
+				out := make([]core.Decision, 1)
+				_, err := l.TakeAt(ctx, at, []core.Request{{Policy: p, Key: key, Cost: 1}}, out)
+				return out[0], err
+			}
+			for range 3 {
+				take("a", start)
+			}
+			d, _ := take("a", start.Add(time.Millisecond))
+			recovered := start.Add(time.Millisecond + d.ResetAfter)
+			take("b", recovered) // a new key, when a has just recovered
+			late := recovered.Add(-time.Millisecond)
+			for range 3 {
+				if d, err := take("a", late); err == nil && d.Allowed {
+					admitted++
+				}
+			}
+			return admitted
+		}
+		roomy := run(&core.MemoryConfig{Capacity: 64, Shards: 1})
+		full := run(&core.MemoryConfig{Capacity: 1, Shards: 1, KeepActive: true})
+		if full != roomy {
+			t.Errorf("%s: a late request admitted %d times by a full KeepActive store, %d by one with room", alg.Name(), full, roomy)
+		}
 	}
 }
