@@ -101,8 +101,16 @@ end
 return 0`)
 )
 
-// millis returns d in whole milliseconds, at least 1.
-func millis(d time.Duration) int64 { return max(int64((d+time.Millisecond-1)/time.Millisecond), 1) }
+// millis returns d in whole milliseconds, rounded up, at least 1. The
+// longest Duration, a hold or TTL meaning forever, gives about 292 years,
+// not a sum that wraps into the past.
+func millis(d time.Duration) int64 {
+	ms := d / time.Millisecond
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return max(int64(ms), 1)
+}
 
 // Claim implements ratelimit.ReplayStore.
 func (s *ReplayStore) Claim(ctx context.Context, key string, hold time.Duration, maxReplays int) ([]byte, string, error) {

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -206,5 +207,47 @@ func TestReplayStoreFaults(t *testing.T) {
 	}
 	if d := take(t, st, now, p, k, 1); d.Allowed {
 		t.Fatal("a rule named idem was credited by a replay claim on the same key")
+	}
+}
+
+// TestReplayStoreForever checks that a hold and a TTL of the longest
+// Duration (meaning forever, as MemoryReplayStore reads them) keep the
+// claim and the record for about that long, not for the 1 ms a sum
+// wrapping into the past gave: replay and the claim would be off.
+func TestReplayStoreForever(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	prefix := uniquePrefix(t)
+	s, err := NewReplayStore(client, &ReplayConfig{Prefix: prefix, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	forever := time.Duration(math.MaxInt64)
+	if _, tok, err := s.Claim(ctx, "hold", forever, 3); err != nil || tok == "" {
+		t.Fatalf("claim: %q %v", tok, err)
+	}
+	// PTTL in milliseconds as Redis gives it (go-redis's Duration would
+	// overflow).
+	century := int64(100 * 365 * 24 * time.Hour / time.Millisecond)
+	if ms, err := client.Do(ctx, "PTTL", prefix+"%idem:hold").Int64(); err != nil || ms < century {
+		t.Errorf("a claim held for the longest Duration: PTTL %d ms (%v), want centuries", ms, err)
+	}
+	_, tok, err := s.Claim(ctx, "rec", time.Second, 3)
+	if err != nil || tok == "" {
+		t.Fatalf("claim: %q %v", tok, err)
+	}
+	if err := s.Commit(ctx, "rec", tok, []byte("X-Ratelimit-Remaining: 1\n"), forever); err != nil {
+		t.Fatal(err)
+	}
+	if ms, err := client.Do(ctx, "PTTL", prefix+"%idem:rec").Int64(); err != nil || ms < century {
+		t.Errorf("a record kept for the longest Duration: PTTL %d ms (%v), want centuries", ms, err)
+	}
+	for _, c := range []struct {
+		d    time.Duration
+		want int64
+	}{{0, 1}, {1, 1}, {time.Millisecond, 1}, {time.Millisecond + 1, 2}, {forever, int64(forever/time.Millisecond) + 1}} {
+		if got := millis(c.d); got != c.want {
+			t.Errorf("millis(%d) = %d, want %d", c.d, got, c.want)
+		}
 	}
 }
