@@ -129,7 +129,10 @@ type TransportConfig struct {
 // not wait a rule without MaxDelay (a meter refuses without charging).
 //
 // A store failure fails the request with an error wrapping
-// [ErrStoreFailure]: the Transport never sends unlimited. A policy the
+// [ErrStoreFailure]: the Transport never sends unlimited, except for a
+// Limiter in dry-run mode, which enforces nothing and sends the request
+// (the failure reaches the Limiter's Observer, as the HTTP middleware's
+// dry-run serves it). A policy the
 // store cannot decide (one the Limiter's Resolver picks without listing
 // it, see core.PolicyChecker) fails it with an error wrapping [ErrConfig].
 //
@@ -438,6 +441,9 @@ func (t *Transport) acquire(ctx context.Context, key string) error {
 					// A policy the store cannot decide: the Limiter's
 					// configuration, not the store's health.
 					return fmt.Errorf("%w: %w", ErrConfig, err)
+				}
+				if t.dryRun {
+					return nil // dry-run enforces nothing: the request is sent
 				}
 				return fmt.Errorf("%w: %w", ErrStoreFailure, err)
 			}

@@ -1219,3 +1219,45 @@ func TestTransportShapingNoWaitKeepsCharge(t *testing.T) {
 		}
 	}
 }
+
+// trErrObserver counts the store errors a Limiter reports.
+type trErrObserver struct {
+	core.NopObserver
+	errs atomic.Int64
+}
+
+func (o *trErrObserver) ObserveError(core.ErrorEvent) { o.errs.Add(1) }
+
+// TestTransportDryRunStoreFailure checks that a Transport over a dry-run
+// Limiter sends a request whose decision the store failed, as the
+// middleware's dry-run serves it (dry-run enforces nothing), while the
+// failure reaches the Limiter's Observer; without dry-run it fails.
+func TestTransportDryRunStoreFailure(t *testing.T) {
+	for _, dry := range []bool{true, false} {
+		obs := &trErrObserver{}
+		opts := []core.Option{core.WithStore(trFailStore{}), core.WithObserver(obs)}
+		if dry {
+			opts = append(opts, core.WithDryRun())
+		}
+		lim := core.Must(core.New(core.PerSecond(1), opts...))
+		base := &trBase{}
+		tr, err := ratelimit.NewTransport(lim, &ratelimit.TransportConfig{Base: base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest(http.MethodGet, "https://api.example.com/", nil)
+		resp, err := tr.RoundTrip(req)
+		if resp != nil {
+			resp.Body.Close()
+		}
+		switch {
+		case dry && (err != nil || base.sent() != 1):
+			t.Errorf("dry-run, store down: err %v, sent %d; want the request sent", err, base.sent())
+		case !dry && (!errors.Is(err, ratelimit.ErrStoreFailure) || base.sent() != 0):
+			t.Errorf("store down: err %v, sent %d; want ErrStoreFailure and nothing sent", err, base.sent())
+		}
+		if obs.errs.Load() != 1 {
+			t.Errorf("dry-run %v: the Observer saw %d store errors, want 1", dry, obs.errs.Load())
+		}
+	}
+}
