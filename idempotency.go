@@ -504,11 +504,18 @@ func newToken() string {
 // MemoryReplayStore is the in-memory [ReplayStore]: at most a fixed number of
 // keys in an LRU (github.com/hashicorp/golang-lru/v2), expired by a Clock.
 // When it is full, the least recently used key is forgotten: a retry of a
-// forgotten key is charged again. It is safe for concurrent use.
+// forgotten key is charged again. A claim that is released (its request
+// refused, or not decided) puts back the record its arrival forgot, so
+// that requests charged nothing cannot make the store forget others'. It
+// is safe for concurrent use.
 type MemoryReplayStore struct {
 	mu    sync.Mutex
 	lru   *simplelru.LRU[string, replayEntry]
 	clock core.Clock
+	// evicted is the key and entry the LRU's last Add evicted, while a
+	// claim is added; guarded by mu.
+	evictedKey string
+	evicted    *replayEntry
 }
 
 var _ ReplayStore = (*MemoryReplayStore)(nil)
@@ -518,6 +525,10 @@ type replayEntry struct {
 	rec     []byte
 	replays int   // times rec was replayed
 	expires int64 // Unix ns
+	// For a claim, the record its arrival evicted from a full store, put
+	// back if the claim is released.
+	victimKey string
+	victim    *replayEntry
 }
 
 // NewMemoryReplayStore returns a MemoryReplayStore holding at most capacity
@@ -530,8 +541,11 @@ func NewMemoryReplayStore(capacity int, clock core.Clock) *MemoryReplayStore {
 	if clock == nil {
 		clock = core.SystemClock()
 	}
-	l, _ := simplelru.NewLRU[string, replayEntry](capacity, nil) // capacity > 0: no error
-	return &MemoryReplayStore{lru: l, clock: clock}
+	m := &MemoryReplayStore{clock: clock}
+	m.lru, _ = simplelru.NewLRU[string, replayEntry](capacity, func(k string, e replayEntry) {
+		m.evictedKey, m.evicted = k, &e
+	}) // capacity > 0: no error
+	return m
 }
 
 // Len returns the number of keys held, expired ones included until they are
@@ -558,7 +572,16 @@ func (m *MemoryReplayStore) Claim(_ context.Context, key string, hold time.Durat
 		}
 	}
 	tok := newToken()
-	m.lru.Add(key, replayEntry{token: tok, expires: addNanos(now, hold)})
+	m.evicted = nil
+	claim := replayEntry{token: tok, expires: addNanos(now, hold)}
+	m.lru.Add(key, claim)
+	if v := m.evicted; v != nil && v.token == "" && v.expires > now {
+		// A record the claim's arrival forgot: kept with the claim, and
+		// put back if the claim is released.
+		claim.victimKey, claim.victim = m.evictedKey, v
+		m.lru.Add(key, claim) // an update: evicts nothing
+	}
+	m.evicted = nil
 	return nil, tok, nil
 }
 
@@ -579,6 +602,10 @@ func (m *MemoryReplayStore) Release(_ context.Context, key, token string) error 
 	defer m.mu.Unlock()
 	if e, ok := m.lru.Peek(key); ok && e.token == token {
 		m.lru.Remove(key)
+		if v := e.victim; v != nil && v.expires > m.clock.Now().UnixNano() && !m.lru.Contains(e.victimKey) {
+			m.lru.Add(e.victimKey, *v) // into the place the claim frees
+		}
 	}
+	m.evicted = nil
 	return nil
 }

@@ -951,3 +951,38 @@ func nestedPayoutRuns(t *testing.T, outer, inner *ratelimit.Limiter, oc, ic *rat
 	}
 	return runs
 }
+
+// TestMemoryReplayStoreRefusedClaimsForgetNothing checks that requests
+// refused (charged nothing, their claims released) with fresh keys in a
+// full store do not make it forget other clients' records: a retry of an
+// admitted request is still replayed, not charged again.
+func TestMemoryReplayStoreRefusedClaimsForgetNothing(t *testing.T) {
+	const capacity = 4
+	store := ratelimit.NewMemoryReplayStore(capacity, nil)
+	s := newIdemSetup(t, 1, &ratelimit.IdempotencyConfig{Store: store})
+	clients := []string{"192.0.2.9", "198.51.100.1", "198.51.100.2"}
+	for _, ip := range clients {
+		if c := s.do("POST", "/pay", ip, "k-"+ip).Code; c != http.StatusOK {
+			t.Fatalf("%s's first request: %d", ip, c)
+		}
+	}
+	// An attacker spends its quota (1 a minute) on its first request,
+	// which fills the store...
+	if c := s.do("POST", "/pay", "192.0.2.66", "a0").Code; c != http.StatusOK {
+		t.Fatalf("attacker's first request: %d", c)
+	}
+	// ...then sends only refused requests with fresh keys.
+	for i := 1; i <= 2*capacity; i++ {
+		if c := s.do("POST", "/pay", "192.0.2.66", fmt.Sprintf("a%d", i)).Code; c != http.StatusTooManyRequests {
+			t.Fatalf("attacker's request %d: %d, want 429", i, c)
+		}
+	}
+	if n := store.Len(); n != capacity {
+		t.Fatalf("the store holds %d keys, want %d", n, capacity)
+	}
+	for _, ip := range clients {
+		if c := s.do("POST", "/pay", ip, "k-"+ip).Code; c != http.StatusOK {
+			t.Errorf("%s's retry of an admitted request: %d, want 200 (replayed): its record was forgotten", ip, c)
+		}
+	}
+}
