@@ -208,7 +208,7 @@ func (l *Limiter) acquireWith(ctx context.Context, res *Result, buf []LayerResul
 	}
 	if err != nil {
 		switch {
-		case l.gone(res, ctx):
+		case l.goneWith(res, ctx, err):
 		case errors.Is(err, core.ErrStoreFull):
 			l.failed(res, outcomeStoreFull, prefixed("refused", err))
 			res.Delay = InFlightRetryAfter

@@ -1119,6 +1119,15 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 					return 0
 				}
 				if err := l.clashes(i, rp, reqs[:n]); err != nil {
+					if l.cfg.observer != nil {
+						// Reported as the store reports the policies it
+						// cannot decide: the request is answered 500.
+						ps := make([]*core.Policy, 0, n+1)
+						for j := range reqs[:n] {
+							ps = append(ps, reqs[j].Policy)
+						}
+						l.cfg.observer.ObserveError(core.ErrorEvent{Policies: append(ps, rp), Err: err})
+					}
 					l.configError(res, ly, err)
 					return 0
 				}
@@ -1236,7 +1245,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 	if err != nil && !errors.Is(err, core.ErrCostExceedsCapacity) {
 		l.release(res)
 		switch {
-		case l.gone(res, r.Context()):
+		case l.goneWith(res, r.Context(), err):
 		case errors.Is(err, core.ErrDuplicateRequest), errors.Is(err, core.ErrUnsupportedPolicy):
 			// A policy the store cannot decide (one a Resolver picked
 			// without listing it): a configuration error, never served
@@ -1384,6 +1393,18 @@ func (l *Limiter) gone(res *Result, ctx context.Context) bool {
 	}
 	res.Err, res.kind, res.Proceed = fmt.Errorf("ratelimit: request ended before it was decided: %w", cerr), outcomeGone, false
 	return true
+}
+
+// goneWith is gone for an error err of the store: the request ended
+// before it was decided only when err comes from its context's end, as
+// the Observer reads it; an error of the store's own, met after the client
+// went away (a full KeepActive store, say), is still the store's, reported
+// and answered as such.
+func (l *Limiter) goneWith(res *Result, ctx context.Context, err error) bool {
+	if cerr := ctx.Err(); cerr == nil || !errors.Is(err, cerr) {
+		return false
+	}
+	return l.gone(res, ctx)
 }
 
 // configError records a configuration error met at request time and logs it

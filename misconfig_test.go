@@ -1252,3 +1252,61 @@ func TestFallbackPeekNotLogged(t *testing.T) {
 		t.Errorf("fallback line logged %d times, want once:\n%s", n, logs)
 	}
 }
+
+// TestResolverClashReported checks that a request answered 500 for a
+// Resolver's clashing policy reaches the Observer once (promlimit counts
+// it in ratelimit_errors_total), whether the policy is named as another
+// layer or as the one another layer decides the same request under.
+func TestResolverClashReported(t *testing.T) {
+	pro := core.MustPolicy(core.PerMinute(100).Named("pro"))
+	asLayer := core.MustPolicy(core.PerMinute(100).Named("a"))
+	ip := ratelimit.MustClientIP()
+	for _, c := range []struct {
+		name   string
+		layers []ratelimit.Layer
+	}{
+		{"same policy for two layers", []ratelimit.Layer{
+			{Key: ip, Rule: core.PerMinute(10).Named("a"), Resolver: core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return pro, nil })},
+			{Key: ip, Rule: core.PerMinute(10).Named("b"), Resolver: core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return pro, nil })},
+		}},
+		{"named as another layer", []ratelimit.Layer{
+			{Key: ip, Rule: core.PerMinute(10).Named("a")},
+			{Key: ip, Rule: core.PerMinute(10).Named("b"), Resolver: core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return asLayer, nil })},
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			obs := &mwObserver{}
+			e := mwNew(t, c.layers, ratelimit.WithObserver(obs), ratelimit.WithLogger(nil))
+			if rec := e.do(t, mwReq("192.0.2.1:1")); rec.Code != http.StatusInternalServerError {
+				t.Fatalf("status %d, want 500", rec.Code)
+			}
+			obs.mu.Lock()
+			defer obs.mu.Unlock()
+			if len(obs.errs) != 1 || !errors.Is(obs.errs[0].Err, core.ErrDuplicateRequest) && !strings.Contains(obs.errs[0].Err.Error(), "as layer") || len(obs.errs[0].Policies) != 2 {
+				t.Fatalf("the Observer saw %+v, want one error naming the clash and both policies", obs.errs)
+			}
+		})
+	}
+}
+
+// TestStoreFullAfterClientGoneReported checks that a full KeepActive
+// store's refusal, met after the request's client went away, is what the
+// Observer reports and the middleware answers (a store-full refusal, not a
+// client gone): the two agree.
+func TestStoreFullAfterClientGoneReported(t *testing.T) {
+	obs := &mwObserver{}
+	store := core.MustMemoryStore(&core.MemoryConfig{Capacity: 1, Shards: 1, KeepActive: true})
+	var er errRecorder
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute}}},
+		ratelimit.WithStore(store), ratelimit.WithObserver(obs), ratelimit.WithLogger(nil), er.option())
+	e.do(t, mwReq("192.0.2.1:1"))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the client went away
+	rec := e.do(t, mwReq("192.0.2.2:1").WithContext(ctx))
+	obs.mu.Lock()
+	nerr := len(obs.errs)
+	obs.mu.Unlock()
+	if nerr != 1 || rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("the Observer saw %d errors, the request was answered %d; want the store-full refusal, reported once and answered 429", nerr, rec.Code)
+	}
+}

@@ -71,14 +71,17 @@
 // MemoryStore with KeepActive (its requests are answered 429, but no rule
 // refused them, so they are not "denied": a growing count means the store
 // is too small for its busy keys, or under a flood of new ones),
-// core.ErrDuplicateRequest (Resolvers that gave one key equally named
-// policies, answered 500), core.ErrUnsupportedPolicy (a policy a Resolver
+// core.ErrDuplicateRequest and the other clashes of a Resolver's policy
+// with another layer's name (answered 500, see ratelimit.ErrConfig),
+// core.ErrUnsupportedPolicy (a policy a Resolver
 // picked that the store cannot decide, answered 500), and, under the
 // shaping rules of the request,
 // ratelimit.ErrTooManyWaiting from the HTTP middleware (a request refused
 // with 429 because too many requests were waiting for a shaping delay,
-// before any store decided it: see ratelimit.WithMaxWaiting). An error met
-// after the caller's context ended (its client went away) is not counted. A
+// before any store decided it: see ratelimit.WithMaxWaiting). An error that
+// the caller's context ending caused (its client went away) is not
+// counted; a store's own error met after that, such as a full KeepActive
+// store's, is. A
 // cost above a rule's capacity is a refusal ("denied"), not an error. Key errors
 // and Resolver errors of the HTTP middleware never reach the store and are
 // not counted; see ratelimit.WithErrorHandler. ratelimit_evictions_total
