@@ -31,3 +31,13 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 
 redis-server --version
+# The store needs Redis 6 (SET ... KEEPTTL); with Redis 7 no test skips
+# for an older server's missing feature.
+major=$(redis-server --version | sed -n 's/.* v=\([0-9]*\)\..*/\1/p')
+if [ -z "$major" ] || [ "$major" -lt 6 ]; then
+	echo "install-redis.sh: redis-server ${major:-of unknown version} is too old: the tests need Redis 6 or later (7.x to run them all)" >&2
+	exit 1
+fi
+if [ "$major" -lt 7 ]; then
+	echo "install-redis.sh: warning: redis-server $major.x: the tests of Redis 7 features skip; install Redis 7.x to run them all" >&2
+fi

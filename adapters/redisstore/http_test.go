@@ -27,6 +27,11 @@ import (
 // package's tests if a goroutine outlives them: the store's abandoned-call
 // goroutines, the clients and the test servers must all be gone once
 // every test has cleaned up.
+// redisExamplesPattern names the examples whose Output needs the Redis
+// server at redisAddr, skipped when there is none
+// (TestRedisExamplesPatternComplete checks that it names them all).
+const redisExamplesPattern = "^(Example|Example_layered|ExampleNewInFlight|ExampleConfig_pipeline)$"
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	addr, stop, skip, err := redistest.ForMain()
@@ -37,7 +42,7 @@ func TestMain(m *testing.M) {
 	if skip != "" {
 		fmt.Fprintln(os.Stderr, "redisstore: skipping the examples that need Redis:", skip)
 		if f := flag.Lookup("test.skip"); f != nil && f.Value.String() == "" {
-			f.Value.Set("^(Example|Example_layered|ExampleNewInFlight)$")
+			f.Value.Set(redisExamplesPattern)
 		}
 	} else {
 		redisAddr = addr
