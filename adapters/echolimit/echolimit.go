@@ -22,7 +22,10 @@
 // e.Use; before them, a path they rewrite into a route would find none, and
 // a method a client overrides (POST with X-HTTP-Method-Override: DELETE)
 // would be keyed as the method it came with, so that route layers would not
-// apply to it.
+// apply to it. A method rewritten after routing (MethodOverride in e.Use,
+// where echo no longer routes by it) is not taken for the route's: the
+// request is keyed by the method of the route echo served, or by its path
+// alone when several methods have routes there.
 //
 // # Responses
 //
@@ -194,13 +197,25 @@ func admit(l *ratelimit.Limiter, result bool, w http.ResponseWriter, kc *keyCont
 func RouteOf(c echo.Context) string {
 	e := c.Echo()
 	r := c.Request()
+	rt := router(e, r.Host)
+	method := r.Method
+	fc := e.AcquireContext()
+	defer e.ReleaseContext(fc)
 	path, h, allow := c.Path(), c.Handler(), c.Get(echo.ContextKeyHeaderAllow)
 	if path == "" {
-		fc := e.AcquireContext()
-		defer e.ReleaseContext(fc)
 		fc.Reset(r, nil)
-		router(e, r.Host).Find(r.Method, echo.GetPath(r), fc)
+		rt.Find(r.Method, echo.GetPath(r), fc)
 		path, h, allow = fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)
+	} else if matched(path, h, allow) {
+		// Routed already (e.Use): the method echo routed with may not be
+		// the request's now, if a middleware after routing rewrote it
+		// (MethodOverride in e.Use). Key by the method that has the route
+		// echo matched, never by one the client picked.
+		fc.Reset(r, nil)
+		rt.Find(r.Method, echo.GetPath(r), fc)
+		if fc.Path() != path || !matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) {
+			method = routedMethod(rt, path)
+		}
 	}
 	if !matched(path, h, allow) {
 		return ""
@@ -209,24 +224,42 @@ func RouteOf(c echo.Context) string {
 	// handler) matches another method too: then the method is not part of
 	// the route.
 	probe := echo.REPORT
-	if r.Method == probe {
+	if method == probe {
 		probe = echo.PROPFIND
 	}
-	rt := router(e, r.Host)
-	fc := e.AcquireContext()
-	defer e.ReleaseContext(fc)
 	fc.Reset(r, nil)
 	rt.Find(probe, echo.GetPath(r), fc)
-	if fc.Path() == path && matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) {
-		// Unless the request's method has a route of its own there and
-		// the probe's has none (it found a group's catch-all), or the
-		// path lacks a route of some method e.Any registers (e.Match or
-		// e.Add gave it a few methods, the probe's among them).
-		if own, probed, every := methodRoutes(rt, path, r.Method, probe); !own || probed && every {
+	if probed := fc.Path(); probed == path || probed != "" && matched(probed, fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) {
+		// The probe found the request's route, or a route of its own
+		// method at a more specific path that shadows it (REPORT
+		// /cal/home beside e.Any's /cal/:id): ask the routes at path.
+		// The method is not part of the route when the request's method
+		// has no route of its own there (a group's catch-all serves it),
+		// or when every method e.Any registers has one (e.Any).
+		if own, _, every := methodRoutes(rt, path, method, probe); !own || every {
 			return path
 		}
 	}
-	return r.Method + " " + path
+	if method == "" {
+		return path // a method after routing that no route at path has
+	}
+	return method + " " + path
+}
+
+// routedMethod returns the method of the one route rt has at path, or ""
+// when it has none or several (the request then is keyed by path alone).
+func routedMethod(rt *echo.Router, path string) string {
+	m := ""
+	for _, x := range rt.Routes() {
+		if x.Path != path {
+			continue
+		}
+		if m != "" && m != x.Method {
+			return ""
+		}
+		m = x.Method
+	}
+	return m
 }
 
 // methodRoutes reports whether rt has a route registered at path for m1,

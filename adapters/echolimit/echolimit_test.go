@@ -677,3 +677,53 @@ func TestNewRefusesRefundByStatus(t *testing.T) {
 		t.Fatalf("New with WithRefund: middleware %v, error %v; want an ErrConfig", mw != nil, err)
 	}
 }
+
+// TestRouteKeyAnyBesideShadowingProbeRoute checks that an e.Any route is
+// keyed by its path alone also for a path where a more specific route of
+// the probe's method (REPORT, PROPFIND: a CalDAV app's queries) shadows it:
+// /cal/home, served by e.Any's /cal/:id for GET, shares /cal/:id's quota
+// instead of escaping a layer limited to it.
+func TestRouteKeyAnyBesideShadowingProbeRoute(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:    ratelimit.MustClientIP(),
+		Rule:   core.Rule{Name: "cal", Limit: 1, Window: time.Minute},
+		Routes: []string{"/cal/:id"},
+	}})
+	e := echo.New()
+	e.Use(echolimit.Middleware(l))
+	e.Any("/cal/:id", ok)
+	e.Match([]string{"REPORT", "PROPFIND"}, "/cal/home", ok)
+	var codes []int
+	for _, p := range []string{"/cal/work", "/cal/work", "/cal/home", "/cal/home"} {
+		codes = append(codes, do(e, http.MethodGet, p, peer).Code)
+	}
+	if want := []int{200, 429, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET codes %v, want %v; keys %v", codes, want, obs.list())
+	}
+}
+
+// TestRouteKeyMethodRewrittenAfterRouting checks that a method rewritten
+// after echo routed the request (MethodOverride in e.Use, where echo's
+// docs put it in e.Pre) is not the route key's: POST /login, overridden to
+// any method a client picks, is keyed as the route echo served, so the
+// client neither escapes the login layer nor makes keys of its choosing.
+func TestRouteKeyMethodRewrittenAfterRouting(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.Rule{Name: "login", Limit: 1, Window: time.Minute},
+		Routes: []string{"POST /login"},
+	}})
+	e := echo.New()
+	e.Use(middleware.MethodOverride(), echolimit.Middleware(l))
+	served := 0
+	e.POST("/login", func(c echo.Context) error { served++; return c.NoContent(http.StatusOK) })
+	codes := []int{do(e, http.MethodPost, "/login", peer).Code, do(e, http.MethodPost, "/login", peer).Code}
+	for _, m := range []string{"X1", "X2", "DELETE"} {
+		codes = append(codes, do(e, http.MethodPost, "/login", peer, "X-HTTP-Method-Override", m).Code)
+	}
+	if want := []int{200, 429, 429, 429, 429}; !slices.Equal(codes, want) || served != 1 {
+		t.Errorf("POST /login codes %v, want %v; the handler ran %d times; keys %v", codes, want, served, obs.list())
+	}
+}
