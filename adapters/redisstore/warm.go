@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -18,10 +19,24 @@ import (
 // dial. Decisions made before or without Warm are correct; they may
 // time out while the pool fills, and count against the circuit breaker.
 //
-// Warm is bounded by ctx, not by the store's Timeout; call it once after
-// New, before serving, with a deadline of a few seconds. It returns the
-// first error met, wrapped; the store is usable whatever it returns.
+// Warm is bounded by ctx, not by the store's Timeout, also for a client
+// without ContextTimeoutEnabled (whose calls it then abandons when ctx
+// ends, as decisions' are: they end on the client's ReadTimeout, and
+// Close waits for them); call it once after New, before serving, with a
+// deadline of a few seconds. It returns the first error met, wrapped; the
+// store is usable whatever it returns.
 func (s *Store) Warm(ctx context.Context) error {
+	_, err := callWithin(ctx, s.ctxBound, func() func() { s.gate.hold(); return s.gate.leave }, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, s.warm(ctx)
+	}, nil)
+	if errors.Is(err, errAbandoned) {
+		return fmt.Errorf("redisstore: warming up: %w", err)
+	}
+	return err
+}
+
+// warm is Warm, on a client that bounds its calls by ctx.
+func (s *Store) warm(ctx context.Context) error {
 	switch c := s.client.(type) {
 	case *redis.Client:
 		return warmNode(ctx, c)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -159,5 +160,51 @@ func TestPacingByMaxActiveConns(t *testing.T) {
 	})
 	if len(errs) > 0 || s.State() != BreakerClosed {
 		t.Fatalf("%d of 64 decisions failed on a healthy Redis (breaker %v): %v", len(errs), s.State(), errs)
+	}
+}
+
+// TestWarmBoundedByContext checks that Warm returns when its context ends
+// on a Redis that hangs (a stopped process), also through a client
+// without ContextTimeoutEnabled, whose reads go-redis bounds only by its
+// ReadTimeout (3 s by default): the warm-up is abandoned, as decisions'
+// calls are, and Close waits for it once Redis answers again.
+func TestWarmBoundedByContext(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 4, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	s, err := New(client, &Config{Prefix: uniquePrefix(t), Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Warm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(srv.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			syscall.Kill(srv.Pid(), syscall.SIGCONT)
+		}
+	}()
+	// Dials succeed (the kernel accepts them); the PINGs get no answer.
+	client.Close()
+	client = redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 4, MaxRetries: -1})
+	s, err = New(client, &Config{Prefix: uniquePrefix(t), Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = s.Warm(ctx)
+	if took := time.Since(start); err == nil || took > time.Second {
+		t.Fatalf("Warm on a hung Redis with a 200ms deadline: %v after %v, want an error at the deadline", err, took)
+	}
+	syscall.Kill(srv.Pid(), syscall.SIGCONT)
+	stopped = false
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close after the abandoned warm-up: %v", err)
 	}
 }
