@@ -1146,3 +1146,49 @@ func TestTooCostlyNeverPromisedRetry(t *testing.T) {
 		}
 	})
 }
+
+// TestTooCostlyWithStoreDownNotServed checks that a request too costly for
+// a rate layer, which takes no concurrency slot, is not served by the
+// fail-open policy when the store fails: it can never be admitted, store
+// or not, so it is answered 413, and it never runs beside the request
+// holding the only slot.
+func TestTooCostlyWithStoreDownNotServed(t *testing.T) {
+	big := func(r *http.Request) int64 {
+		if r.Header.Get("Big") != "" {
+			return 10
+		}
+		return 1
+	}
+	for _, problem := range []bool{false, true} {
+		opts := []ratelimit.Option{ratelimit.WithCost(big), ratelimit.WithStore(&mwFailStore{}), ratelimit.WithLogger(nil)}
+		if problem {
+			opts = append(opts, ratelimit.WithProblemDetails())
+		}
+		l := mwLimiter(t, []ratelimit.Layer{
+			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 5, Window: time.Minute}},
+			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 1},
+		}, opts...)
+		var running, most atomic.Int64
+		entered, release := make(chan struct{}), make(chan struct{})
+		h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n := running.Add(1)
+			defer running.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			if r.Header.Get("Hold") != "" {
+				close(entered)
+				<-release
+			}
+		}))
+		done := make(chan struct{})
+		go func() { serve(h, mwReq("192.0.2.1:1", "Hold", "1")); close(done) }()
+		<-entered
+		rec := serve(h, mwReq("192.0.2.1:1", "Big", "1"))
+		close(release)
+		<-done
+		if rec.Code != http.StatusRequestEntityTooLarge || rec.Header().Get("Retry-After") != "" || most.Load() > 1 {
+			t.Fatalf("problem details %v: cost 10 under a capacity of 5, the store down and the slot busy: %d (Retry-After %q), %d handlers at once; want 413, none, 1",
+				problem, rec.Code, rec.Header().Get("Retry-After"), most.Load())
+		}
+	}
+}

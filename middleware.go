@@ -954,8 +954,11 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 		}
 		l.noteFailedOpen(res)
 		return true
-	case outcomeQueueFull:
-		if len(layers) == 0 { // refused before anything was charged
+	case outcomeQueueFull, outcomeTooCostly:
+		if len(layers) == 0 && !res.Proceed {
+			// Refused before anything was decided (a full room, or a
+			// cost no layer can admit met with the store down): no
+			// state to write headers from.
 			l.Refuse(w, r, export(res, layers))
 			return false
 		}
@@ -1163,14 +1166,14 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 	// store refuses it (413), charging nothing, and neither a full waiting
 	// room nor a concurrency layer's busy slots may answer it with a
 	// Retry-After first.
-	tooCostly := false
+	var tooCostly error // the refusal of a cost above a rate layer's capacity
 	for j := range reqs[:n] {
-		if l.layers[buf[j].index].inFlight == 0 && reqs[j].Cost > reqs[j].Policy.Capacity() {
-			tooCostly = true
+		if p := reqs[j].Policy; l.layers[buf[j].index].inFlight == 0 && reqs[j].Cost > p.Capacity() {
+			tooCostly = fmt.Errorf("%w: %q capacity %d, cost %d", core.ErrCostExceedsCapacity, p.Name(), p.Capacity(), reqs[j].Cost)
 			break
 		}
 	}
-	if shaped && reserve && !l.cfg.dryRun && !tooCostly {
+	if shaped && reserve && !l.cfg.dryRun && tooCostly == nil {
 		// Take a waiting-room slot before charging, so that a request
 		// refused for a full room is charged nothing.
 		if l.waiting.Add(1) > int64(l.cfg.maxWaiting) {
@@ -1203,7 +1206,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		}
 	}
 	m := n
-	if (peek || tooCostly) && l.slots != nil {
+	if (peek || tooCostly != nil) && l.slots != nil {
 		// Peek, and a request too costly for a rate layer, ask the rate
 		// layers only: a concurrency layer's slots are not taken, and the
 		// layer is left out of the Result.
@@ -1219,7 +1222,7 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			return 0
 		}
 	}
-	if l.slots != nil && !peek && !tooCostly {
+	if l.slots != nil && !peek && tooCostly == nil {
 		var stop bool
 		if m, stop = l.acquire(ctx, res, buf[:n], reqs[:n], out[:n]); stop {
 			l.release(res)
@@ -1251,6 +1254,11 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			// without listing it): a configuration error, never served
 			// fail-open.
 			l.configError(res, nil, err)
+		case tooCostly != nil:
+			// The store failed, but the request can never be admitted
+			// (and holds no concurrency slot): refused as too costly,
+			// never served by the fail policy.
+			l.failed(res, outcomeTooCostly, tooCostly)
 		case errors.Is(err, core.ErrStoreFull):
 			// Fail-open would serve exactly the keys KeepActive exists
 			// to refuse: refuse them, whatever the fail policy.
