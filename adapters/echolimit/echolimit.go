@@ -24,8 +24,9 @@
 // would be keyed as the method it came with, so that route layers would not
 // apply to it. A method rewritten after routing (MethodOverride in e.Use,
 // where echo no longer routes by it) is not taken for the route's: the
-// request is keyed by the method of the route echo served, or by its path
-// alone when several methods have routes there.
+// request is keyed by the method whose route holds the handler echo
+// serves (POST, the method MethodOverride rewrites, when several share
+// that handler), or by its path alone when that cannot be told.
 //
 // # Responses
 //
@@ -72,6 +73,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"unsafe"
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
@@ -209,13 +211,10 @@ func RouteOf(c echo.Context) string {
 	} else if matched(path, h, allow) {
 		// Routed already (e.Use): the method echo routed with may not be
 		// the request's now, if a middleware after routing rewrote it
-		// (MethodOverride in e.Use). Key by the method that has the route
-		// echo matched, never by one the client picked.
-		fc.Reset(r, nil)
-		rt.Find(r.Method, echo.GetPath(r), fc)
-		if fc.Path() != path || !matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) {
-			method = routedMethod(rt, path)
-		}
+		// (MethodOverride in e.Use). Key by the method whose route at
+		// path holds the handler echo is serving, never by one the client
+		// picked.
+		method = servedMethod(rt, r, fc, path, h)
 	}
 	if !matched(path, h, allow) {
 		return ""
@@ -246,20 +245,56 @@ func RouteOf(c echo.Context) string {
 	return method + " " + path
 }
 
-// routedMethod returns the method of the one route rt has at path, or ""
-// when it has none or several (the request then is keyed by path alone).
-func routedMethod(rt *echo.Router, path string) string {
-	m := ""
+// servedMethod returns the method of the route at path whose handler is h,
+// the handler echo is serving: the request's own method when its route at
+// path holds h (or when no route there does: a RouteNotFound handler),
+// else the one method whose route holds h (POST, the method
+// MethodOverride rewrites, among several), else "" (the request then is
+// keyed by path alone). Handlers are told apart by the function value
+// itself, not its code: two closures of one function are two handlers.
+func servedMethod(rt *echo.Router, r *http.Request, fc echo.Context, path string, h echo.HandlerFunc) string {
+	found := func(m string) bool {
+		fc.Reset(r, nil)
+		rt.Find(m, echo.GetPath(r), fc)
+		return fc.Path() == path && matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) && sameHandler(fc.Handler(), h)
+	}
+	if found(r.Method) {
+		return r.Method
+	}
+	served := ""
 	for _, x := range rt.Routes() {
-		if x.Path != path {
+		if x.Path != path || x.Method == echo.RouteNotFound || x.Method == served || !found(x.Method) {
 			continue
 		}
-		if m != "" && m != x.Method {
-			return ""
+		if served != "" && x.Method != http.MethodPost && served != http.MethodPost {
+			return "" // several methods share the handler
 		}
-		m = x.Method
+		if served == "" || x.Method == http.MethodPost {
+			served = x.Method
+		}
 	}
-	return m
+	if served == "" && len(methodsAt(rt, path)) == 0 {
+		return r.Method // no route of a method there: a RouteNotFound handler serves it
+	}
+	return served
+}
+
+// methodsAt returns the methods rt has a route of its own for at path.
+func methodsAt(rt *echo.Router, path string) []string {
+	var ms []string
+	for _, x := range rt.Routes() {
+		if x.Path == path && x.Method != echo.RouteNotFound {
+			ms = append(ms, x.Method)
+		}
+	}
+	return ms
+}
+
+// sameHandler reports whether a and b are the same function value: the
+// same closure, not merely the same code (closures of one function
+// literal, such as route middleware's wrappers, share their code).
+func sameHandler(a, b echo.HandlerFunc) bool {
+	return *(*unsafe.Pointer)(unsafe.Pointer(&a)) == *(*unsafe.Pointer)(unsafe.Pointer(&b))
 }
 
 // methodRoutes reports whether rt has a route registered at path for m1,

@@ -715,15 +715,57 @@ func TestRouteKeyMethodRewrittenAfterRouting(t *testing.T) {
 		Rule:   core.Rule{Name: "login", Limit: 1, Window: time.Minute},
 		Routes: []string{"POST /login"},
 	}})
+	for _, others := range []string{"none", "GET beside", "DELETE beside", "route middleware"} {
+		e := echo.New()
+		e.Use(middleware.MethodOverride(), echolimit.Middleware(l))
+		served := 0
+		post := func(c echo.Context) error { served++; return c.NoContent(http.StatusOK) }
+		pass := func(next echo.HandlerFunc) echo.HandlerFunc { return func(c echo.Context) error { return next(c) } }
+		switch others {
+		case "none":
+			e.POST("/login", post)
+		case "GET beside": // the login form beside its submission
+			e.GET("/login", ok)
+			e.POST("/login", post)
+		case "DELETE beside":
+			e.DELETE("/login", func(c echo.Context) error { return c.NoContent(http.StatusNoContent) })
+			e.POST("/login", post)
+		case "route middleware": // closures of one function for both routes
+			e.GET("/login", ok, pass)
+			e.POST("/login", post, pass)
+		}
+		l.Reset(context.Background(), "login", "11:POST /login9:192.0.2.1")
+		codes := []int{do(e, http.MethodPost, "/login", peer).Code, do(e, http.MethodPost, "/login", peer).Code}
+		for _, m := range []string{"X1", "GET", "DELETE"} {
+			codes = append(codes, do(e, http.MethodPost, "/login", peer, "X-HTTP-Method-Override", m).Code)
+		}
+		if want := []int{200, 429, 429, 429, 429}; !slices.Equal(codes, want) || served != 1 {
+			t.Errorf("%s: POST /login codes %v, want %v; the handler ran %d times; keys %v", others, codes, want, served, obs.list())
+		}
+	}
+}
+
+// TestRouteKeyGroupCatchAllAfterOverride checks that a request a group's
+// catch-all serves is keyed "/api/*" also when MethodOverride in e.Use
+// rewrites its method to one that has a route deeper in the group: echo's
+// RouteNotFound entries are no method of a route.
+func TestRouteKeyGroupCatchAllAfterOverride(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.Rule{Name: "api404", Limit: 1, Window: time.Minute},
+		Routes: []string{"/api/*"},
+	}})
 	e := echo.New()
 	e.Use(middleware.MethodOverride(), echolimit.Middleware(l))
-	served := 0
-	e.POST("/login", func(c echo.Context) error { served++; return c.NoContent(http.StatusOK) })
-	codes := []int{do(e, http.MethodPost, "/login", peer).Code, do(e, http.MethodPost, "/login", peer).Code}
-	for _, m := range []string{"X1", "X2", "DELETE"} {
-		codes = append(codes, do(e, http.MethodPost, "/login", peer, "X-HTTP-Method-Override", m).Code)
+	g := e.Group("/api")
+	g.Use(middleware.Secure())
+	g.GET("/items/:id", ok)
+	codes := []int{
+		do(e, http.MethodPost, "/api/nope", peer).Code,
+		do(e, http.MethodPost, "/api/items/1", peer, "X-HTTP-Method-Override", "GET").Code,
 	}
-	if want := []int{200, 429, 429, 429, 429}; !slices.Equal(codes, want) || served != 1 {
-		t.Errorf("POST /login codes %v, want %v; the handler ran %d times; keys %v", codes, want, served, obs.list())
+	if want := []int{404, 429}; !slices.Equal(codes, want) {
+		t.Errorf("codes %v, want %v; keys %v", codes, want, obs.list())
 	}
 }
