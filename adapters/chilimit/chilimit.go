@@ -279,6 +279,15 @@ func RouteOf(r *http.Request) (route string, ok bool) {
 			return routeKey(rctx, fc, method, path, pattern), true
 		}
 	}
+	if rest != "" {
+		// In a mount, a rewrite in the sub-router (StripSlashes after the
+		// limiter) makes chi serve a route of the sub-router for a form of
+		// rest: look it up there first, where chi does, not from the root,
+		// where another branch (a root route at the same path) may answer.
+		if key := inMount(rctx, fc, methods, path, rest); key != "" {
+			return key, true
+		}
+	}
 	agrees := rest == ""
 	var rests []string // the forms a rewrite in the sub-router leaves of rest
 	if rest != "" {
@@ -296,6 +305,43 @@ func RouteOf(r *http.Request) (route string, ok bool) {
 		}
 	}
 	return "", agrees
+}
+
+// inMount returns the route key of the route of the sub-router the
+// request is in (reached through rctx.RoutePatterns, each a mount's "/*"
+// pattern) that a form of rest finds for one of methods, "" for none: the
+// route chi serves once a rewrite in the sub-router has left that form.
+// path is the URL's path; the mount's part of it is what precedes the
+// rest chi handed the sub-router (the mount's "*" parameter), which a
+// rewrite before the limiter may have changed since.
+func inMount(rctx *chi.Context, fc *chi.Context, methods []string, path, rest string) string {
+	base, ok := strings.CutSuffix(path, "/"+rctx.URLParam("*"))
+	if !ok {
+		base, ok = strings.CutSuffix(path, rest)
+	}
+	if !ok || len(rctx.RoutePatterns) == 0 {
+		return ""
+	}
+	sub, prefix := rctx.Routes, ""
+	for _, mp := range rctx.RoutePatterns {
+		at, ok := strings.CutSuffix(mp, "/*")
+		if !ok || sub == nil {
+			return ""
+		}
+		sub = mountOf(sub, at+"/", methods[0])
+		prefix += at
+	}
+	if sub == nil {
+		return ""
+	}
+	for _, m := range methods {
+		for _, rv := range pathVariants(rest) {
+			if pattern := find(sub, fc, m, rv); pattern != "" {
+				return routeKey(rctx, fc, m, base+rv, prefix+pattern)
+			}
+		}
+	}
+	return ""
 }
 
 // endsWithAny reports whether p ends with one of suffixes.

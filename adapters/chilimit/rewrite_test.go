@@ -214,3 +214,37 @@ func TestRouteKeySubRouterRewriteAfterLimiter(t *testing.T) {
 		})
 	}
 }
+
+// TestRouteKeySubRouterRewriteBesideRootRoute checks that with a rewrite
+// in a mounted sub-router (StripSlashes after or before the limiter in its
+// own r.Use), a path is keyed by the sub-router's route chi serves, not by
+// a root route in another branch at the rewritten path: GET /api/health/
+// reaches the mount (the root's GET /api/health is not /api/health/), which
+// strips the slash and serves GET /api/{resource}.
+func TestRouteKeySubRouterRewriteBesideRootRoute(t *testing.T) {
+	for _, order := range []string{"limiter, then StripSlashes", "StripSlashes, then limiter"} {
+		var key, served string
+		probe := func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				key, _ = chilimit.RouteOf(r)
+				next.ServeHTTP(w, r)
+			})
+		}
+		r := chi.NewRouter()
+		r.Get("/api/health", func(w http.ResponseWriter, r *http.Request) { served = "GET /api/health" })
+		r.Route("/api", func(r chi.Router) {
+			if order == "limiter, then StripSlashes" {
+				r.Use(probe, middleware.StripSlashes)
+			} else {
+				r.Use(middleware.StripSlashes, probe)
+			}
+			r.Get("/{resource}", func(w http.ResponseWriter, r *http.Request) {
+				served = "GET " + chi.RouteContext(r.Context()).RoutePattern()
+			})
+		})
+		do(r, http.MethodGet, "/api/health/", peer)
+		if served != "GET /api/{resource}" || key != served {
+			t.Errorf("%s: GET /api/health/ keyed %q, served by %q", order, key, served)
+		}
+	}
+}
