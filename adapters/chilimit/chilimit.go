@@ -284,7 +284,7 @@ func RouteOf(r *http.Request) (route string, ok bool) {
 		// limiter) makes chi serve a route of the sub-router for a form of
 		// rest: look it up there first, where chi does, not from the root,
 		// where another branch (a root route at the same path) may answer.
-		if key := inMount(rctx, fc, methods, path, rest); key != "" {
+		if key := inMount(rctx, fc, methods, rest); key != "" {
 			return key, true
 		}
 	}
@@ -309,17 +309,12 @@ func RouteOf(r *http.Request) (route string, ok bool) {
 
 // inMount returns the route key of the route of the sub-router the
 // request is in (reached through rctx.RoutePatterns, each a mount's "/*"
-// pattern) that a form of rest finds for one of methods, "" for none: the
-// route chi serves once a rewrite in the sub-router has left that form.
-// path is the URL's path; the mount's part of it is what precedes the
-// rest chi handed the sub-router (the mount's "*" parameter), which a
-// rewrite before the limiter may have changed since.
-func inMount(rctx *chi.Context, fc *chi.Context, methods []string, path, rest string) string {
-	base, ok := strings.CutSuffix(path, "/"+rctx.URLParam("*"))
-	if !ok {
-		base, ok = strings.CutSuffix(path, rest)
-	}
-	if !ok || len(rctx.RoutePatterns) == 0 {
+// pattern) that a form of rest, the path the sub-router routes, finds for
+// one of methods, "" for none: the route chi serves once a rewrite in the
+// sub-router has left that form. The route is judged (every method or
+// one) within the sub-router, where chi serves it.
+func inMount(rctx *chi.Context, fc *chi.Context, methods []string, rest string) string {
+	if len(rctx.RoutePatterns) == 0 {
 		return ""
 	}
 	sub, prefix := rctx.Routes, ""
@@ -337,7 +332,7 @@ func inMount(rctx *chi.Context, fc *chi.Context, methods []string, path, rest st
 	for _, m := range methods {
 		for _, rv := range pathVariants(rest) {
 			if pattern := find(sub, fc, m, rv); pattern != "" {
-				return routeKey(rctx, fc, m, base+rv, prefix+pattern)
+				return routeKeyIn(sub, fc, m, rv, pattern, prefix)
 			}
 		}
 	}
@@ -506,31 +501,37 @@ func stripExt(p string) string {
 // specific one registered for it: a CORS preflight, say) proves nothing.
 // When no probe decides, chi's registration of the matched route does.
 func routeKey(rctx *chi.Context, fc *chi.Context, method, path, pattern string) string {
+	return routeKeyIn(rctx.Routes, fc, method, path, pattern, "")
+}
+
+// routeKeyIn is routeKey in routes, a router that path and pattern are
+// relative to, mounted at prefix (a mount's pattern, "" for the root).
+func routeKeyIn(routes chi.Routes, fc *chi.Context, method, path, pattern, prefix string) string {
 	same := false
 	for _, probe := range [...]string{http.MethodTrace, http.MethodConnect, http.MethodOptions} {
 		if probe == method {
 			continue
 		}
-		switch find(rctx.Routes, fc, probe, path) {
+		switch find(routes, fc, probe, path) {
 		case "":
-			return method + " " + pattern
+			return method + " " + prefix + pattern
 		case pattern:
 			same = true
 		}
 	}
-	h := handlersAt(rctx.Routes, pattern)
+	h := handlersAt(routes, pattern)
 	if same {
 		if h != nil && h["*"] == nil && h[method] != nil {
 			// A route of the method, whose pattern has routes of the
 			// probes' methods too (OPTIONS, TRACE, CONNECT).
-			return method + " " + pattern
+			return method + " " + prefix + pattern
 		}
-		return pattern
+		return prefix + pattern
 	}
 	if h["*"] != nil {
-		return pattern
+		return prefix + pattern
 	}
-	return method + " " + pattern
+	return method + " " + prefix + pattern
 }
 
 // handlersAt returns the handlers routes registers pattern (a whole

@@ -248,3 +248,40 @@ func TestRouteKeySubRouterRewriteBesideRootRoute(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteKeySubRouterRewriteEveryMethodRoute checks that in a mount with
+// StripSlashes (before or after the limiter), a route of the sub-router
+// registered for every method is keyed without its method for the path
+// with and without its trailing slash, as chi serves both by it: the
+// slash buys no quota of its own, per method.
+func TestRouteKeySubRouterRewriteEveryMethodRoute(t *testing.T) {
+	for _, order := range []string{"limiter, then StripSlashes", "StripSlashes, then limiter"} {
+		var key, served string
+		probe := func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				key, _ = chilimit.RouteOf(r)
+				next.ServeHTTP(w, r)
+			})
+		}
+		r := chi.NewRouter()
+		r.Route("/api", func(r chi.Router) {
+			if order == "limiter, then StripSlashes" {
+				r.Use(probe, middleware.StripSlashes)
+			} else {
+				r.Use(middleware.StripSlashes, probe)
+			}
+			r.HandleFunc("/{resource}", func(w http.ResponseWriter, r *http.Request) {
+				served = chi.RouteContext(r.Context()).RoutePattern()
+			})
+		})
+		for _, m := range []string{http.MethodGet, http.MethodPost} {
+			for _, p := range []string{"/api/health", "/api/health/"} {
+				key, served = "", ""
+				do(r, m, p, peer)
+				if served != "/api/{resource}" || key != served {
+					t.Errorf("%s: %s %s keyed %q, served by %q", order, m, p, key, served)
+				}
+			}
+		}
+	}
+}
