@@ -73,6 +73,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"strings"
 	"unsafe"
 
 	"github.com/labstack/echo/v4"
@@ -204,17 +205,20 @@ func RouteOf(c echo.Context) string {
 	fc := e.AcquireContext()
 	defer e.ReleaseContext(fc)
 	path, h, allow := c.Path(), c.Handler(), c.Get(echo.ContextKeyHeaderAllow)
+	lookup := echo.GetPath(r) // the path routes are looked up at
 	if path == "" {
 		fc.Reset(r, nil)
-		rt.Find(r.Method, echo.GetPath(r), fc)
+		rt.Find(r.Method, lookup, fc)
 		path, h, allow = fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)
 	} else if matched(path, h, allow) {
-		// Routed already (e.Use): the method echo routed with may not be
-		// the request's now, if a middleware after routing rewrote it
-		// (MethodOverride in e.Use). Key by the method whose route at
-		// path holds the handler echo is serving, never by one the client
-		// picked.
-		method = servedMethod(rt, r, fc, path, h)
+		// Routed already (e.Use): the request's path and method now may
+		// not be those echo routed by, if a middleware after routing
+		// rewrote them (Rewrite, MethodOverride in e.Use). Look routes up
+		// at the path the matched route's parameters make, and key by the
+		// method whose route there holds the handler echo is serving,
+		// never by one the client picked.
+		lookup = routePath(path, c.ParamNames(), c.ParamValues())
+		method = servedMethod(rt, r, fc, path, lookup, h)
 	}
 	if !matched(path, h, allow) {
 		return ""
@@ -227,7 +231,7 @@ func RouteOf(c echo.Context) string {
 		probe = echo.PROPFIND
 	}
 	fc.Reset(r, nil)
-	rt.Find(probe, echo.GetPath(r), fc)
+	rt.Find(probe, lookup, fc)
 	if probed := fc.Path(); probed == path || probed != "" && matched(probed, fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) {
 		// The probe found the request's route, or a route of its own
 		// method at a more specific path that shadows it (REPORT
@@ -252,10 +256,10 @@ func RouteOf(c echo.Context) string {
 // MethodOverride rewrites, among several), else "" (the request then is
 // keyed by path alone). Handlers are told apart by the function value
 // itself, not its code: two closures of one function are two handlers.
-func servedMethod(rt *echo.Router, r *http.Request, fc echo.Context, path string, h echo.HandlerFunc) string {
+func servedMethod(rt *echo.Router, r *http.Request, fc echo.Context, path, lookup string, h echo.HandlerFunc) string {
 	found := func(m string) bool {
 		fc.Reset(r, nil)
-		rt.Find(m, echo.GetPath(r), fc)
+		rt.Find(m, lookup, fc)
 		return fc.Path() == path && matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) && sameHandler(fc.Handler(), h)
 	}
 	if found(r.Method) {
@@ -277,6 +281,41 @@ func servedMethod(rt *echo.Router, r *http.Request, fc echo.Context, path string
 		return r.Method // no route of a method there: a RouteNotFound handler serves it
 	}
 	return served
+}
+
+// routePath returns the path that route pattern matches with the given
+// parameters: ":name" segments and the final "*" replaced by their values.
+func routePath(pattern string, names, values []string) string {
+	value := func(name string) string {
+		for i, n := range names {
+			if n == name && i < len(values) {
+				return values[i]
+			}
+		}
+		return ""
+	}
+	var b strings.Builder
+	for i := 0; i < len(pattern); {
+		switch c := pattern[i]; {
+		case c == ':':
+			j := i + 1
+			for j < len(pattern) && pattern[j] != '/' {
+				j++
+			}
+			b.WriteString(value(pattern[i+1 : j]))
+			i = j
+		case c == '*':
+			b.WriteString(value("*"))
+			i++
+		case c == '\\' && i+1 < len(pattern):
+			b.WriteByte(pattern[i+1]) // an escaped ':' or '*', itself
+			i += 2
+		default:
+			b.WriteByte(c)
+			i++
+		}
+	}
+	return b.String()
 }
 
 // methodsAt returns the methods rt has a route of its own for at path.

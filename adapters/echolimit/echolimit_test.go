@@ -769,3 +769,29 @@ func TestRouteKeyGroupCatchAllAfterOverride(t *testing.T) {
 		t.Errorf("codes %v, want %v; keys %v", codes, want, obs.list())
 	}
 }
+
+// TestRouteKeyAfterPathRewriteInUse checks that with the limiter in
+// e.Use, the key is the route echo matched and serves also when a
+// middleware before it in e.Use rewrote the URL's path (echo does not
+// route again): GET /users/5, served by GET /users/:id, is keyed
+// "GET /users/:id", beside a POST route at the same path or not.
+func TestRouteKeyAfterPathRewriteInUse(t *testing.T) {
+	for _, withPost := range []bool{false, true} {
+		var key, served string
+		e := echo.New()
+		e.Use(middleware.Rewrite(map[string]string{"/users/*": "/v2/users/$1"}), func(next echo.HandlerFunc) echo.HandlerFunc {
+			return func(c echo.Context) error {
+				key = echolimit.RouteOf(c)
+				return next(c)
+			}
+		})
+		e.GET("/users/:id", func(c echo.Context) error { served = "GET " + c.Path(); return nil })
+		if withPost {
+			e.POST("/users/:id", func(c echo.Context) error { served = "POST " + c.Path(); return nil })
+		}
+		do(e, http.MethodGet, "/users/5", peer)
+		if served != "GET /users/:id" || key != served {
+			t.Errorf("POST route beside: %v: GET /users/5 keyed %q, served by %q", withPost, key, served)
+		}
+	}
+}
