@@ -1192,3 +1192,38 @@ func TestTooCostlyWithStoreDownNotServed(t *testing.T) {
 		}
 	}
 }
+
+// TestTooCostlyWithStoreDownReachesErrorHandler checks that the store's
+// failure behind a too costly request's 413 reaches the error handler, as
+// every store error does (in dry-run too, where it may stop the request).
+func TestTooCostlyWithStoreDownReachesErrorHandler(t *testing.T) {
+	big := func(r *http.Request) int64 {
+		if r.Header.Get("Big") != "" {
+			return 10
+		}
+		return 1
+	}
+	for _, dry := range []bool{false, true} {
+		var seen []error
+		opts := []ratelimit.Option{
+			ratelimit.WithCost(big), ratelimit.WithStore(&mwFailStore{}), ratelimit.WithLogger(nil),
+			ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) { seen = append(seen, err) }),
+		}
+		if dry {
+			opts = append(opts, ratelimit.WithDryRun())
+		}
+		l := mwLimiter(t, []ratelimit.Layer{
+			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 5, Window: time.Minute}},
+		}, opts...)
+		h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+		serve(h, mwReq("192.0.2.1:1"))
+		rec := serve(h, mwReq("192.0.2.1:1", "Big", "1"))
+		want := http.StatusRequestEntityTooLarge
+		if dry {
+			want = http.StatusOK
+		}
+		if len(seen) != 2 || !errors.Is(seen[1], ratelimit.ErrStoreFailure) || rec.Code != want {
+			t.Errorf("dry-run %v: the error handler saw %v, the too costly request was answered %d; want two store failures and %d", dry, seen, rec.Code, want)
+		}
+	}
+}

@@ -200,6 +200,7 @@ type Result struct {
 	// fail-closed), Err is that failure and slotErr nil.
 	slotsFailed bool
 	slotErr     error
+	storeErr    error // the store's failure behind a too costly request's refusal, for the error handler
 	// slotLatency is the time the slot store took, for the slot layers'
 	// decision events, reported once the rate layers have decided.
 	slotLatency time.Duration
@@ -955,12 +956,18 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 		l.noteFailedOpen(res)
 		return true
 	case outcomeQueueFull, outcomeTooCostly:
-		if len(layers) == 0 && !res.Proceed {
+		if len(layers) == 0 {
 			// Refused before anything was decided (a full room, or a
-			// cost no layer can admit met with the store down): no
-			// state to write headers from.
-			l.Refuse(w, r, export(res, layers))
-			return false
+			// cost no layer can admit met with the store down, whose
+			// failure the error handler sees first): no state to write
+			// headers from.
+			if res.storeErr != nil && l.cfg.errHandler != nil && l.callErrorHandler(w, r, res.storeErr) {
+				return false
+			}
+			if !res.Proceed {
+				l.Refuse(w, r, export(res, layers))
+				return false
+			}
 		}
 	}
 	if res.Skipped || len(layers) == 0 {
@@ -1257,8 +1264,10 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		case tooCostly != nil:
 			// The store failed, but the request can never be admitted
 			// (and holds no concurrency slot): refused as too costly,
-			// never served by the fail policy.
+			// never served by the fail policy; the error handler still
+			// sees the store's failure.
 			l.failed(res, outcomeTooCostly, tooCostly)
+			res.storeErr = wrap(ErrStoreFailure, "", err)
 		case errors.Is(err, core.ErrStoreFull):
 			// Fail-open would serve exactly the keys KeepActive exists
 			// to refuse: refuse them, whatever the fail policy.
