@@ -1227,3 +1227,25 @@ func TestTooCostlyWithStoreDownReachesErrorHandler(t *testing.T) {
 		}
 	}
 }
+
+// TestTooCostlyWithStoreDownByHand checks that Admit's parts (Decide,
+// WriteHeaders, Refuse) show the error handler the store failure behind a
+// too costly request's 413, as Admit does.
+func TestTooCostlyWithStoreDownByHand(t *testing.T) {
+	big := func(r *http.Request) int64 { return 10 }
+	var seen []error
+	l := mwLimiter(t, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 5, Window: time.Minute}},
+	}, ratelimit.WithCost(big), ratelimit.WithStore(&mwFailStore{}), ratelimit.WithLogger(nil),
+		ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) { seen = append(seen, err) }))
+	rec := httptest.NewRecorder()
+	r := mwReq("192.0.2.1:1")
+	res := l.Decide(r)
+	l.WriteHeaders(rec.Header(), &res)
+	if !res.Proceed {
+		l.Refuse(rec, r, &res)
+	}
+	if rec.Code != http.StatusRequestEntityTooLarge || len(seen) != 1 || !errors.Is(seen[0], ratelimit.ErrStoreFailure) {
+		t.Fatalf("Decide, WriteHeaders, Refuse: %d, the error handler saw %v; want 413 and the store failure", rec.Code, seen)
+	}
+}

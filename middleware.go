@@ -325,15 +325,16 @@ func retryAfter(res *Result, layers []LayerResult) time.Duration {
 // user code (which may keep it) while res and layers live on the stack.
 func export(res *Result, layers []LayerResult) *Result {
 	return &Result{
-		Proceed: res.Proceed,
-		Skipped: res.Skipped,
-		DryRun:  res.DryRun,
-		Layers:  append([]LayerResult(nil), layers...),
-		Delay:   res.Delay,
-		Err:     res.Err,
-		kind:    res.kind,
-		at:      res.at,
-		rs:      res.rs,
+		Proceed:  res.Proceed,
+		Skipped:  res.Skipped,
+		DryRun:   res.DryRun,
+		Layers:   append([]LayerResult(nil), layers...),
+		Delay:    res.Delay,
+		Err:      res.Err,
+		kind:     res.kind,
+		at:       res.at,
+		rs:       res.rs,
+		storeErr: res.storeErr,
 	}
 }
 
@@ -961,12 +962,12 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, lay
 			// cost no layer can admit met with the store down, whose
 			// failure the error handler sees first): no state to write
 			// headers from.
-			if res.storeErr != nil && l.cfg.errHandler != nil && l.callErrorHandler(w, r, res.storeErr) {
+			if !res.Proceed {
+				l.Refuse(w, r, export(res, layers)) // the error handler sees a store failure first
 				return false
 			}
-			if !res.Proceed {
-				l.Refuse(w, r, export(res, layers))
-				return false
+			if res.storeErr != nil && l.cfg.errHandler != nil && l.callErrorHandler(w, r, res.storeErr) {
+				return false // dry-run: the error handler may still stop it
 			}
 		}
 	}
@@ -1644,7 +1645,9 @@ func waitTimer(ctx context.Context, d time.Duration) error {
 // capacity (such a request can never be admitted, so no Retry-After is
 // promised), as short text or problem details ([WithProblemDetails]). For
 // ErrTooManyWaiting, Refuse sets Retry-After itself (the refusal arose after
-// the headers were written).
+// the headers were written). A cost above capacity met while the store
+// failed (refused all the same, nothing decided) first shows the store's
+// failure to the error handler, which may write the response instead.
 //
 // An error goes to the error handler (see [WithErrorHandler]); unless it
 // writes a response, a request error (key, cost) is answered 400 Bad Request
@@ -1691,6 +1694,12 @@ func (l *Limiter) Refuse(w http.ResponseWriter, r *http.Request, res *Result) {
 		return
 	case outcomeQueueFull:
 		w.Header()[canonRetry] = []string{itoa(max(ceilSeconds(res.Delay), 1))}
+	case outcomeTooCostly:
+		// Refused as too costly though the store failed: the error
+		// handler, which sees every store failure, sees it first.
+		if res.storeErr != nil && l.cfg.errHandler != nil && l.callErrorHandler(w, r, res.storeErr) {
+			return
+		}
 	}
 	if l.cfg.denied != nil {
 		l.cfg.denied(w, r, res)
