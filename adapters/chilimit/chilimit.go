@@ -319,15 +319,24 @@ func inMount(rctx *chi.Context, fc *chi.Context, methods []string, rest string) 
 	}
 	sub, prefix := rctx.Routes, ""
 	for _, mp := range rctx.RoutePatterns {
+		// The mount chi routed through: its own "/*" entry, which a route
+		// at the mount point's path (a GET /api/ beside r.Route("/api"))
+		// does not hide for the paths below it.
 		at, ok := strings.CutSuffix(mp, "/*")
-		if !ok || sub == nil {
+		if !ok {
 			return ""
 		}
-		sub = mountOf(sub, at+"/", methods[0])
-		prefix += at
-	}
-	if sub == nil {
-		return ""
+		var next chi.Routes
+		for _, rt := range sub.Routes() {
+			if rt.Pattern == mp && rt.SubRoutes != nil {
+				next = rt.SubRoutes
+				break
+			}
+		}
+		if next == nil {
+			return ""
+		}
+		sub, prefix = next, prefix+at
 	}
 	for _, m := range methods {
 		for _, rv := range pathVariants(rest) {

@@ -285,3 +285,31 @@ func TestRouteKeySubRouterRewriteEveryMethodRoute(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteKeySubRouterBesideMountPointRoute checks that a route at the
+// mount point's own path (GET /api/ beside r.Route("/api", ...)), which
+// hides the mount for that path alone, does not hide it for the paths
+// below: GET /api/health/, stripped in the mount, is keyed by the mount's
+// route chi serves, not by the root's GET /api/health.
+func TestRouteKeySubRouterBesideMountPointRoute(t *testing.T) {
+	var key, served string
+	probe := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			key, _ = chilimit.RouteOf(r)
+			next.ServeHTTP(w, r)
+		})
+	}
+	r := chi.NewRouter()
+	r.Get("/api/health", func(w http.ResponseWriter, r *http.Request) { served = "GET /api/health" })
+	r.Route("/api", func(r chi.Router) {
+		r.Use(probe, middleware.StripSlashes)
+		r.Get("/{resource}", func(w http.ResponseWriter, r *http.Request) {
+			served = "GET " + chi.RouteContext(r.Context()).RoutePattern()
+		})
+	})
+	r.Get("/api/", func(w http.ResponseWriter, r *http.Request) { served = "GET /api/" })
+	do(r, http.MethodGet, "/api/health/", peer)
+	if served != "GET /api/{resource}" || key != served {
+		t.Errorf("GET /api/health/ keyed %q, served by %q", key, served)
+	}
+}
