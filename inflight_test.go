@@ -1089,30 +1089,16 @@ func TestConfigErrorLogDryRun(t *testing.T) {
 // layer's slot is busy or the shaping waiting room is full: neither is
 // asked before the cost is checked, and nothing is charged.
 func TestTooCostlyNeverPromisedRetry(t *testing.T) {
-	big := func(r *http.Request) int64 {
-		if r.Header.Get("Big") != "" {
-			return 10
-		}
-		return 1
-	}
 	t.Run("busy slot", func(t *testing.T) {
 		l := mwLimiter(t, []ratelimit.Layer{
 			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 5, Window: time.Minute}},
 			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 1},
-		}, ratelimit.WithCost(big))
-		entered, release := make(chan struct{}), make(chan struct{})
-		h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Header.Get("Hold") != "" {
-				close(entered)
-				<-release
-			}
-		}))
-		done := make(chan struct{})
-		go func() { serve(h, mwReq("192.0.2.1:1", "Hold", "1")); close(done) }()
-		<-entered
+		}, ratelimit.WithCost(costBig))
+		hd := newHolder()
+		h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hd.wait(r) }))
+		end := hd.hold(h)
 		rec := serve(h, mwReq("192.0.2.1:1", "Big", "1"))
-		close(release)
-		<-done
+		end()
 		if rec.Code != http.StatusRequestEntityTooLarge || rec.Header().Get("Retry-After") != "" {
 			t.Fatalf("cost 10 under a capacity of 5, the slot busy: %d, Retry-After %q; want 413 and none", rec.Code, rec.Header().Get("Retry-After"))
 		}
@@ -1131,7 +1117,7 @@ func TestTooCostlyNeverPromisedRetry(t *testing.T) {
 	t.Run("full waiting room", func(t *testing.T) {
 		e := mwNew(t, []ratelimit.Layer{
 			{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: time.Minute}},
-			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "small", Limit: 2, Window: time.Minute}, Cost: big},
+			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "small", Limit: 2, Window: time.Minute}, Cost: costBig},
 		}, ratelimit.WithMaxWaiting(1))
 		entered, release := holdWait(e.l)
 		e.do(t, mwReq("192.0.2.1:1")) // served at once
@@ -1153,14 +1139,8 @@ func TestTooCostlyNeverPromisedRetry(t *testing.T) {
 // or not, so it is answered 413, and it never runs beside the request
 // holding the only slot.
 func TestTooCostlyWithStoreDownNotServed(t *testing.T) {
-	big := func(r *http.Request) int64 {
-		if r.Header.Get("Big") != "" {
-			return 10
-		}
-		return 1
-	}
 	for _, problem := range []bool{false, true} {
-		opts := []ratelimit.Option{ratelimit.WithCost(big), ratelimit.WithStore(&mwFailStore{}), ratelimit.WithLogger(nil)}
+		opts := []ratelimit.Option{ratelimit.WithCost(costBig), ratelimit.WithStore(&mwFailStore{}), ratelimit.WithLogger(nil)}
 		if problem {
 			opts = append(opts, ratelimit.WithProblemDetails())
 		}
@@ -1169,23 +1149,17 @@ func TestTooCostlyWithStoreDownNotServed(t *testing.T) {
 			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "in-flight"}, InFlight: 1},
 		}, opts...)
 		var running, most atomic.Int64
-		entered, release := make(chan struct{}), make(chan struct{})
+		hd := newHolder()
 		h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			n := running.Add(1)
 			defer running.Add(-1)
 			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 			}
-			if r.Header.Get("Hold") != "" {
-				close(entered)
-				<-release
-			}
+			hd.wait(r)
 		}))
-		done := make(chan struct{})
-		go func() { serve(h, mwReq("192.0.2.1:1", "Hold", "1")); close(done) }()
-		<-entered
+		end := hd.hold(h)
 		rec := serve(h, mwReq("192.0.2.1:1", "Big", "1"))
-		close(release)
-		<-done
+		end()
 		if rec.Code != http.StatusRequestEntityTooLarge || rec.Header().Get("Retry-After") != "" || most.Load() > 1 {
 			t.Fatalf("problem details %v: cost 10 under a capacity of 5, the store down and the slot busy: %d (Retry-After %q), %d handlers at once; want 413, none, 1",
 				problem, rec.Code, rec.Header().Get("Retry-After"), most.Load())
@@ -1197,16 +1171,10 @@ func TestTooCostlyWithStoreDownNotServed(t *testing.T) {
 // failure behind a too costly request's 413 reaches the error handler, as
 // every store error does (in dry-run too, where it may stop the request).
 func TestTooCostlyWithStoreDownReachesErrorHandler(t *testing.T) {
-	big := func(r *http.Request) int64 {
-		if r.Header.Get("Big") != "" {
-			return 10
-		}
-		return 1
-	}
 	for _, dry := range []bool{false, true} {
 		var seen []error
 		opts := []ratelimit.Option{
-			ratelimit.WithCost(big), ratelimit.WithStore(&mwFailStore{}), ratelimit.WithLogger(nil),
+			ratelimit.WithCost(costBig), ratelimit.WithStore(&mwFailStore{}), ratelimit.WithLogger(nil),
 			ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) { seen = append(seen, err) }),
 		}
 		if dry {
@@ -1232,14 +1200,13 @@ func TestTooCostlyWithStoreDownReachesErrorHandler(t *testing.T) {
 // WriteHeaders, Refuse) show the error handler the store failure behind a
 // too costly request's 413, as Admit does.
 func TestTooCostlyWithStoreDownByHand(t *testing.T) {
-	big := func(r *http.Request) int64 { return 10 }
 	var seen []error
 	l := mwLimiter(t, []ratelimit.Layer{
 		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "rate", Limit: 5, Window: time.Minute}},
-	}, ratelimit.WithCost(big), ratelimit.WithStore(&mwFailStore{}), ratelimit.WithLogger(nil),
+	}, ratelimit.WithCost(costBig), ratelimit.WithStore(&mwFailStore{}), ratelimit.WithLogger(nil),
 		ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) { seen = append(seen, err) }))
 	rec := httptest.NewRecorder()
-	r := mwReq("192.0.2.1:1")
+	r := mwReq("192.0.2.1:1", "Big", "1")
 	res := l.Decide(r)
 	l.WriteHeaders(rec.Header(), &res)
 	if !res.Proceed {
@@ -1248,4 +1215,38 @@ func TestTooCostlyWithStoreDownByHand(t *testing.T) {
 	if rec.Code != http.StatusRequestEntityTooLarge || len(seen) != 1 || !errors.Is(seen[0], ratelimit.ErrStoreFailure) {
 		t.Fatalf("Decide, WriteHeaders, Refuse: %d, the error handler saw %v; want 413 and the store failure", rec.Code, seen)
 	}
+}
+
+// costBig charges 10 for a request with a Big header, 1 for another.
+func costBig(r *http.Request) int64 {
+	if r.Header.Get("Big") != "" {
+		return 10
+	}
+	return 1
+}
+
+// holder holds one request in its handler: the handler calls wait, which
+// holds a request with a Hold header until the end hold returned is called.
+type holder struct{ entered, release chan struct{} }
+
+func newHolder() *holder {
+	return &holder{entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+// wait holds r in its handler if it has a Hold header.
+func (hd *holder) wait(r *http.Request) {
+	if r.Header.Get("Hold") != "" {
+		close(hd.entered)
+		<-hd.release
+	}
+}
+
+// hold serves a request with a Hold header through h in the background and
+// returns once its handler holds it, with the function that lets it end and
+// waits for it.
+func (hd *holder) hold(h http.Handler) (end func()) {
+	done := make(chan struct{})
+	go func() { serve(h, mwReq("192.0.2.1:1", "Hold", "1")); close(done) }()
+	<-hd.entered
+	return func() { close(hd.release); <-done }
 }

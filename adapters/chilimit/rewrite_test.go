@@ -222,22 +222,12 @@ func TestRouteKeySubRouterRewriteAfterLimiter(t *testing.T) {
 // reaches the mount (the root's GET /api/health is not /api/health/), which
 // strips the slash and serves GET /api/{resource}.
 func TestRouteKeySubRouterRewriteBesideRootRoute(t *testing.T) {
-	for _, order := range []string{"limiter, then StripSlashes", "StripSlashes, then limiter"} {
+	for _, order := range stripOrders {
 		var key, served string
-		probe := func(next http.Handler) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				key, _ = chilimit.RouteOf(r)
-				next.ServeHTTP(w, r)
-			})
-		}
 		r := chi.NewRouter()
 		r.Get("/api/health", func(w http.ResponseWriter, r *http.Request) { served = "GET /api/health" })
 		r.Route("/api", func(r chi.Router) {
-			if order == "limiter, then StripSlashes" {
-				r.Use(probe, middleware.StripSlashes)
-			} else {
-				r.Use(middleware.StripSlashes, probe)
-			}
+			useWithStrip(r, order, keyProbe(&key))
 			r.Get("/{resource}", func(w http.ResponseWriter, r *http.Request) {
 				served = "GET " + chi.RouteContext(r.Context()).RoutePattern()
 			})
@@ -255,21 +245,11 @@ func TestRouteKeySubRouterRewriteBesideRootRoute(t *testing.T) {
 // with and without its trailing slash, as chi serves both by it: the
 // slash buys no quota of its own, per method.
 func TestRouteKeySubRouterRewriteEveryMethodRoute(t *testing.T) {
-	for _, order := range []string{"limiter, then StripSlashes", "StripSlashes, then limiter"} {
+	for _, order := range stripOrders {
 		var key, served string
-		probe := func(next http.Handler) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				key, _ = chilimit.RouteOf(r)
-				next.ServeHTTP(w, r)
-			})
-		}
 		r := chi.NewRouter()
 		r.Route("/api", func(r chi.Router) {
-			if order == "limiter, then StripSlashes" {
-				r.Use(probe, middleware.StripSlashes)
-			} else {
-				r.Use(middleware.StripSlashes, probe)
-			}
+			useWithStrip(r, order, keyProbe(&key))
 			r.HandleFunc("/{resource}", func(w http.ResponseWriter, r *http.Request) {
 				served = chi.RouteContext(r.Context()).RoutePattern()
 			})
@@ -293,16 +273,10 @@ func TestRouteKeySubRouterRewriteEveryMethodRoute(t *testing.T) {
 // route chi serves, not by the root's GET /api/health.
 func TestRouteKeySubRouterBesideMountPointRoute(t *testing.T) {
 	var key, served string
-	probe := func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			key, _ = chilimit.RouteOf(r)
-			next.ServeHTTP(w, r)
-		})
-	}
 	r := chi.NewRouter()
 	r.Get("/api/health", func(w http.ResponseWriter, r *http.Request) { served = "GET /api/health" })
 	r.Route("/api", func(r chi.Router) {
-		r.Use(probe, middleware.StripSlashes)
+		r.Use(keyProbe(&key), middleware.StripSlashes)
 		r.Get("/{resource}", func(w http.ResponseWriter, r *http.Request) {
 			served = "GET " + chi.RouteContext(r.Context()).RoutePattern()
 		})
@@ -311,5 +285,29 @@ func TestRouteKeySubRouterBesideMountPointRoute(t *testing.T) {
 	do(r, http.MethodGet, "/api/health/", peer)
 	if served != "GET /api/{resource}" || key != served {
 		t.Errorf("GET /api/health/ keyed %q, served by %q", key, served)
+	}
+}
+
+// stripOrders are the two places of StripSlashes beside the limiter in a
+// sub-router's own r.Use.
+var stripOrders = []string{"limiter, then StripSlashes", "StripSlashes, then limiter"}
+
+// useWithStrip adds limiter and StripSlashes to r's stack, in order.
+func useWithStrip(r chi.Router, order string, limiter func(http.Handler) http.Handler) {
+	if order == stripOrders[0] {
+		r.Use(limiter, middleware.StripSlashes)
+	} else {
+		r.Use(middleware.StripSlashes, limiter)
+	}
+}
+
+// keyProbe returns a middleware that stores the route key RouteOf gives a
+// request in *key, standing for the limiter.
+func keyProbe(key *string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			*key, _ = chilimit.RouteOf(r)
+			next.ServeHTTP(w, r)
+		})
 	}
 }
