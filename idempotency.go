@@ -606,6 +606,5 @@ func (m *MemoryReplayStore) Release(_ context.Context, key, token string) error 
 			m.lru.Add(e.victimKey, *v) // into the place the claim frees
 		}
 	}
-	m.evicted = nil
 	return nil
 }

@@ -279,19 +279,17 @@ func RouteOf(r *http.Request) (route string, ok bool) {
 			return routeKey(rctx, fc, method, path, pattern), true
 		}
 	}
-	if rest != "" {
-		// In a mount, a rewrite in the sub-router (StripSlashes after the
-		// limiter) makes chi serve a route of the sub-router for a form of
-		// rest: look it up there first, where chi does, not from the root,
-		// where another branch (a root route at the same path) may answer.
-		if key := inMount(rctx, fc, methods, rest); key != "" {
-			return key, true
-		}
-	}
 	agrees := rest == ""
 	var rests []string // the forms a rewrite in the sub-router leaves of rest
 	if rest != "" {
 		rests = pathVariants(rest)
+		// In a mount, a rewrite in the sub-router (StripSlashes after the
+		// limiter) makes chi serve a route of the sub-router for a form of
+		// rest: look it up there first, where chi does, not from the root,
+		// where another branch (a root route at the same path) may answer.
+		if key := inMount(rctx, fc, methods, rests); key != "" {
+			return key, true
+		}
 	}
 	for _, m := range methods {
 		for _, p := range pathVariants(path) {
@@ -309,11 +307,11 @@ func RouteOf(r *http.Request) (route string, ok bool) {
 
 // inMount returns the route key of the route of the sub-router the
 // request is in (reached through rctx.RoutePatterns, each a mount's "/*"
-// pattern) that a form of rest, the path the sub-router routes, finds for
-// one of methods, "" for none: the route chi serves once a rewrite in the
-// sub-router has left that form. The route is judged (every method or
-// one) within the sub-router, where chi serves it.
-func inMount(rctx *chi.Context, fc *chi.Context, methods []string, rest string) string {
+// pattern) that one of rests, the forms of the path the sub-router routes,
+// finds for one of methods, "" for none: the route chi serves once a
+// rewrite in the sub-router has left that form. The route is judged
+// (every method or one) within the sub-router, where chi serves it.
+func inMount(rctx *chi.Context, fc *chi.Context, methods, rests []string) string {
 	if len(rctx.RoutePatterns) == 0 {
 		return ""
 	}
@@ -339,7 +337,7 @@ func inMount(rctx *chi.Context, fc *chi.Context, methods []string, rest string) 
 		sub, prefix = next, prefix+at
 	}
 	for _, m := range methods {
-		for _, rv := range pathVariants(rest) {
+		for _, rv := range rests {
 			if pattern := find(sub, fc, m, rv); pattern != "" {
 				return routeKeyIn(sub, fc, m, rv, pattern, prefix)
 			}

@@ -277,7 +277,7 @@ func servedMethod(rt *echo.Router, r *http.Request, fc echo.Context, path, looku
 			served = x.Method
 		}
 	}
-	if served == "" && len(methodsAt(rt, path)) == 0 {
+	if served == "" && !hasMethodRoute(rt, path) {
 		return r.Method // no route of a method there: a RouteNotFound handler serves it
 	}
 	return served
@@ -318,15 +318,15 @@ func routePath(pattern string, names, values []string) string {
 	return b.String()
 }
 
-// methodsAt returns the methods rt has a route of its own for at path.
-func methodsAt(rt *echo.Router, path string) []string {
-	var ms []string
+// hasMethodRoute reports whether rt has a route of some method of its own
+// at path (not only a RouteNotFound handler).
+func hasMethodRoute(rt *echo.Router, path string) bool {
 	for _, x := range rt.Routes() {
 		if x.Path == path && x.Method != echo.RouteNotFound {
-			ms = append(ms, x.Method)
+			return true
 		}
 	}
-	return ms
+	return false
 }
 
 // sameHandler reports whether a and b are the same function value: the
