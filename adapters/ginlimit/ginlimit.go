@@ -24,6 +24,17 @@
 // knows the engine's routes and keys such a route by its path alone
 // ("/login"), so that changing the method never buys a fresh quota.
 //
+// A handler before the middleware that rewrites the method (a method
+// override in router.Use) runs after gin has routed the request, so the
+// route gin serves is that of the method the request came with.
+// [MiddlewareFor] keys such a request by the method of the route whose
+// handler gin is serving (the rewritten method when its route shares that
+// handler; POST among several others that do), never by one the client
+// picked, so a layer whose Routes name "POST /login" still applies.
+// [Middleware] does not know the routes and keys it by the rewritten
+// method: with a method override before the limiter, use MiddlewareFor, or
+// put the override after it.
+//
 // engine.HandleContext runs the whole chain again for the request it
 // forwards, so the forwarded request is decided, and charged, again (under
 // the route it is forwarded to): forwarding never skips a limit, and costs
@@ -66,7 +77,9 @@ package ginlimit
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/gin-gonic/gin"
 
@@ -105,7 +118,9 @@ func WithResult() Option { return func(o *options) { o.result = true } }
 // A path registered for some methods only (gin's Match, or GET and POST
 // apart) keeps a route, and a quota, per method; to limit it as a whole,
 // give it a layer whose Routes name each of those routes and whose key
-// leaves the route out (ratelimit.ClientIP alone, say). Register the routes
+// leaves the route out (ratelimit.ClientIP alone, say). A request whose
+// method a handler before this one rewrote is keyed by the method of the
+// route gin serves (see the package documentation). Register the routes
 // before serving (as gin requires). It panics if engine
 // or l is nil, an option is nil, or l refunds by response status
 // (ratelimit.WithRefund: refund with Limiter.Refund on the Result instead).
@@ -133,8 +148,12 @@ func middleware(ar *anyRoutes, l *ratelimit.Limiter, opts []Option) gin.HandlerF
 	return func(c *gin.Context) {
 		r := c.Request
 		route := c.FullPath()
-		if route != "" && (ar == nil || !ar.isAny(route)) {
-			route = r.Method + " " + route
+		if route != "" {
+			if ar == nil {
+				route = r.Method + " " + route
+			} else if m := ar.at(route).served(r.Method, c.Handler()); m != "" {
+				route = m + " " + route
+			}
 		}
 		kc := frameworkctx.New(ratelimit.WithRoute(r.Context(), route), c)
 		r = r.WithContext(kc)
@@ -169,29 +188,78 @@ var anyMethods = []string{
 	http.MethodTrace,
 }
 
-// anyRoutes remembers which route paths of an engine are registered for
-// every method of anyMethods. It holds one entry per route path.
+// anyRoutes remembers the routes of an engine by path. It holds one entry
+// per route path.
 type anyRoutes struct {
 	engine *gin.Engine
-	known  sync.Map // path -> bool
+	known  sync.Map // path -> *pathRoutes
 }
 
-func (a *anyRoutes) isAny(path string) bool {
+// pathRoutes are the routes registered at one path: each method's handler
+// (the last of its chain, the one c.Handler returns), and whether every
+// method gin's Any registers has one.
+type pathRoutes struct {
+	any      bool
+	methods  []string
+	handlers []gin.HandlerFunc
+}
+
+func (a *anyRoutes) at(path string) *pathRoutes {
 	if v, ok := a.known.Load(path); ok {
-		return v.(bool)
+		return v.(*pathRoutes)
 	}
-	methods := map[string]bool{}
+	pr := &pathRoutes{}
 	for _, ri := range a.engine.Routes() {
 		if ri.Path == path {
-			methods[ri.Method] = true
+			pr.methods = append(pr.methods, ri.Method)
+			pr.handlers = append(pr.handlers, ri.HandlerFunc)
 		}
 	}
-	all := true
+	pr.any = true
 	for _, m := range anyMethods {
-		all = all && methods[m]
+		pr.any = pr.any && slices.Contains(pr.methods, m)
 	}
-	a.known.Store(path, all)
-	return all
+	a.known.Store(path, pr)
+	return pr
+}
+
+// served returns the method a request at this path is keyed by, "" for
+// the path alone: "" for a route of every method; else the request's
+// method when its route here holds h, the handler gin is serving; else the
+// method whose route holds h, since gin routed by the method the request
+// had then and a middleware before this one (a method override) changed
+// it (POST, the method overrides rewrite, when several routes share h; ""
+// when several others do); else the path alone. The key's method is always
+// one of the routes', never one the client picked.
+func (pr *pathRoutes) served(method string, h gin.HandlerFunc) string {
+	if pr.any {
+		return ""
+	}
+	served := ""
+	for i, m := range pr.methods {
+		if !sameHandler(pr.handlers[i], h) {
+			continue
+		}
+		switch {
+		case m == method:
+			return m
+		case served == "" || m == http.MethodPost:
+			served = m
+		case served != http.MethodPost:
+			served = "-" // several, none of them POST
+		}
+	}
+	if served == "-" {
+		return ""
+	}
+	return served
+}
+
+// sameHandler reports whether a and b are the same function value: the
+// same closure, not merely the same code (closures of one function
+// literal are told apart).
+func sameHandler(a, b gin.HandlerFunc) bool {
+	return *(*unsafe.Pointer)(unsafe.Pointer(&a)) == *(*unsafe.Pointer)(unsafe.Pointer(&b))
 }
 
 // New builds a Limiter from layers and opts with [ratelimit.New] and returns

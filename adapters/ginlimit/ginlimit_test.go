@@ -367,3 +367,67 @@ func TestNewRefusesRefundByStatus(t *testing.T) {
 		t.Fatalf("New with WithRefund: middleware %v, error %v; want an ErrConfig", mw != nil, err)
 	}
 }
+
+// TestRouteKeyMethodRewrittenBeforeLimiter: gin routes before any handler
+// runs, so a method override in r.Use before the limiter changes the
+// request's method but not the route gin serves. MiddlewareFor keys the
+// request by the method of the route whose handler gin serves, never by one
+// the client picked: a layer limited to "POST /login" still applies.
+func TestRouteKeyMethodRewrittenBeforeLimiter(t *testing.T) {
+	override := func(c *gin.Context) {
+		if m := c.GetHeader("X-HTTP-Method-Override"); m != "" {
+			c.Request.Method = m
+		}
+	}
+	for _, tc := range []struct {
+		name      string
+		routes    func(r *gin.Engine)
+		overrides []string
+		wantKey   string
+		want      []int
+	}{
+		{"unrouted methods", func(r *gin.Engine) { r.POST("/login", ok) },
+			[]string{"M0", "M1", "M2"}, "POST /login", []int{200, 429, 429}},
+		{"a method routed apart", func(r *gin.Engine) {
+			r.GET("/login", func(c *gin.Context) { c.String(http.StatusOK, "form\n") })
+			r.POST("/login", ok)
+		}, []string{"GET", "DELETE", "GET"}, "POST /login", []int{200, 429, 429}},
+	} {
+		obs := &keys{}
+		l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
+			{Key: ratelimit.Route(), Rule: core.Rule{Name: "route", Limit: 10, Window: time.Minute}},
+			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "login", Limit: 1, Window: time.Minute}, Routes: []string{"POST /login"}},
+		})
+		r := gin.New()
+		r.Use(override, ginlimit.MiddlewareFor(r, l))
+		tc.routes(r)
+		var codes []int
+		for _, m := range tc.overrides {
+			codes = append(codes, do(r, "POST", "/login", peer, "X-HTTP-Method-Override", m).Code)
+		}
+		if !slices.Equal(codes, tc.want) {
+			t.Errorf("%s: statuses %v, want %v; keys %q", tc.name, codes, tc.want, obs.list())
+		}
+		for _, k := range obs.list() {
+			if k != "route="+tc.wantKey && k != "login=192.0.2.1" {
+				t.Errorf("%s: key %q, want route=%q or the client's address", tc.name, k, tc.wantKey)
+			}
+		}
+	}
+
+	// One handler for two methods: the handler sees the method the client
+	// chose and serves it as that method's route would, so the request is
+	// keyed so.
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
+		{Key: ratelimit.Route(), Rule: core.Rule{Name: "route", Limit: 10, Window: time.Minute}},
+	})
+	r := gin.New()
+	r.Use(override, ginlimit.MiddlewareFor(r, l))
+	r.Match([]string{"GET", "POST"}, "/both", ok)
+	do(r, "POST", "/both", peer, "X-HTTP-Method-Override", "GET")
+	do(r, "POST", "/both", peer, "X-HTTP-Method-Override", "X9")
+	if got, want := obs.list(), []string{"route=GET /both", "route=POST /both"}; !slices.Equal(got, want) {
+		t.Errorf("shared handler: keys %q, want %q", got, want)
+	}
+}
