@@ -112,6 +112,7 @@ package promlimit
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -317,14 +318,18 @@ func (m *Metrics) ObserveDecision(ev core.DecisionEvent) {
 }
 
 // ObserveError counts a store failure once under each rule of the failed
-// batch. It implements core.Observer.
+// batch: a rule the event names twice (a Resolver's policy that clashes
+// with another layer's) is counted once. It implements core.Observer.
 func (m *Metrics) ObserveError(ev core.ErrorEvent) {
 	if len(ev.Policies) == 0 {
 		m.errors.WithLabelValues("").Inc()
 		return
 	}
-	for _, p := range ev.Policies {
-		m.errors.WithLabelValues(policyName(p)).Inc()
+	for i, p := range ev.Policies {
+		name := policyName(p)
+		if !slices.ContainsFunc(ev.Policies[:i], func(q *core.Policy) bool { return policyName(q) == name }) {
+			m.errors.WithLabelValues(name).Inc()
+		}
 	}
 }
 

@@ -536,3 +536,31 @@ ratelimit_fallback_decisions_total{rule="api"} 2
 `, "ratelimit_fallback_decisions_total")
 	compare(t, reg, decisionsHelp+decisions("api", 2, 1, 0, 0), "ratelimit_decisions_total")
 }
+
+// TestClashCountedOncePerRule: two layers' Resolvers pick one policy for one
+// request, a clash answered 500 whose ErrorEvent names the policy twice
+// (the listed one and the one it clashes with); ratelimit_errors_total
+// counts it once under that rule, as it counts every error.
+func TestClashCountedOncePerRule(t *testing.T) {
+	m, reg := newMetrics(t)
+	pro := core.MustPolicy(core.Rule{Name: "pro", Limit: 10, Window: time.Minute})
+	res := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return pro, nil })
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 10, Window: time.Minute}, Resolver: res},
+		{Key: ratelimit.Header("X-Key"), Rule: core.Rule{Name: "per-key", Limit: 10, Window: time.Minute}, Resolver: res},
+	}, ratelimit.WithClock(core.NewFakeClock(t0)), ratelimit.WithObserver(m),
+		ratelimit.WithErrorHandler(func(http.ResponseWriter, *http.Request, error) {})))
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = "192.0.2.1:1"
+	r.Header.Set("X-Key", "k")
+	w := httptest.NewRecorder()
+	l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).ServeHTTP(w, r)
+	if w.Code != http.StatusInternalServerError {
+		t.Fatalf("status %d, want 500 (a clash)", w.Code)
+	}
+	compare(t, reg, `
+# HELP ratelimit_errors_total Errors a store returned (failures, and a full KeepActive store) and refusals for a full shaping waiting room, once per rule.
+# TYPE ratelimit_errors_total counter
+ratelimit_errors_total{rule="pro"} 1
+`, "ratelimit_errors_total")
+}
