@@ -276,9 +276,15 @@ func xHeaderValues(remaining int64) ([]string, string) {
 	return blk.vals[:], unsafe.String(unsafe.SliceData(d), len(d))
 }
 
-// ietfValuesPK is ietfValues with the partition key of every layer.
+// ietfValuesPK is ietfValues with the partition key of every layer. A
+// Limiter's Result has at most core.MaxBatch layers, whose keys fit on the
+// stack; a Result built by hand may have more.
 func ietfValuesPK(rs *ruleSet, ls []LayerResult, speaker int, b []byte) (policy string, state []byte, remStart, remEnd int) {
-	var pks [core.MaxBatch][pkLen]byte
+	var arr [core.MaxBatch][pkLen]byte
+	pks := arr[:]
+	if len(ls) > len(arr) {
+		pks = make([][pkLen]byte, len(ls))
+	}
 	for j := range ls {
 		sum := sha256.Sum256([]byte(ls[j].Key))
 		copy(pks[j][:], sum[:pkLen])

@@ -616,3 +616,29 @@ func TestHandBuiltResult(t *testing.T) {
 		})
 	}
 }
+
+// TestHandBuiltManyLayersPartitionKey: WriteHeaders takes a Result built by
+// hand, which may have more layers than a Limiter decides together
+// (core.MaxBatch); with WithPartitionKey every one of them gets its item
+// and its partition key.
+func TestHandBuiltManyLayersPartitionKey(t *testing.T) {
+	l := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.Global("k"), Rule: core.PerMinute(10).Named("a")}},
+		ratelimit.WithHeaders(ratelimit.AllHeaders), ratelimit.WithPartitionKey())
+	var res ratelimit.Result
+	n := core.MaxBatch + 2
+	for i := range n {
+		p := core.MustPolicy(core.PerMinute(10).Named(fmt.Sprintf("p%d", i)))
+		res.Layers = append(res.Layers, ratelimit.LayerResult{Key: fmt.Sprint(i), Cost: 1,
+			Decision: core.Decision{Allowed: true, Limit: 10, Remaining: 5, ResetAfter: time.Second, Policy: p}})
+	}
+	res.Proceed = true
+	h := http.Header{}
+	l.WriteHeaders(h, &res)
+	state := h.Get(ratelimit.HeaderRateLimit)
+	if got := strings.Count(state, ";pk=:"); got != n {
+		t.Fatalf("RateLimit has %d partition keys for %d layers: %q", got, n, state)
+	}
+	if got := strings.Count(h.Get(ratelimit.HeaderRateLimitPolicy), ";pk=:"); got != n {
+		t.Fatalf("RateLimit-Policy has %d partition keys for %d layers", got, n)
+	}
+}
