@@ -620,7 +620,7 @@ func (e *leaseEntry) note(t int64, n int, p int64) bool {
 func (s *LeaseStore) lease(ctx context.Context, now time.Time, t int64, e *leaseEntry, r *core.Request, out []core.Decision) error {
 	want := min(s.size, r.Policy.Capacity())
 	req := [1]core.Request{{Policy: r.Policy, Key: r.Key}}
-	for {
+	for refused := false; ; refused = true {
 		req[0].Cost = want
 		src, err := s.grant(ctx, now, req[:], out[:1])
 		if err != nil {
@@ -636,7 +636,9 @@ func (s *LeaseStore) lease(ctx context.Context, now time.Time, t int64, e *lease
 				e.exactUntil = t + int64(d.RetryAfter)
 				return nil
 			}
-			if d.Remaining >= r.Cost && d.Remaining < want {
+			if !refused && d.Remaining >= r.Cost && d.Remaining < want {
+				// Once: under contention each refusal would name a
+				// smaller Remaining, and the key waits on its calls.
 				want = d.Remaining
 			} else {
 				want = r.Cost

@@ -586,3 +586,45 @@ func TestLeaseFloodKeepsRunningLeasesOnly(t *testing.T) {
 		t.Errorf("a running lease (9 units) behind %d ended ones, then a flood: kept %v (stats %+v)", leaseEvictionScan, ok, s.Stats())
 	}
 }
+
+// contendedStore is a backend whose every lease request (cost above 1) is
+// preceded by another process's charge of one unit of the same key: the
+// contention of a fleet asking for the tail of a quota at once.
+type contendedStore struct {
+	core.Store
+	other core.Store
+	calls int
+}
+
+func (c *contendedStore) Take(ctx context.Context, now time.Time, reqs []core.Request, out []core.Decision) error {
+	c.calls++
+	if len(reqs) == 1 && reqs[0].Cost > 1 {
+		var o [1]core.Decision
+		_ = c.other.Take(ctx, now, []core.Request{{Policy: reqs[0].Policy, Key: reqs[0].Key, Cost: 1}}, o[:])
+	}
+	return c.Store.Take(ctx, now, reqs, out)
+}
+
+// TestLeaseRefusedUnderContention: the LeaseStore documents
+// that a refused lease costs up to three backend calls (Size, then the
+// backend's Remaining, then the request's own cost; Stats: "up to two
+// more when a lease is refused"). Under contention each retry sees a
+// smaller Remaining and asks again for it: one request costs one round
+// trip per unit of the tail, with the key held meanwhile.
+func TestLeaseRefusedUnderContention(t *testing.T) {
+	procs := processes(t, 2)
+	p := mustPolicy(t, core.Rule{Name: "zz", Algorithm: core.FixedWindow, Limit: 100, Window: time.Hour})
+	// leave 20 units of the quota
+	var o [1]core.Decision
+	if err := procs[1].Take(context.Background(), leaseT0, []core.Request{{Policy: p, Key: "k", Cost: 80}}, o[:]); err != nil || !o[0].Allowed {
+		t.Fatal(err, o[0])
+	}
+	backend := &contendedStore{Store: procs[0], other: procs[1]}
+	s := mustLease(t, backend, LeaseConfig{Size: 50, HotThreshold: 1, MaxAge: time.Minute})
+	if d := take(t, s, leaseT0, p, "k", 1); !d.Allowed {
+		t.Fatalf("refused with units left: %+v", d)
+	}
+	if backend.calls > 3 {
+		t.Fatalf("one request cost %d backend calls for a refused lease; documented: at most 3 (stats %+v)", backend.calls, s.Stats())
+	}
+}

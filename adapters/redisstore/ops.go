@@ -18,11 +18,12 @@ import (
 // so a peek decides with the very code a take runs; Reset is one DEL.
 // Each is bounded by Config.Timeout as a decision is (for a client without
 // ContextTimeoutEnabled the call is abandoned at the Timeout, see
-// callWithin), counts as a running call for Close, as do the calls it
-// abandons, and does not go through the circuit breaker: these are
-// occasional calls whose failure the caller sees. A LeaseStore's refund of
-// its leftovers, made on a decision's path, is the exception: it goes
-// through the breaker (see refundOnPath).
+// callWithin), and counts as a running call for Close, as do the calls it
+// abandons. Reset and Refund do not go through the circuit breaker: these
+// are occasional calls whose failure the caller sees. Peek, which the
+// middleware makes on a request's path, does (see Peek), and so does a
+// LeaseStore's refund of its leftovers, made on a decision's path (see
+// refundOnPath).
 var (
 	_ core.Peeker   = (*Store)(nil)
 	_ core.Resetter = (*Store)(nil)
