@@ -20,9 +20,9 @@ import (
 // ContextTimeoutEnabled the call is abandoned at the Timeout, see
 // callWithin), and counts as a running call for Close, as do the calls it
 // abandons. Reset and Refund do not go through the circuit breaker: these
-// are occasional calls whose failure the caller sees. Peek, which the
-// middleware makes on a request's path, does (see Peek), and so does a
-// LeaseStore's refund of its leftovers, made on a decision's path (see
+// are occasional calls whose failure the caller sees. Peek, which decides
+// as Take does, goes through it as a decision does (see Peek), and so does
+// a LeaseStore's refund of its leftovers, made on a decision's path (see
 // refundOnPath).
 var (
 	_ core.Peeker   = (*Store)(nil)
