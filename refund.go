@@ -42,11 +42,12 @@ type refundConfig struct {
 // ChargedAt), so it gives back only what that charge still holds: nothing
 // that has recovered meanwhile (a bucket never fills above its capacity),
 // nothing once the charge's window is over, and none of the units of
-// requests charged while the handler ran. Two kinds of layer keep their
+// requests charged while the handler ran. Three kinds of layer keep their
 // charge: a shaping layer (a rule with MaxDelay), whose bucket would give
 // back its latest units, the place of a request booked behind this one,
-// and a layer whose key [Limiter.Reset] reset since (or while) the charge
-// was made, whose record holds only later charges. Behind
+// a layer whose key [Limiter.Reset] reset since (or while) the charge
+// was made, whose record holds only later charges, and a layer whose rule
+// [Limiter.SetRules] replaced while the request ran (see SetRules). Behind
 // http.TimeoutHandler, a request that timed out is judged by the status
 // its handler wrote, not the 503 the client got. It uses the request's context
 // without its cancellation, so a client that hung up does not keep its
@@ -197,13 +198,16 @@ func claimRefund(res *Result) bool {
 // holds), and returns their number: every rate layer (a concurrency layer holds a slot,
 // not a charge). It returns 0 for layers that were not all charged.
 //
-// A layer decided under its own rule that SetRules has replaced since is
-// refunded under the rule in force: its key's state is carried over to
-// that rule by the next decision, if not already, and refunding under the
-// old one would carry it back, clamped to the old capacity, crediting what
-// was charged since (see core.Refunder). A key no request under the new
-// rule has met yet still holds the old rule's record, which the refund,
-// naming its charge, leaves as it is: the charge stays.
+// A layer decided under its own rule that SetRules has since replaced by a
+// rule of another core.Policy.Identity keeps its charge. Refunding under
+// the old rule would carry the key's state back to it, clamped to the old
+// capacity, crediting what was charged since (see core.Refunder); and under
+// the new one, the key's record holds only the units the first request
+// under it found in use, in absolute numbers: a charge whose units had
+// come back by then is not among them, and a refund naming its time would
+// give back a later request's unit. A replacement of the same Identity
+// (only MaxDelay changed, or the same rule set again) reads the record as
+// it was charged: the refund is made under it.
 func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, reqs *[core.MaxBatch]core.Request) int {
 	cur := l.rules.Load()
 	n := 0
@@ -223,11 +227,12 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 		}
 		p, cost := ly.Decision.Policy, ly.Cost
 		if rs != nil && rs != cur && own(rs, ly) && ly.index < len(cur.rules) {
-			// Under the rule in force, whose capacity may be below the
-			// charge: a conversion carries at most that capacity in use,
-			// and a refund gives back no more than is in use.
-			p = cur.rules[ly.index].policy
-			cost = min(cost, p.Capacity())
+			if q := cur.rules[ly.index].policy; q != p {
+				if q.Identity() != p.Identity() {
+					continue // replaced: the charge stays (see above)
+				}
+				p = q
+			}
 		}
 		if ly.Decision.Policy.MaxDelay() > 0 || p.MaxDelay() > 0 {
 			// A shaping layer (under the rule that charged it or the
@@ -250,8 +255,9 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 }
 
 // Refund gives back what the request res was decided for was charged, on
-// every layer but those that keep their charge (a shaping layer, and a
-// layer whose key Reset reset since the charge: see [WithRefund]), in one
+// every layer but those that keep their charge (a shaping layer, a layer
+// whose key Reset reset since the charge, and a layer whose rule SetRules
+// replaced since: see [WithRefund]), in one
 // atomic store call (see core.Refunder), for flows
 // built on [Limiter.Decide] or [Limiter.AdmitWithResult] (a framework
 // handler reading [ResultFromContext]) that decide on a refund themselves;

@@ -479,10 +479,10 @@ func TestLimiterRefund(t *testing.T) {
 }
 
 // TestRefundAfterSetRules: a request charged under a rule that SetRules
-// then replaced is refunded under the rule in force, so the refund gives
-// back its own charge and credits nothing charged since (refunding under
-// the old rule would carry the key's state back to its smaller capacity).
-// Both Limiter.Refund and WithRefund's handler.
+// then replaced keeps its charge (the new rule's record cannot tell its
+// units from later ones, and refunding under the old rule would carry the
+// key's state back to its smaller capacity); set again to the same rule,
+// the layer refunds it. Both Limiter.Refund and WithRefund's handler.
 func TestRefundAfterSetRules(t *testing.T) {
 	layers := []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerHour(2).Named("ip")}}
 	raise := func(t *testing.T, l *ratelimit.Limiter) {
@@ -498,9 +498,10 @@ func TestRefundAfterSetRules(t *testing.T) {
 	}
 	check := func(t *testing.T, l *ratelimit.Limiter) {
 		t.Helper()
-		// 51 charged, 1 refunded: 50 in use, 50 left, 49 after the peek's own unit.
-		if p := l.Peek(mwReq("192.0.2.1:1")); p.Layers[0].Decision.Remaining != 49 {
-			t.Fatalf("remaining %d after the refund, want 49", p.Layers[0].Decision.Remaining)
+		// 51 charged (the first carried over), none refunded: 49 left, 48
+		// after the peek's own unit.
+		if p := l.Peek(mwReq("192.0.2.1:1")); p.Layers[0].Decision.Remaining != 48 {
+			t.Fatalf("remaining %d after the refund, want 48 (the charge kept)", p.Layers[0].Decision.Remaining)
 		}
 	}
 	t.Run("Refund", func(t *testing.T) {
@@ -522,13 +523,23 @@ func TestRefundAfterSetRules(t *testing.T) {
 		}
 		check(t, l)
 	})
-	// A rule lowered below the charge's cost: the refund is made (capped
-	// at the new capacity, not refused as a cost above it), and the
-	// batch's other layer, whose rule did not change, gets its whole
-	// charge back. The lowered layer's record was not converted (the
-	// request that met it was refused, and a conversion is stored only
-	// with a charge), so its charge stays, as a refund naming its charge
-	// leaves another rule's record.
+	t.Run("same rule again", func(t *testing.T) {
+		l, _, _ := refundEnv(t, layers, mwOK)
+		res := l.Decide(mwReq("192.0.2.1:1"))
+		l.Decide(mwReq("192.0.2.1:1"))
+		if err := l.SetRules(map[string]core.Rule{"ip": core.PerHour(2)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Refund(context.Background(), &res); err != nil {
+			t.Fatal(err)
+		}
+		if !l.Decide(mwReq("192.0.2.1:1")).Proceed {
+			t.Fatal("refused after the refund: the same rule set again kept the charge")
+		}
+	})
+	// A rule lowered below the charge's cost: the refund is made without
+	// an error, the lowered layer keeps its charge, and the batch's other
+	// layer, whose rule did not change, gets its whole charge back.
 	t.Run("capacity lowered below the cost", func(t *testing.T) {
 		cost := func(r *http.Request) int64 {
 			if r.Header.Get("X-Big") != "" {
@@ -1304,5 +1315,65 @@ func TestRefundSees101(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("WithRefund's function was not called")
+	}
+}
+
+// TestRefundAfterSetRulesNeverCredits: a request charged under the old rule
+// whose unit came back before the first request under the new rule met
+// the key (so it was not carried over) is refunded after the change. The
+// new rule, a window finding the charge's time in its current window,
+// would give back the unit of a request charged under it; the charge is
+// kept, and the new rule admits no more than its limit.
+func TestRefundAfterSetRulesNeverCredits(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		old, new core.Rule
+		wait     time.Duration // between the reload and the first request under the new rule
+	}{
+		{"fixed 5/1m -> fixed 10/2m", core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 5, Window: time.Minute},
+			core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 10, Window: 2 * time.Minute}, 61 * time.Second},
+		{"token 5/1m -> fixed 5/1m", core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute},
+			core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 5, Window: time.Minute}, 30 * time.Second},
+		{"token 5/1m -> sliding counter 5/1m", core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute},
+			core.Rule{Name: "per-ip", Algorithm: core.SlidingWindowCounter, Limit: 5, Window: time.Minute}, 30 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// 1_800_000_000 is a multiple of 120 s: both rules' windows start at t0.
+			clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+			l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: tc.old}},
+				ratelimit.WithClock(clk), ratelimit.WithLogger(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			decide := func() ratelimit.Result {
+				r := httptest.NewRequest("GET", "/", nil)
+				r.RemoteAddr = "192.0.2.1:1"
+				return l.Decide(r)
+			}
+			a := decide() // a slow request, charged under the old rule
+			if !a.Proceed {
+				t.Fatal("first request refused")
+			}
+			if err := l.SetRules(map[string]core.Rule{"per-ip": tc.new}); err != nil {
+				t.Fatal(err)
+			}
+			clk.Advance(tc.wait) // a's unit has recovered under the old rule
+			admitted := 0
+			if decide().Proceed { // b, the first request under the new rule
+				admitted++
+			}
+			if err := l.Refund(context.Background(), &a); err != nil { // a ends: refunded (WithRefund would do the same)
+				t.Fatal(err)
+			}
+			for i := 0; i < 100; i++ {
+				if decide().Proceed {
+					admitted++
+				}
+			}
+			if admitted > int(tc.new.Limit) {
+				t.Errorf("the new rule %d/%v admitted %d requests in one window at one instant (the refund of a charge never carried over gave back another request's unit)",
+					tc.new.Limit, tc.new.Window, admitted)
+			}
+		})
 	}
 }

@@ -45,11 +45,12 @@ type RulesObserver interface {
 // back, and the key's units then recover at the pace of the rule that
 // charged last (see core.Store), so a key may briefly admit up to that many
 // more than either rule. A request charged under the old rule and refunded
-// after the change (WithRefund, Limiter.Refund) is refunded under the new
-// one, so that the refund gives back its own charge without carrying the
-// key back to the old rule: once a request under the new rule has met the
-// key; before that, the charge stays (see the README, "Changing rules at
-// runtime").
+// after the change (WithRefund, Limiter.Refund) keeps its charge on the
+// layers whose rule changed (the same rule set again, or one that changes
+// only MaxDelay, reads the key's state as it was charged and refunds it):
+// the new rule's record holds the units found in use when it first met the
+// key, in absolute numbers, and cannot tell which of them, if any, were
+// this charge's (see the README, "Changing rules at runtime").
 //
 // SetRules validates everything first and changes nothing on an error: a
 // name that is no layer's, a Rule whose Name is set and differs from its
