@@ -263,7 +263,10 @@ func (f *Idempotency) Handler(next http.Handler) http.Handler {
 // serve r, having written the rate-limit headers (replayed ones for a
 // request whose key was already admitted) and, when r must not be served,
 // the response. A request that waited MaxWait for a concurrent request with
-// the same key is answered 409 Conflict.
+// the same key is answered 409 Conflict. A panic while Admit decides or
+// answers r (a denied handler aborting with http.ErrAbortHandler, say)
+// gives up r's claim on the key on its way up, so a retry is decided
+// afresh.
 func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
 	skey, pre, ok := f.scopedKey(r)
 	if !ok {
@@ -307,6 +310,17 @@ func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
 		replayHeaders(w.Header(), rec)
 		return true
 	}
+	// A panic before the outcome is recorded (a denied or error handler
+	// aborting with http.ErrAbortHandler, a panicking Observer or
+	// Resolver, which net/http recovers from) releases the claim on its
+	// way up, so that retries are decided afresh, not answered 409 until
+	// the claim's hold expires.
+	recorded := false
+	defer func() {
+		if !recorded {
+			f.release(r, skey, token)
+		}
+	}()
 	// Decided as Admit decides: a request meeting a full waiting room is
 	// refused before anything is charged. The layers' keys and costs are
 	// the ones the scope was computed from, read once.
@@ -323,16 +337,23 @@ func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
 	// decided afresh next time.
 	// The outcome is recorded even for a client that has gone: its claim
 	// must not linger.
-	octx := context.WithoutCancel(ctx)
+	recorded = true
 	if ok && rec != nil {
-		err = f.store.Commit(octx, skey, token, rec, f.ttl)
+		if err := f.store.Commit(context.WithoutCancel(ctx), skey, token, rec, f.ttl); err != nil && f.onError != nil {
+			f.onError(r, fmt.Errorf("ratelimit: idempotency store: %w", err))
+		}
 	} else {
-		err = f.store.Release(octx, skey, token)
-	}
-	if err != nil && f.onError != nil {
-		f.onError(r, fmt.Errorf("ratelimit: idempotency store: %w", err))
+		f.release(r, skey, token)
 	}
 	return ok
+}
+
+// release gives up the claim token holds on skey, with r's context without
+// its cancellation, and reports a failure to the error callback.
+func (f *Idempotency) release(r *http.Request, skey, token string) {
+	if err := f.store.Release(context.WithoutCancel(r.Context()), skey, token); err != nil && f.onError != nil {
+		f.onError(r, fmt.Errorf("ratelimit: idempotency store: %w", err))
+	}
 }
 
 // admittedResult reports whether res charged every applied layer: the only

@@ -986,3 +986,54 @@ func TestMemoryReplayStoreRefusedClaimsForgetNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestIdempotencyClaimReleasedOnPanic: a panic between the claim and its
+// outcome (a denied or error handler aborting with http.ErrAbortHandler, a
+// panicking Observer or Resolver; net/http recovers it and the server
+// keeps running) releases the claim, so a retry with the key is decided
+// afresh rather than answered 409 "in progress" until the claim expires.
+func TestIdempotencyClaimReleasedOnPanic(t *testing.T) {
+	clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	panicked := false
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "per-ip", Limit: 1, Window: time.Minute},
+	}}, ratelimit.WithClock(clk), ratelimit.WithLogger(nil),
+		ratelimit.WithDeniedHandler(func(w http.ResponseWriter, r *http.Request, _ *ratelimit.Result) {
+			if !panicked {
+				panicked = true
+				panic(http.ErrAbortHandler) // abort the response, as net/http allows
+			}
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+		})))
+	f, err := ratelimit.NewIdempotency(l, &ratelimit.IdempotencyConfig{MaxWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ratelimit.SetIdempotencySleep(f, func(context.Context, time.Duration) error { return nil })
+	h := f.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	do := func(key string) (code int) {
+		defer func() {
+			if p := recover(); p != nil {
+				code = -1 // net/http's server recovers it and goes on
+			}
+		}()
+		r := httptest.NewRequest("POST", "/pay", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		if key != "" {
+			r.Header.Set("Idempotency-Key", key)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if c := do(""); c != 200 {
+		t.Fatalf("first request: %d", c)
+	}
+	if c := do("k1"); c != -1 {
+		t.Fatalf("refused request: %d, want the denied handler's panic", c)
+	}
+	if c := do("k1"); c != http.StatusTooManyRequests {
+		t.Errorf("retry after the panic: %d, want 429 (decided afresh); the panicked request's claim is still held", c)
+	}
+}
