@@ -414,7 +414,11 @@ type ruleSet struct {
 
 // layerRule is one layer's validated rule and its header strings.
 type layerRule struct {
-	policy     *core.Policy
+	policy *core.Policy
+	// gen counts the times SetRules gave the layer a policy of another
+	// Identity, so that a refund can tell whether the key's state has been
+	// carried over since its charge (even back to the charge's own rule).
+	gen        uint64
 	xLimit     string // X-RateLimit-Limit value
 	policyItem string // RateLimit-Policy member, without pk
 	stateItem  string // RateLimit member up to its remaining units, without pk

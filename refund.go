@@ -199,15 +199,15 @@ func claimRefund(res *Result) bool {
 // not a charge). It returns 0 for layers that were not all charged.
 //
 // A layer decided under its own rule that SetRules has since replaced by a
-// rule of another core.Policy.Identity keeps its charge. Refunding under
-// the old rule would carry the key's state back to it, clamped to the old
-// capacity, crediting what was charged since (see core.Refunder); and under
-// the new one, the key's record holds only the units the first request
-// under it found in use, in absolute numbers: a charge whose units had
-// come back by then is not among them, and a refund naming its time would
-// give back a later request's unit. A replacement of the same Identity
-// (only MaxDelay changed, or the same rule set again) reads the record as
-// it was charged: the refund is made under it.
+// rule of another core.Policy.Identity (even if a later SetRules brought
+// the charge's rule back) keeps its charge. Refunding under the old rule
+// would carry the key's state back to it, clamped to the old capacity,
+// crediting what was charged since (see core.Refunder); and under the new
+// one, the key's record holds only the units the first request under it
+// found in use, in absolute numbers: a charge whose units had come back by
+// then is not among them, and a refund naming its time would give back a
+// later request's unit. The same rule set again reads the record as it was
+// charged: the refund is made under it.
 func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, reqs *[core.MaxBatch]core.Request) int {
 	cur := l.rules.Load()
 	n := 0
@@ -227,12 +227,10 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 		}
 		p, cost := ly.Decision.Policy, ly.Cost
 		if rs != nil && rs != cur && own(rs, ly) && ly.index < len(cur.rules) {
-			if q := cur.rules[ly.index].policy; q != p {
-				if q.Identity() != p.Identity() {
-					continue // replaced: the charge stays (see above)
-				}
-				p = q
+			if cur.rules[ly.index].gen != rs.rules[ly.index].gen {
+				continue // replaced since: the charge stays (see above)
 			}
+			p = cur.rules[ly.index].policy // of the same Identity
 		}
 		if ly.Decision.Policy.MaxDelay() > 0 || p.MaxDelay() > 0 {
 			// A shaping layer (under the rule that charged it or the

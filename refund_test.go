@@ -1377,3 +1377,54 @@ func TestRefundAfterSetRulesNeverCredits(t *testing.T) {
 		})
 	}
 }
+
+// TestRefundAfterSetRulesAndBack: A -> B -> A. The key's record was
+// converted to B and back to A, so it holds only the units in use at the
+// last conversion; a's charge, made under A before the first change, is
+// kept, and rule A admits no more than its limit.
+func TestRefundAfterSetRulesAndBack(t *testing.T) {
+	ruleA := core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 5, Window: time.Minute}
+	ruleB := core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute} // token bucket
+	clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))            // a multiple of 60 s
+	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: ruleA}},
+		ratelimit.WithClock(clk), ratelimit.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide := func() ratelimit.Result {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		return l.Decide(r)
+	}
+	a := decide() // a slow request charged under A at t0
+	if !a.Proceed {
+		t.Fatal("a refused")
+	}
+	if err := l.SetRules(map[string]core.Rule{"per-ip": ruleB}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	if !decide().Proceed { // b: converts A's record (a's unit) to B
+		t.Fatal("b refused")
+	}
+	clk.Advance(30 * time.Second) // B's bucket gives a's and b's units back
+	if err := l.SetRules(map[string]core.Rule{"per-ip": ruleA}); err != nil {
+		t.Fatal(err)
+	}
+	admitted := 0
+	if decide().Proceed { // c: converts B's record (nothing in use) to A, window [t0, t0+60s)
+		admitted++
+	}
+	if err := l.Refund(context.Background(), &a); err != nil { // a ends: refunded
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		if decide().Proceed {
+			admitted++
+		}
+	}
+	if admitted > int(ruleA.Limit) {
+		t.Errorf("after A->B->A, rule A %d/%v admitted %d requests at one instant: the refund of a's charge gave back c's unit",
+			ruleA.Limit, ruleA.Window, admitted)
+	}
+}

@@ -46,11 +46,12 @@ type RulesObserver interface {
 // charged last (see core.Store), so a key may briefly admit up to that many
 // more than either rule. A request charged under the old rule and refunded
 // after the change (WithRefund, Limiter.Refund) keeps its charge on the
-// layers whose rule changed (the same rule set again, or one that changes
-// only MaxDelay, reads the key's state as it was charged and refunds it):
-// the new rule's record holds the units found in use when it first met the
-// key, in absolute numbers, and cannot tell which of them, if any, were
-// this charge's (see the README, "Changing rules at runtime").
+// layers whose rule changed, also when a later SetRules brings the old
+// rule back (the same rule set again reads the key's state as it was
+// charged, and refunds it): the new rule's record holds the units found in
+// use when it first met the key, in absolute numbers, and cannot tell
+// which of them, if any, were this charge's (see the README, "Changing
+// rules at runtime").
 //
 // SetRules validates everything first and changes nothing on an error: a
 // name that is no layer's, a Rule whose Name is set and differs from its
@@ -95,7 +96,14 @@ func (l *Limiter) SetRules(rules map[string]core.Rule) error {
 		}
 		policies[i] = p
 	}
-	l.rules.Store(newRuleSet(policies, l.resolverDelay))
+	rs := newRuleSet(policies, l.resolverDelay)
+	for i := range rs.rules {
+		rs.rules[i].gen = cur.rules[i].gen
+		if policies[i].Identity() != cur.rules[i].policy.Identity() {
+			rs.rules[i].gen++
+		}
+	}
+	l.rules.Store(rs)
 	l.observeRules(policies)
 	return nil
 }
