@@ -1385,7 +1385,7 @@ func TestRefundAfterSetRulesNeverCredits(t *testing.T) {
 func TestRefundAfterSetRulesAndBack(t *testing.T) {
 	ruleA := core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 5, Window: time.Minute}
 	ruleB := core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute} // token bucket
-	clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))            // a multiple of 60 s
+	clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))             // a multiple of 60 s
 	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: ruleA}},
 		ratelimit.WithClock(clk), ratelimit.WithLogger(nil))
 	if err != nil {
