@@ -29,8 +29,10 @@
 // route gin serves is that of the method the request came with.
 // [MiddlewareFor] keys such a request by the method of the route whose
 // handler gin is serving (the rewritten method when its route shares that
-// handler; POST among several others that do), never by one the client
-// picked, so a layer whose Routes name "POST /login" still applies.
+// handler; among several others that do, POST, or else the first
+// registered), never by one the client picked, so a layer whose Routes
+// name "POST /login" still applies. A route registered at a path after its
+// first request is read when its handler is first served.
 // [Middleware] does not know the routes and keys it by the rewritten
 // method: with a method override before the limiter, use MiddlewareFor, or
 // put the override after it.
@@ -151,7 +153,7 @@ func middleware(ar *anyRoutes, l *ratelimit.Limiter, opts []Option) gin.HandlerF
 		if route != "" {
 			if ar == nil {
 				route = r.Method + " " + route
-			} else if m := ar.at(route).served(r.Method, c.Handler()); m != "" {
+			} else if m := ar.method(route, r.Method, c.Handler()); m != "" {
 				route = m + " " + route
 			}
 		}
@@ -195,64 +197,83 @@ type anyRoutes struct {
 	known  sync.Map // path -> *pathRoutes
 }
 
-// pathRoutes are the routes registered at one path: each method's handler
-// (the last of its chain, the one c.Handler returns), and whether every
-// method gin's Any registers has one.
+// pathRoutes are the routes registered at one path when they were last
+// read: each method's handler (the last of its chain, the one c.Handler
+// returns), whether every method gin's Any registers has one, and the
+// handlers gin served at the path that none of them held then.
 type pathRoutes struct {
 	any      bool
 	methods  []string
 	handlers []gin.HandlerFunc
+	missed   []gin.HandlerFunc
 }
 
-func (a *anyRoutes) at(path string) *pathRoutes {
-	if v, ok := a.known.Load(path); ok {
-		return v.(*pathRoutes)
-	}
-	pr := &pathRoutes{}
-	for _, ri := range a.engine.Routes() {
-		if ri.Path == path {
-			pr.methods = append(pr.methods, ri.Method)
-			pr.handlers = append(pr.handlers, ri.HandlerFunc)
+// method returns the method a request at path, of method and served by h,
+// is keyed by, "" for the path alone (see pathRoutes.served). A handler no
+// remembered route holds belongs to a route registered since: the routes at
+// path are read again, once per such handler.
+func (a *anyRoutes) method(path, method string, h gin.HandlerFunc) string {
+	pr, _ := a.known.Load(path)
+	cached, _ := pr.(*pathRoutes)
+	if cached != nil {
+		if m, ok := cached.served(method, h); ok {
+			return m
+		}
+		if slices.ContainsFunc(cached.missed, func(x gin.HandlerFunc) bool { return sameHandler(x, h) }) {
+			return method
 		}
 	}
-	pr.any = true
-	for _, m := range anyMethods {
-		pr.any = pr.any && slices.Contains(pr.methods, m)
+	fresh := &pathRoutes{}
+	for _, ri := range a.engine.Routes() {
+		if ri.Path == path {
+			fresh.methods = append(fresh.methods, ri.Method)
+			fresh.handlers = append(fresh.handlers, ri.HandlerFunc)
+		}
 	}
-	a.known.Store(path, pr)
-	return pr
+	fresh.any = true
+	for _, m := range anyMethods {
+		fresh.any = fresh.any && slices.Contains(fresh.methods, m)
+	}
+	m, ok := fresh.served(method, h)
+	if !ok {
+		// Served by no route at path (not met with gin's own routing):
+		// keyed by the request's method, and not read again for h.
+		if cached != nil {
+			fresh.missed = slices.Clip(cached.missed)
+		}
+		fresh.missed = append(fresh.missed, h)
+		m = method
+	}
+	a.known.Store(path, fresh)
+	return m
 }
 
 // served returns the method a request at this path is keyed by, "" for
-// the path alone: "" for a route of every method; else the request's
-// method when its route here holds h, the handler gin is serving; else the
-// method whose route holds h, since gin routed by the method the request
-// had then and a middleware before this one (a method override) changed
-// it (POST, the method overrides rewrite, when several routes share h; ""
-// when several others do); else the path alone. The key's method is always
-// one of the routes', never one the client picked.
-func (pr *pathRoutes) served(method string, h gin.HandlerFunc) string {
+// the path alone, and whether a route here holds h, the handler gin is
+// serving: "" for a route of every method; else the request's method when
+// its route here holds h; else the method whose route holds h, since gin
+// routed by the method the request had then and a middleware before this
+// one (a method override) changed it: POST, the method overrides rewrite,
+// when several routes share h, or else the first of them registered. The
+// key's method is then always one of the routes', never one the client
+// picked.
+func (pr *pathRoutes) served(method string, h gin.HandlerFunc) (string, bool) {
 	if pr.any {
-		return ""
+		return "", true
 	}
-	served := ""
+	served, found := "", false
 	for i, m := range pr.methods {
 		if !sameHandler(pr.handlers[i], h) {
 			continue
 		}
-		switch {
-		case m == method:
-			return m
-		case served == "" || m == http.MethodPost:
-			served = m
-		case served != http.MethodPost:
-			served = "-" // several, none of them POST
+		if m == method {
+			return m, true
+		}
+		if !found || m == http.MethodPost {
+			served, found = m, true
 		}
 	}
-	if served == "-" {
-		return ""
-	}
-	return served
+	return served, found
 }
 
 // sameHandler reports whether a and b are the same function value: the

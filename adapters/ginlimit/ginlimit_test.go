@@ -431,3 +431,53 @@ func TestRouteKeyMethodRewrittenBeforeLimiter(t *testing.T) {
 		t.Errorf("shared handler: keys %q, want %q", got, want)
 	}
 }
+
+// TestRouteKeyOverrideSharedHandler: one handler for GET and HEAD, limited
+// as a whole by a layer naming both routes. An override before the limiter
+// to a method neither serves keys the request by the first of the two
+// routes registered, never by the path alone, so the layer applies.
+func TestRouteKeyOverrideSharedHandler(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "report", Limit: 1, Window: time.Minute},
+			Routes: []string{"GET /report", "HEAD /report"}},
+	})
+	r := gin.New()
+	r.Use(func(c *gin.Context) {
+		if m := c.GetHeader("X-HTTP-Method-Override"); m != "" {
+			c.Request.Method = m
+		}
+	}, ginlimit.MiddlewareFor(r, l))
+	r.Match([]string{http.MethodGet, http.MethodHead}, "/report", ok)
+	var codes []int
+	for range 3 {
+		codes = append(codes, do(r, "GET", "/report", peer, "X-HTTP-Method-Override", "X9").Code)
+	}
+	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("GET /report (override X9) x3: statuses %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
+
+// TestRouteKeyRouteAddedAfterFirstRequest: MiddlewareFor remembers the
+// routes at a path from its first request there; a route registered at the
+// path later is read when its handler is first served, and its layer
+// applies.
+func TestRouteKeyRouteAddedAfterFirstRequest(t *testing.T) {
+	obs := &keys{}
+	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "post", Limit: 1, Window: time.Minute},
+			Routes: []string{"POST /x"}},
+	})
+	r := gin.New()
+	r.Use(ginlimit.MiddlewareFor(r, l))
+	r.GET("/x", ok)
+	do(r, "GET", "/x", peer)
+	r.POST("/x", func(c *gin.Context) { c.String(http.StatusOK, "posted\n") })
+	var codes []int
+	for range 3 {
+		codes = append(codes, do(r, "POST", "/x", peer).Code)
+	}
+	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("POST /x x3: statuses %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
