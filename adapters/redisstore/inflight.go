@@ -280,19 +280,33 @@ func (f *InFlight) acquireKeys(ctx context.Context, keys []string, id string, re
 			return false, err // Acquire gives back the keys taken, in the background
 		}
 		if !ok {
+			for j := i + 1; j < len(keys); j++ {
+				f.count(ctx, keys[j], id, reqs[j], &out[j])
+			}
 			if i > 0 {
 				f.releaseKeys(keys[:i], id)
 				for j := 0; j < i; j++ {
 					out[j].InFlight--
 				}
 			}
-			for j := range reqs[i+1:] {
-				out[i+1+j] = core.SlotDecision{Allowed: true, Limit: reqs[i+1+j].Limit}
-			}
 			return false, nil
 		}
 	}
 	return true, nil
+}
+
+// count writes to out the decision for r, whose key is key, after a key
+// before it refused the batch: the slots key holds, read with the acquire
+// script asking for none (a limit of 0 takes nothing), so that the
+// decision says what the key holds, as core.SlotTable's do, never that an
+// unread key is free. A failed read reports the key full.
+func (f *InFlight) count(ctx context.Context, key, id string, r core.SlotRequest, out *core.SlotDecision) {
+	var d [1]core.SlotDecision
+	if _, err := f.acquireGroup(ctx, []string{key}, id, []core.SlotRequest{{Name: r.Name, Key: r.Key}}, d[:]); err != nil {
+		*out = core.SlotDecision{Limit: r.Limit, InFlight: r.Limit}
+		return
+	}
+	*out = core.SlotDecision{Allowed: d[0].InFlight < r.Limit, Limit: r.Limit, InFlight: d[0].InFlight}
 }
 
 // together reports whether one script can take keys: any keys on one node

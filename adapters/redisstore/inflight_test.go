@@ -704,3 +704,47 @@ func TestInFlightDefaultPrefixApartFromStore(t *testing.T) {
 		t.Fatalf("rate decision %+v, want the second of 5", d)
 	}
 }
+
+// TestInFlightSplitRefusalReadsEveryKey: on a Cluster, keys on different
+// hash slots are taken one after another. When an earlier key refuses, the
+// later keys' decisions still say how many slots they hold, as
+// core.SlotTable's do, not that they are free.
+func TestInFlightSplitRefusalReadsEveryKey(t *testing.T) {
+	client := newClusterClient(t, redistest.Cluster(t))
+	f := newInFlight(t, client, InFlightConfig{})
+	// Three keys on three slots.
+	var keys []string
+	seen := map[int]bool{}
+	for i := 0; len(keys) < 3; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if s := slot(redisKey(f.prefix, "n"+k, "", &core.Request{Key: k})); !seen[s] {
+			seen[s] = true
+			keys = append(keys, k)
+		}
+	}
+	req := func(k string, limit int64) core.SlotRequest { return core.SlotRequest{Name: "n" + k, Key: k, Limit: limit} }
+	ctx := context.Background()
+	var out [3]core.SlotDecision
+	rel, err := f.Acquire(ctx, []core.SlotRequest{req(keys[0], 1), req(keys[1], 1)}, out[:2])
+	if err != nil || rel == nil {
+		t.Fatalf("first acquire: %v", err)
+	}
+	defer rel()
+	rel2, err := f.Acquire(ctx, []core.SlotRequest{req(keys[2], 2)}, out[:1])
+	if err != nil || rel2 == nil {
+		t.Fatalf("second acquire: %v", err)
+	}
+	defer rel2()
+	rel3, err := f.Acquire(ctx, []core.SlotRequest{req(keys[0], 1), req(keys[1], 1), req(keys[2], 2)}, out[:])
+	if err != nil || rel3 != nil {
+		t.Fatalf("third acquire: released %v, %v; want refused", rel3 != nil, err)
+	}
+	want := [3]core.SlotDecision{
+		{Allowed: false, Limit: 1, InFlight: 1},
+		{Allowed: false, Limit: 1, InFlight: 1},
+		{Allowed: true, Limit: 2, InFlight: 1},
+	}
+	if out != want {
+		t.Fatalf("refused batch: %+v, want %+v", out, want)
+	}
+}
