@@ -1250,3 +1250,37 @@ func (hd *holder) hold(h http.Handler) (end func()) {
 	<-hd.entered
 	return func() { close(hd.release); <-done }
 }
+
+// TestErrorHandlerPanicGivesBackWaitingRoomSlot: an error handler that
+// panics (http.ErrAbortHandler, say) for a request whose slot store failed
+// open and that reserved a waiting-room slot for its shaping delay gives
+// the slot back, so later shaped requests do not meet a full room for good.
+func TestErrorHandlerPanicGivesBackWaitingRoomSlot(t *testing.T) {
+	layers := []ratelimit.Layer{
+		inFlightLayer(1),
+		{Key: ratelimit.Global("q"), Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 2, Window: time.Second, MaxDelay: 10 * time.Second}},
+	}
+	e := mwNew(t, layers, ratelimit.WithSlotStore(failingSlots{}), ratelimit.WithMaxWaiting(1),
+		ratelimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Header.Get("Abort") != "" {
+				panic(http.ErrAbortHandler) // net/http recovers it
+			}
+		}))
+	ratelimit.SetWaitFunc(e.l, func(context.Context, time.Duration) error { return nil })
+	e.do(t, getFrom("192.0.2.1")) // no delay: served
+	aborted := getFrom("192.0.2.1")
+	aborted.Header.Set("Abort", "1") // admitted with a delay, its error handler panics
+	func() {
+		defer func() { _ = recover() }()
+		e.do(t, aborted)
+	}()
+	if w := ratelimit.Waiting(e.l); w != 0 {
+		t.Errorf("%d waiting after the error handler panicked, want 0", w)
+	}
+	e.clk.Advance(time.Hour)
+	for i := 0; i < 3; i++ {
+		if rec := e.do(t, getFrom("192.0.2.1")); rec.Code != http.StatusOK {
+			t.Errorf("request %d after the panic: %d (%s), want 200", i, rec.Code, rec.Body.String())
+		}
+	}
+}

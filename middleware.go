@@ -931,9 +931,10 @@ const smallBatch = 4
 // Layers field is unused). Both may live on the caller's stack: user code
 // gets only their export.
 func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, res *Result, layers []LayerResult) bool {
-	if res.held != nil {
+	if res.held != nil || res.reserved {
 		// An error handler or denied handler that panics must not keep
-		// the request's in-flight slots for good.
+		// the request's in-flight slots, or its waiting-room slot, for
+		// good.
 		defer l.releaseOnPanic(res)
 	}
 	if res.slotErr != nil && l.cfg.errHandler != nil && l.callErrorHandler(w, r, res.slotErr) {
