@@ -280,14 +280,14 @@ func (f *InFlight) acquireKeys(ctx context.Context, keys []string, id string, re
 			return false, err // Acquire gives back the keys taken, in the background
 		}
 		if !ok {
-			for j := i + 1; j < len(keys); j++ {
-				f.count(ctx, keys[j], id, reqs[j], &out[j])
-			}
 			if i > 0 {
 				f.releaseKeys(keys[:i], id)
 				for j := 0; j < i; j++ {
 					out[j].InFlight--
 				}
+			}
+			for j := i + 1; j < len(keys); j++ {
+				f.count(ctx, keys[j], id, reqs[j], &out[j])
 			}
 			return false, nil
 		}

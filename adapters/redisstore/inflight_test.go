@@ -748,3 +748,75 @@ func TestInFlightSplitRefusalReadsEveryKey(t *testing.T) {
 		t.Fatalf("refused batch: %+v, want %+v", out, want)
 	}
 }
+
+
+type cmdHook struct{ onCmd func(cmd redis.Cmder) }
+
+func (h cmdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h cmdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.onCmd(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h cmdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestInFlightRefusedBatchReleasesBeforeReading: a batch refused key by key
+// (a client of unknown topology, keys without a common hash tag) gives back
+// the slots it took before the refusing key before it reads the later
+// keys, so that no concurrent request on those keys is refused meanwhile
+// by a request that was refused; the read takes no slot.
+func TestInFlightRefusedBatchReleasesBeforeReading(t *testing.T) {
+	addr := redistest.Server(t)
+	base := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { base.Close() })
+	probe := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { probe.Close() })
+
+	f := newInFlight(t, unknownClient{base}, InFlightConfig{})
+	if f.place != placeTag {
+		t.Fatalf("placement %v, want key by key", f.place)
+	}
+	req := func(k string, limit int64) core.SlotRequest { return core.SlotRequest{Name: "n" + k, Key: k, Limit: limit} }
+	rk := func(k string) string { return redisKey(f.prefix, "n"+k, "", &core.Request{Key: k}) }
+	ctx := context.Background()
+	var out [3]core.SlotDecision
+	// k1 full.
+	rel, err := f.Acquire(ctx, []core.SlotRequest{req("k1", 1)}, out[:1])
+	if err != nil || rel == nil {
+		t.Fatalf("k1: %v", err)
+	}
+	defer rel()
+
+	var armed atomic.Bool
+	var heldDuringCount atomic.Int64
+	heldDuringCount.Store(-1)
+	base.AddHook(cmdHook{onCmd: func(cmd redis.Cmder) {
+		if !armed.Load() {
+			return
+		}
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && s == rk("k2") {
+				n, _ := probe.ZCard(context.Background(), rk("k0")).Result()
+				heldDuringCount.Store(n)
+			}
+		}
+	}})
+	armed.Store(true)
+	rel3, err := f.Acquire(ctx, []core.SlotRequest{req("k0", 1), req("k1", 1), req("k2", 1)}, out[:])
+	armed.Store(false)
+	if err != nil || rel3 != nil {
+		t.Fatalf("want refused: %v %v", rel3 != nil, err)
+	}
+	if n := heldDuringCount.Load(); n != 0 {
+		t.Errorf("while the refused batch read k2, k0 held %d slots (its own, taken before k1 refused): want 0", n)
+	}
+	if n, _ := probe.ZCard(ctx, rk("k0")).Result(); n != 0 {
+		t.Errorf("after the refusal k0 holds %d", n)
+	}
+	if n, _ := probe.ZCard(ctx, rk("k2")).Result(); n != 0 {
+		t.Errorf("the count took a slot of k2: %d", n)
+	}
+}
