@@ -722,7 +722,9 @@ func TestInFlightSplitRefusalReadsEveryKey(t *testing.T) {
 			keys = append(keys, k)
 		}
 	}
-	req := func(k string, limit int64) core.SlotRequest { return core.SlotRequest{Name: "n" + k, Key: k, Limit: limit} }
+	req := func(k string, limit int64) core.SlotRequest {
+		return core.SlotRequest{Name: "n" + k, Key: k, Limit: limit}
+	}
 	ctx := context.Background()
 	var out [3]core.SlotDecision
 	rel, err := f.Acquire(ctx, []core.SlotRequest{req(keys[0], 1), req(keys[1], 1)}, out[:2])
@@ -748,7 +750,6 @@ func TestInFlightSplitRefusalReadsEveryKey(t *testing.T) {
 		t.Fatalf("refused batch: %+v, want %+v", out, want)
 	}
 }
-
 
 type cmdHook struct{ onCmd func(cmd redis.Cmder) }
 
@@ -779,7 +780,9 @@ func TestInFlightRefusedBatchReleasesBeforeReading(t *testing.T) {
 	if f.place != placeTag {
 		t.Fatalf("placement %v, want key by key", f.place)
 	}
-	req := func(k string, limit int64) core.SlotRequest { return core.SlotRequest{Name: "n" + k, Key: k, Limit: limit} }
+	req := func(k string, limit int64) core.SlotRequest {
+		return core.SlotRequest{Name: "n" + k, Key: k, Limit: limit}
+	}
 	rk := func(k string) string { return redisKey(f.prefix, "n"+k, "", &core.Request{Key: k}) }
 	ctx := context.Background()
 	var out [3]core.SlotDecision
