@@ -29,8 +29,8 @@
 // route gin serves is that of the method the request came with.
 // [MiddlewareFor] keys such a request by the method of the route whose
 // handler gin is serving (the rewritten method when its route shares that
-// handler; among several others that do, POST, or else the first
-// registered), never by one the client picked, so a layer whose Routes
+// handler; among several others that do, POST, or else the first that
+// engine.Routes lists), never by one the client picked, so a layer whose Routes
 // name "POST /login" still applies. A route registered at a path after its
 // first request is read when its handler is first served.
 // [Middleware] does not know the routes and keys it by the rewritten
@@ -199,27 +199,33 @@ type anyRoutes struct {
 
 // pathRoutes are the routes registered at one path when they were last
 // read: each method's handler (the last of its chain, the one c.Handler
-// returns), whether every method gin's Any registers has one, and the
-// handlers gin served at the path that none of them held then.
+// returns), whether every method gin's Any registers has one, the handlers
+// gin served at the path that none of them held then, and the methods of
+// anyMethods requests came with that had no route there then.
 type pathRoutes struct {
 	any      bool
 	methods  []string
 	handlers []gin.HandlerFunc
 	missed   []gin.HandlerFunc
+	absent   []string
 }
 
 // method returns the method a request at path, of method and served by h,
-// is keyed by, "" for the path alone (see pathRoutes.served). A handler no
-// remembered route holds belongs to a route registered since: the routes at
-// path are read again, once per such handler.
+// is keyed by, "" for the path alone (see pathRoutes.served). The routes at
+// path are read again when they may have changed since (routes registered
+// after the path's first request): for a handler no remembered route
+// holds, once per such handler, and for a request whose method (one gin's
+// Any registers) has no remembered route there, once per such method, so
+// that no client can make every request read them.
 func (a *anyRoutes) method(path, method string, h gin.HandlerFunc) string {
-	pr, _ := a.known.Load(path)
-	cached, _ := pr.(*pathRoutes)
+	v, _ := a.known.Load(path)
+	cached, _ := v.(*pathRoutes)
 	if cached != nil {
-		if m, ok := cached.served(method, h); ok {
+		m, ok := cached.served(method, h)
+		if ok && (cached.any || m == method || !slices.Contains(anyMethods, method) || slices.Contains(cached.absent, method)) {
 			return m
 		}
-		if slices.ContainsFunc(cached.missed, func(x gin.HandlerFunc) bool { return sameHandler(x, h) }) {
+		if !ok && slices.ContainsFunc(cached.missed, func(x gin.HandlerFunc) bool { return sameHandler(x, h) }) {
 			return method
 		}
 	}
@@ -234,13 +240,17 @@ func (a *anyRoutes) method(path, method string, h gin.HandlerFunc) string {
 	for _, m := range anyMethods {
 		fresh.any = fresh.any && slices.Contains(fresh.methods, m)
 	}
+	if cached != nil && len(cached.methods) == len(fresh.methods) {
+		// Nothing registered since: what was learnt holds.
+		fresh.missed, fresh.absent = slices.Clip(cached.missed), slices.Clip(cached.absent)
+	}
+	if slices.Contains(anyMethods, method) && !slices.Contains(fresh.methods, method) {
+		fresh.absent = append(fresh.absent, method)
+	}
 	m, ok := fresh.served(method, h)
 	if !ok {
 		// Served by no route at path (not met with gin's own routing):
 		// keyed by the request's method, and not read again for h.
-		if cached != nil {
-			fresh.missed = slices.Clip(cached.missed)
-		}
 		fresh.missed = append(fresh.missed, h)
 		m = method
 	}
@@ -254,7 +264,8 @@ func (a *anyRoutes) method(path, method string, h gin.HandlerFunc) string {
 // its route here holds h; else the method whose route holds h, since gin
 // routed by the method the request had then and a middleware before this
 // one (a method override) changed it: POST, the method overrides rewrite,
-// when several routes share h, or else the first of them registered. The
+// when several routes share h, or else the first of them engine.Routes
+// lists. The
 // key's method is then always one of the routes', never one the client
 // picked.
 func (pr *pathRoutes) served(method string, h gin.HandlerFunc) (string, bool) {

@@ -460,24 +460,30 @@ func TestRouteKeyOverrideSharedHandler(t *testing.T) {
 
 // TestRouteKeyRouteAddedAfterFirstRequest: MiddlewareFor remembers the
 // routes at a path from its first request there; a route registered at the
-// path later is read when its handler is first served, and its layer
-// applies.
+// path later is read when it is first served, with its own handler or
+// with one a route there already has, and its layer applies.
 func TestRouteKeyRouteAddedAfterFirstRequest(t *testing.T) {
-	obs := &keys{}
-	l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
-		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "post", Limit: 1, Window: time.Minute},
-			Routes: []string{"POST /x"}},
-	})
-	r := gin.New()
-	r.Use(ginlimit.MiddlewareFor(r, l))
-	r.GET("/x", ok)
-	do(r, "GET", "/x", peer)
-	r.POST("/x", func(c *gin.Context) { c.String(http.StatusOK, "posted\n") })
-	var codes []int
-	for range 3 {
-		codes = append(codes, do(r, "POST", "/x", peer).Code)
-	}
-	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
-		t.Errorf("POST /x x3: statuses %v, want %v; keys %q", codes, want, obs.list())
+	for _, shared := range []bool{false, true} {
+		obs := &keys{}
+		l := limiter(t, core.NewFakeClock(t0), obs, []ratelimit.Layer{
+			{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "post", Limit: 1, Window: time.Minute},
+				Routes: []string{"POST /x"}},
+		})
+		r := gin.New()
+		r.Use(ginlimit.MiddlewareFor(r, l))
+		r.GET("/x", ok)
+		do(r, "GET", "/x", peer)
+		if shared { // the GET route's handler
+			r.POST("/x", ok)
+		} else {
+			r.POST("/x", func(c *gin.Context) { c.String(http.StatusOK, "posted\n") })
+		}
+		var codes []int
+		for range 3 {
+			codes = append(codes, do(r, "POST", "/x", peer).Code)
+		}
+		if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
+			t.Errorf("handler shared %v: POST /x x3: statuses %v, want %v; keys %q", shared, codes, want, obs.list())
+		}
 	}
 }
