@@ -138,8 +138,12 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 	if res.Skipped || len(ls) == 0 {
 		return
 	}
-	if res.rs == nil { // a Result built by hand
-		res.rs = l.rules.Load()
+	// A Result built by hand has no rule set: its headers use the rules in
+	// force, not recorded in it (a refund would take them for the rules it
+	// was decided under).
+	rs := res.rs
+	if rs == nil {
+		rs = l.rules.Load()
 	}
 	kind := outcomeOf(res, ls)
 	retry := !res.Proceed && (kind == outcomeRefused || kind == outcomeQueueFull)
@@ -168,9 +172,9 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 		var b []byte
 		var remStart, remEnd int
 		if l.cfg.partitionKey {
-			policy, b, remStart, remEnd = ietfValuesPK(res.rs, ls, sp, sbuf[:0])
+			policy, b, remStart, remEnd = ietfValuesPK(rs, ls, sp, sbuf[:0])
 		} else {
-			policy, b, remStart, remEnd = ietfValues(res.rs, ls, sp, sbuf[:0], nil)
+			policy, b, remStart, remEnd = ietfValues(rs, ls, sp, sbuf[:0], nil)
 		}
 		vals, state = headerValues(n, b)
 		rem = state[remStart:remEnd]
@@ -190,8 +194,8 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result, ls []LayerResult) {
 	if set&XRateLimitHeaders != 0 {
 		s := &ls[sp]
 		d := &s.Decision
-		if own(res.rs, s) {
-			put(canonLimit, res.rs.rules[s.index].xLimit)
+		if own(rs, s) {
+			put(canonLimit, rs.rules[s.index].xLimit)
 		} else {
 			put(canonLimit, itoa(d.Limit))
 		}

@@ -226,6 +226,9 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 			continue
 		}
 		p, cost := ly.Decision.Policy, ly.Cost
+		if rs == nil && l.replaced(p, cur) {
+			continue // see replaced
+		}
 		if rs != nil && rs != cur && own(rs, ly) && ly.index < len(cur.rules) {
 			if cur.rules[ly.index].gen != rs.rules[ly.index].gen {
 				continue // replaced since: the charge stays (see above)
@@ -252,10 +255,23 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 	return n
 }
 
+// replaced reports, for a layer of a Result built by hand (which does not
+// say the rules it was decided under), whether p is named as a layer
+// without a Resolver whose policy in force is not p: p is then a rule
+// SetRules has replaced, or one that never was the layer's, and a refund
+// under it would carry the key's state back to it (see refundRequests).
+// The charge stays.
+func (l *Limiter) replaced(p *core.Policy, cur *ruleSet) bool {
+	i := l.layerIndex(p.Name())
+	return i >= 0 && i < len(cur.rules) && l.layers[i].resolver == nil && cur.rules[i].policy != p
+}
+
 // Refund gives back what the request res was decided for was charged, on
 // every layer but those that keep their charge (a shaping layer, a layer
 // whose key Reset reset since the charge, and a layer whose rule SetRules
-// replaced since: see [WithRefund]), in one
+// replaced since: see [WithRefund]; in a Result built by hand, which does
+// not say the rules it was decided under, a layer without a Resolver whose
+// Decision.Policy is not its rule in force), in one
 // atomic store call (see core.Refunder), for flows
 // built on [Limiter.Decide] or [Limiter.AdmitWithResult] (a framework
 // handler reading [ResultFromContext]) that decide on a refund themselves;

@@ -1428,3 +1428,65 @@ func TestRefundAfterSetRulesAndBack(t *testing.T) {
 			ruleA.Limit, ruleA.Window, admitted)
 	}
 }
+
+// TestRefundHandBuiltAfterSetRules: a Result built by hand from a
+// decision's layers (no rule set recorded, also after WriteHeaders) and
+// refunded after SetRules changed the layer's rule keeps the charge, as
+// Decide's Result does; without the change, the refund is made.
+func TestRefundHandBuiltAfterSetRules(t *testing.T) {
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerHour(1).Named("per-ip")}},
+		ratelimit.WithClock(core.NewFakeClock(time.Unix(1_800_000_000, 0))), ratelimit.WithLogger(nil)))
+	a := l.Decide(mwReq("192.0.2.1:1"))
+	hb := ratelimit.Result{Proceed: true, Layers: a.Layers}
+	l.WriteHeaders(http.Header{}, &hb)
+	if err := l.Refund(context.Background(), &hb); err != nil {
+		t.Fatal(err)
+	}
+	if !l.Decide(mwReq("192.0.2.1:1")).Proceed {
+		t.Fatal("a hand-built Result under the rules in force was not refunded")
+	}
+
+	for _, writeHeaders := range []bool{false, true} {
+		old := core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 5, Window: time.Minute}
+		nw := core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 10, Window: 2 * time.Minute}
+		clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+		l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: old}},
+			ratelimit.WithClock(clk), ratelimit.WithLogger(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		decide := func() ratelimit.Result {
+			r := httptest.NewRequest("GET", "/", nil)
+			r.RemoteAddr = "192.0.2.1:1"
+			return l.Decide(r)
+		}
+		a := decide()
+		if !a.Proceed {
+			t.Fatal("a refused")
+		}
+		hb := ratelimit.Result{Proceed: true, Layers: a.Layers} // built by hand
+		if err := l.SetRules(map[string]core.Rule{"per-ip": nw}); err != nil {
+			t.Fatal(err)
+		}
+		if writeHeaders {
+			l.WriteHeaders(httptest.NewRecorder().Header(), &hb)
+		}
+		clk.Advance(61 * time.Second)
+		admitted := 0
+		if decide().Proceed {
+			admitted++
+		}
+		if err := l.Refund(context.Background(), &hb); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 100; i++ {
+			if decide().Proceed {
+				admitted++
+			}
+		}
+		if admitted > int(nw.Limit) {
+			t.Errorf("writeHeaders=%v: new rule %d/%v admitted %d at one instant after refunding a hand-built Result",
+				writeHeaders, nw.Limit, nw.Window, admitted)
+		}
+	}
+}
