@@ -27,6 +27,7 @@ const (
 	msgFallback           = "ratelimit: the store's backend is unavailable and its Fallback decides: each instance limits on its own local state, so N instances admit up to N times the quota until the backend is back"
 	msgTransportAbsentKey = "ratelimit: the Transport's Key found no key on every one of its first requests: they were sent unlimited; check TransportConfig.Key"
 	msgSlotFailOpen       = "ratelimit: in-flight slot store errors are being served fail-open: concurrency limits are not applied while the slot store fails (rate limits still are); ratelimit.WithFailClosed refuses instead"
+	msgSkipForwarded      = "ratelimit: WithSkipCIDRs exempted a peer that sends forwarded headers: if it is a proxy, every client behind it is exempt from every limit; use WithSkipCIDRsFrom with the layers' ClientIP key"
 )
 
 // logKind is one once-per-Limiter log line.
@@ -40,6 +41,7 @@ const (
 	logRefund
 	logSlotFailOpen
 	logFallback
+	logSkipForwarded
 	numLogKinds
 )
 
@@ -101,6 +103,21 @@ func (l *Limiter) logConfigError(err error) {
 		msg = msgConfigDryRun
 	}
 	l.logOnce(logConfig, msg, "error", err.Error())
+}
+
+// checkSkipForwarded logs, once, a request exempted by its peer's address
+// (WithSkipCIDRs) that carries a forwarded header: the peer is likely a
+// proxy, and every client behind it is exempt.
+func (l *Limiter) checkSkipForwarded(r *http.Request) {
+	if l.cfg.logger == nil || l.logs.done[logSkipForwarded].Load() {
+		return
+	}
+	for _, h := range forwardedHeaders {
+		if len(r.Header[h]) > 0 {
+			l.logOnce(logSkipForwarded, msgSkipForwarded, "header", h)
+			return
+		}
+	}
 }
 
 // logOnce logs msg with args at level Warn, once per Limiter.

@@ -130,7 +130,7 @@ func TestReadmeListsEveryLogLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, msg := range []string{msgForwarded, msgNoRoute, msgAbsentKey, msgNoRoutes, msgFailOpen, msgConfig, msgConfigDryRun, msgFallback, msgSlotFailOpen, msgRefund} {
+	for _, msg := range []string{msgForwarded, msgNoRoute, msgAbsentKey, msgNoRoutes, msgFailOpen, msgConfig, msgConfigDryRun, msgFallback, msgSlotFailOpen, msgRefund, msgSkipForwarded} {
 		if !strings.Contains(string(b), msg) {
 			t.Errorf("the README does not give the line %q", msg)
 		}

@@ -1126,7 +1126,10 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 				if l.gone(res, ctx) {
 					return 0
 				}
-				l.failed(res, outcomeStore, wrap(ErrStoreFailure, "layer "+ly.desc+": resolving the policy", err))
+				err = wrap(ErrStoreFailure, "layer "+ly.desc+": resolving the policy", err)
+				// Reported as a store failure is: the fail policy answers it.
+				l.observeError(reqs[:n], p, err)
+				l.failed(res, outcomeStore, err)
 				return 0
 			}
 			if rp != nil {
@@ -1135,15 +1138,9 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 					return 0
 				}
 				if err := l.clashes(i, rp, reqs[:n]); err != nil {
-					if l.cfg.observer != nil {
-						// Reported as the store reports the policies it
-						// cannot decide: the request is answered 500.
-						ps := make([]*core.Policy, 0, n+1)
-						for j := range reqs[:n] {
-							ps = append(ps, reqs[j].Policy)
-						}
-						l.cfg.observer.ObserveError(core.ErrorEvent{Policies: append(ps, rp), Err: err})
-					}
+					// Reported as the store reports the policies it
+					// cannot decide: the request is answered 500.
+					l.observeError(reqs[:n], rp, err)
 					l.configError(res, ly, err)
 					return 0
 				}
@@ -1372,6 +1369,19 @@ func (l *Limiter) releaseOnPanic(res *Result) {
 	}
 }
 
+// observeError reports err to the Observer, if any, under the policies of
+// reqs, the layers prepared so far, and p, the layer's that met it.
+func (l *Limiter) observeError(reqs []core.Request, p *core.Policy, err error) {
+	if l.cfg.observer == nil {
+		return
+	}
+	ps := make([]*core.Policy, 0, len(reqs)+1)
+	for j := range reqs {
+		ps = append(ps, reqs[j].Policy)
+	}
+	l.cfg.observer.ObserveError(core.ErrorEvent{Policies: append(ps, p), Err: err})
+}
+
 // noteFailedOpen logs, once, a request that proceeds past a failed store
 // (outside dry-run): the rate store's failure on its line, and the slot
 // store's (the rate layers decided without the concurrency layers, or
@@ -1497,6 +1507,9 @@ func (l *Limiter) skip(r *http.Request) bool {
 	}
 	for i := range l.cfg.allow {
 		if l.cfg.allow[i].match(r) {
+			if l.cfg.allow[i].ip == nil {
+				l.checkSkipForwarded(r)
+			}
 			return true
 		}
 	}

@@ -1310,3 +1310,59 @@ func TestStoreFullAfterClientGoneReported(t *testing.T) {
 		t.Fatalf("the Observer saw %d errors, the request was answered %d; want the store-full refusal, reported once and answered 429", nerr, rec.Code)
 	}
 }
+
+// TestResolverFailureReachesObserver: a layer's Resolver that fails is
+// handled like a store failure (served fail-open here, logged once) and,
+// like one, reported to the Observer on every request, under the layer's
+// policy, so that metrics show the outage during which nothing is limited.
+func TestResolverFailureReachesObserver(t *testing.T) {
+	down := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) {
+		return nil, errors.New("tier database down")
+	})
+	obs := &mwObserver{}
+	logs, logOpt := newLogBuf()
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1).Named("per-ip"), Resolver: down}},
+		ratelimit.WithObserver(obs), logOpt)
+	for range 5 {
+		if c := e.do(t, mwReq("192.0.2.1:1")).Code; c != http.StatusOK {
+			t.Fatalf("status %d, want 200 (fail-open)", c)
+		}
+	}
+	if !strings.Contains(logs.String(), "served fail-open") {
+		t.Errorf("fail-open not logged: %q", logs.String())
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.errs) != 5 {
+		t.Fatalf("the Observer saw %d errors for 5 requests past a failing Resolver, want 5", len(obs.errs))
+	}
+	for _, ev := range obs.errs {
+		if !errors.Is(ev.Err, ratelimit.ErrStoreFailure) || len(ev.Policies) != 1 || ev.Policies[0].Name() != "per-ip" {
+			t.Fatalf("error event %+v: want ErrStoreFailure under per-ip", ev)
+		}
+	}
+}
+
+// TestSkipCIDRsForwardedHeaderLogged: WithSkipCIDRs listing the network of
+// a proxy (every request's peer) exempts every client behind it; the first
+// exempted request that carries a forwarded header is logged, once.
+func TestSkipCIDRsForwardedHeaderLogged(t *testing.T) {
+	for _, fwd := range []bool{false, true} {
+		logs, logOpt := newLogBuf()
+		e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10).Named("per-ip")}},
+			logOpt, ratelimit.WithSkipCIDRs("10.0.0.0/8"))
+		for range 50 {
+			r := mwReq("10.0.0.5:4321")
+			if fwd {
+				r.Header.Set("X-Forwarded-For", "203.0.113.7")
+			}
+			if c := e.do(t, r).Code; c != http.StatusOK {
+				t.Fatalf("status %d, want 200 (exempt)", c)
+			}
+		}
+		n := strings.Count(logs.String(), "WithSkipCIDRs exempted a peer that sends forwarded headers")
+		if want := map[bool]int{false: 0, true: 1}[fwd]; n != want {
+			t.Errorf("forwarded header %v: logged %d times, want %d: %q", fwd, n, want, logs.String())
+		}
+	}
+}

@@ -228,7 +228,10 @@ func WithSkip(skip func(r *http.Request) bool) Option {
 // Only the peer address is used, never a forwarded header, so a client can
 // never get itself allowlisted by forging X-Forwarded-For. Behind a proxy
 // the peer is the proxy: use [WithSkipCIDRsFrom] with the [ClientIP] key
-// function that knows your trusted proxies.
+// function that knows your trusted proxies. The first request exempted here
+// that carries a forwarded header (X-Forwarded-For, Forwarded, X-Real-IP)
+// is logged (see [WithLogger]): its peer is likely a proxy, whose clients
+// would all be exempt.
 func WithSkipCIDRs(cidrs ...string) Option {
 	return func(c *config) { c.addAllow("WithSkipCIDRs", nil, cidrs) }
 }
