@@ -1432,18 +1432,23 @@ func TestRefundAfterSetRulesAndBack(t *testing.T) {
 // TestRefundHandBuiltAfterSetRules: a Result built by hand from a
 // decision's layers (no rule set recorded, also after WriteHeaders) and
 // refunded after SetRules changed the layer's rule keeps the charge, as
-// Decide's Result does; without the change, the refund is made.
+// Decide's Result does; without a change (the same rule set again), the
+// refund is made.
 func TestRefundHandBuiltAfterSetRules(t *testing.T) {
 	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerHour(1).Named("per-ip")}},
 		ratelimit.WithClock(core.NewFakeClock(time.Unix(1_800_000_000, 0))), ratelimit.WithLogger(nil)))
 	a := l.Decide(mwReq("192.0.2.1:1"))
 	hb := ratelimit.Result{Proceed: true, Layers: a.Layers}
+	// The same rule set again changes nothing a refund needs.
+	if err := l.SetRules(map[string]core.Rule{"per-ip": core.PerHour(1).Named("per-ip")}); err != nil {
+		t.Fatal(err)
+	}
 	l.WriteHeaders(http.Header{}, &hb)
 	if err := l.Refund(context.Background(), &hb); err != nil {
 		t.Fatal(err)
 	}
 	if !l.Decide(mwReq("192.0.2.1:1")).Proceed {
-		t.Fatal("a hand-built Result under the rules in force was not refunded")
+		t.Fatal("a hand-built Result under the rules in force (set again) was not refunded")
 	}
 
 	for _, writeHeaders := range []bool{false, true} {

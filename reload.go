@@ -94,6 +94,9 @@ func (l *Limiter) SetRules(rules map[string]core.Rule) error {
 		if err := core.CheckPolicies(l.cl.Store(), p); err != nil {
 			return prefixed("SetRules: layer "+l.layers[i].desc, err)
 		}
+		if old := policies[i]; old.Identity() == p.Identity() && old.MaxDelay() == p.MaxDelay() {
+			p = old // the same rule: the same policy, so that nothing tells them apart
+		}
 		policies[i] = p
 	}
 	rs := newRuleSet(policies, l.resolverDelay)
