@@ -30,9 +30,9 @@
 // [MiddlewareFor] keys such a request by the method of the route whose
 // handler gin is serving (the rewritten method when its route shares that
 // handler; among several others that do, POST, or else the first that
-// engine.Routes lists), never by one the client picked, so a layer whose Routes
-// name "POST /login" still applies. A route registered at a path after its
-// first request is read when its handler is first served.
+// engine.Routes lists), never by one the client picked, so a layer whose
+// Routes name "POST /login" still applies. A route registered at a path
+// after its first request is keyed by its own method within a second.
 // [Middleware] does not know the routes and keys it by the rewritten
 // method: with a method override before the limiter, use MiddlewareFor, or
 // put the override after it.
@@ -81,6 +81,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/gin-gonic/gin"
@@ -199,34 +200,49 @@ type anyRoutes struct {
 
 // pathRoutes are the routes registered at one path when they were last
 // read: each method's handler (the last of its chain, the one c.Handler
-// returns), whether every method gin's Any registers has one, the handlers
-// gin served at the path that none of them held then, and the methods of
-// anyMethods requests came with that had no route there then.
+// returns) and whether every method gin's Any registers has one; and when
+// they may be read again (next), after waiting wait since the last read.
 type pathRoutes struct {
 	any      bool
 	methods  []string
 	handlers []gin.HandlerFunc
-	missed   []gin.HandlerFunc
-	absent   []string
+	next     time.Time
+	wait     time.Duration
 }
 
+// Rereading the routes at a path that a request puts in doubt waits from
+// minReread, doubling while rereads find nothing new, up to maxReread: a
+// client sending such requests makes engine.Routes run about once a second
+// per path, and a route registered at a path after its first request is
+// keyed by its own method within maxReread.
+const (
+	minReread = time.Millisecond
+	maxReread = time.Second
+)
+
+// now is the clock of the rereads (a variable for tests).
+var now = time.Now
+
 // method returns the method a request at path, of method and served by h,
-// is keyed by, "" for the path alone (see pathRoutes.served). The routes at
-// path are read again when they may have changed since (routes registered
-// after the path's first request): for a handler no remembered route
-// holds, once per such handler, and for a request whose method (one gin's
-// Any registers) has no remembered route there, once per such method, so
-// that no client can make every request read them.
+// is keyed by, "" for the path alone (see pathRoutes.served). A request
+// puts the remembered routes in doubt when no route holds h, or when its
+// method (one gin's Any registers) is not that of the route holding h: a
+// method override, or a route registered after the path's first request.
+// The routes are then read again, at most as often as pathRoutes allows.
 func (a *anyRoutes) method(path, method string, h gin.HandlerFunc) string {
 	v, _ := a.known.Load(path)
 	cached, _ := v.(*pathRoutes)
+	t := now()
 	if cached != nil {
 		m, ok := cached.served(method, h)
-		if ok && (cached.any || m == method || !slices.Contains(anyMethods, method) || slices.Contains(cached.absent, method)) {
+		if ok && (cached.any || m == method || !slices.Contains(anyMethods, method)) {
 			return m
 		}
-		if !ok && slices.ContainsFunc(cached.missed, func(x gin.HandlerFunc) bool { return sameHandler(x, h) }) {
-			return method
+		if t.Before(cached.next) {
+			if ok {
+				return m
+			}
+			return method // served by no route at path: not met with gin's own routing
 		}
 	}
 	fresh := &pathRoutes{}
@@ -241,21 +257,14 @@ func (a *anyRoutes) method(path, method string, h gin.HandlerFunc) string {
 		fresh.any = fresh.any && slices.Contains(fresh.methods, m)
 	}
 	if cached != nil && len(cached.methods) == len(fresh.methods) {
-		// Nothing registered since: what was learnt holds.
-		fresh.missed, fresh.absent = slices.Clip(cached.missed), slices.Clip(cached.absent)
-	}
-	if slices.Contains(anyMethods, method) && !slices.Contains(fresh.methods, method) {
-		fresh.absent = append(fresh.absent, method)
-	}
-	m, ok := fresh.served(method, h)
-	if !ok {
-		// Served by no route at path (not met with gin's own routing):
-		// keyed by the request's method, and not read again for h.
-		fresh.missed = append(fresh.missed, h)
-		m = method
+		fresh.wait = min(max(2*cached.wait, minReread), maxReread) // nothing new
+		fresh.next = t.Add(fresh.wait)
 	}
 	a.known.Store(path, fresh)
-	return m
+	if m, ok := fresh.served(method, h); ok {
+		return m
+	}
+	return method
 }
 
 // served returns the method a request at this path is keyed by, "" for

@@ -2,6 +2,7 @@ package ginlimit_test
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -485,5 +486,76 @@ func TestRouteKeyRouteAddedAfterFirstRequest(t *testing.T) {
 		if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
 			t.Errorf("handler shared %v: POST /x x3: statuses %v, want %v; keys %q", shared, codes, want, obs.list())
 		}
+	}
+}
+
+// TestRouteKeyRereadsBounded: requests that put a path's remembered routes
+// in doubt (a method override to a method another route at the path has)
+// make engine.Routes run again at most once per waiting period, which
+// doubles while the rereads find nothing new: between two of them such a
+// request costs what any other does.
+func TestRouteKeyRereadsBounded(t *testing.T) {
+	clk := core.NewFakeClock(t0)
+	defer ginlimit.SetNow(clk.Now)()
+	l := limiter(t, clk, &keys{}, []ratelimit.Layer{
+		{Key: ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()), Rule: core.Rule{Name: "route", Limit: 1 << 40, Window: time.Minute}},
+	})
+	r := gin.New()
+	r.Use(func(c *gin.Context) {
+		if m := c.GetHeader("X-HTTP-Method-Override"); m != "" {
+			c.Request.Method = m
+		}
+	}, ginlimit.MiddlewareFor(r, l))
+	r.GET("/login", func(c *gin.Context) { c.String(http.StatusOK, "form\n") })
+	r.POST("/login", ok)
+	for i := range 500 { // what a reread walks
+		r.GET(fmt.Sprintf("/r%d", i), ok)
+	}
+	serve := func(override string) func() {
+		return func() {
+			req := httptest.NewRequest("POST", "/login", nil) // the override rewrites it
+			req.RemoteAddr = peer
+			if override != "" {
+				req.Header.Set("X-HTTP-Method-Override", override)
+			}
+			r.ServeHTTP(httptest.NewRecorder(), req)
+		}
+	}
+	serve("GET")() // the first read and a first reread, which finds nothing new
+	serve("GET")()
+	base := testing.AllocsPerRun(200, serve(""))
+	if got := testing.AllocsPerRun(200, serve("GET")); got > base+5 {
+		t.Fatalf("an overridden request allocates %v, a plain one %v: the routes are read on every request", got, base)
+	}
+}
+
+// TestRouteKeyLateRouteAfterDoubt: a request that puts a path's routes in
+// doubt before a route is registered there (an override to PUT while only
+// GET exists) delays the reread, but the PUT route registered later, with
+// the GET route's handler, is keyed by its own method within a second.
+func TestRouteKeyLateRouteAfterDoubt(t *testing.T) {
+	clk := core.NewFakeClock(t0)
+	defer ginlimit.SetNow(clk.Now)()
+	obs := &keys{}
+	l := limiter(t, clk, obs, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "put", Limit: 1, Window: time.Hour}, Routes: []string{"PUT /x"}},
+	})
+	r := gin.New()
+	r.Use(func(c *gin.Context) {
+		if m := c.GetHeader("X-HTTP-Method-Override"); m != "" {
+			c.Request.Method = m
+		}
+	}, ginlimit.MiddlewareFor(r, l))
+	r.GET("/x", ok)
+	do(r, "GET", "/x", peer)
+	do(r, "GET", "/x", peer, "X-HTTP-Method-Override", "PUT")
+	r.PUT("/x", ok)
+	clk.Advance(time.Second)
+	var codes []int
+	for range 3 {
+		codes = append(codes, do(r, "PUT", "/x", peer).Code)
+	}
+	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("PUT /x x3 a second after it was registered: statuses %v, want %v; keys %q", codes, want, obs.list())
 	}
 }
