@@ -31,8 +31,8 @@
 // handler gin is serving (the rewritten method when its route shares that
 // handler; among several others that do, POST, or else the first that
 // engine.Routes lists), never by one the client picked, so a layer whose
-// Routes name "POST /login" still applies. A route registered at a path
-// after its first request is keyed by its own method within a second.
+// Routes name "POST /login" still applies. A route registered after
+// serving began is keyed by its own method within a second.
 // [Middleware] does not know the routes and keys it by the rewritten
 // method: with a method override before the limiter, use MiddlewareFor, or
 // put the override after it.
@@ -81,6 +81,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -191,80 +192,109 @@ var anyMethods = []string{
 	http.MethodTrace,
 }
 
-// anyRoutes remembers the routes of an engine by path. It holds one entry
-// per route path.
+// anyRoutes remembers the routes of an engine, by path, as they were when
+// engine.Routes was last read.
 type anyRoutes struct {
 	engine *gin.Engine
-	known  sync.Map // path -> *pathRoutes
+	snap   atomic.Pointer[routeSnap]
+	mu     sync.Mutex // held while reading engine.Routes
 }
 
-// pathRoutes are the routes registered at one path when they were last
-// read: each method's handler (the last of its chain, the one c.Handler
-// returns) and whether every method gin's Any registers has one; and when
-// they may be read again (next), after waiting wait since the last read.
+// routeSnap is one reading of an engine's routes: the routes at each path,
+// their number, and when they may be read again (next), after waiting wait
+// since this reading.
+type routeSnap struct {
+	paths map[string]*pathRoutes
+	count int
+	next  time.Time
+	wait  time.Duration
+}
+
+// pathRoutes are the routes registered at one path: each method's handler
+// (the last of its chain, the one c.Handler returns), and whether every
+// method gin's Any registers has one.
 type pathRoutes struct {
 	any      bool
 	methods  []string
 	handlers []gin.HandlerFunc
-	next     time.Time
-	wait     time.Duration
 }
 
-// Rereading the routes at a path that a request puts in doubt waits from
-// minReread, doubling while rereads find nothing new, up to maxReread: a
-// client sending such requests makes engine.Routes run about once a second
-// per path, and a route registered at a path after its first request is
-// keyed by its own method within maxReread.
+// Reading the routes again for a request that puts them in doubt waits
+// from minReread, doubling while readings find no new route, up to
+// maxReread: clients sending such requests, at any paths, make
+// engine.Routes run about once a second, and a route registered after
+// serving began is keyed by its own method within maxReread.
 const (
 	minReread = time.Millisecond
 	maxReread = time.Second
 )
 
-// now is the clock of the rereads (a variable for tests).
+// now is the clock of the readings (a variable for tests).
 var now = time.Now
 
 // method returns the method a request at path, of method and served by h,
 // is keyed by, "" for the path alone (see pathRoutes.served). A request
-// puts the remembered routes in doubt when no route holds h, or when its
-// method (one gin's Any registers) is not that of the route holding h: a
-// method override, or a route registered after the path's first request.
-// The routes are then read again, at most as often as pathRoutes allows.
+// puts the remembered routes in doubt when no route at path holds h, or
+// when h's route there is not of the request's method (a method override,
+// or a route registered after the routes were read); they are then read
+// again, at most as often as routeSnap allows.
 func (a *anyRoutes) method(path, method string, h gin.HandlerFunc) string {
-	v, _ := a.known.Load(path)
-	cached, _ := v.(*pathRoutes)
-	t := now()
-	if cached != nil {
-		m, ok := cached.served(method, h)
-		if ok && (cached.any || m == method || !slices.Contains(anyMethods, method)) {
-			return m
-		}
-		if t.Before(cached.next) {
-			if ok {
-				return m
-			}
-			return method // served by no route at path: not met with gin's own routing
-		}
+	snap := a.snap.Load()
+	if snap == nil {
+		snap = a.read(nil, now())
 	}
-	fresh := &pathRoutes{}
-	for _, ri := range a.engine.Routes() {
-		if ri.Path == path {
-			fresh.methods = append(fresh.methods, ri.Method)
-			fresh.handlers = append(fresh.handlers, ri.HandlerFunc)
-		}
-	}
-	fresh.any = true
-	for _, m := range anyMethods {
-		fresh.any = fresh.any && slices.Contains(fresh.methods, m)
-	}
-	if cached != nil && len(cached.methods) == len(fresh.methods) {
-		fresh.wait = min(max(2*cached.wait, minReread), maxReread) // nothing new
-		fresh.next = t.Add(fresh.wait)
-	}
-	a.known.Store(path, fresh)
-	if m, ok := fresh.served(method, h); ok {
+	pr := snap.paths[path]
+	m, ok := pr.served(method, h)
+	if ok && (pr.any || m == method) {
 		return m
 	}
-	return method
+	if t := now(); !t.Before(snap.next) {
+		pr = a.read(snap, t).paths[path]
+		m, ok = pr.served(method, h)
+	}
+	if !ok {
+		return method // served by no route at path: not met with gin's own routing
+	}
+	return m
+}
+
+// read reads the engine's routes, unless another caller is reading them or
+// has read them since last (then it returns that reading), and returns the
+// reading it stores.
+func (a *anyRoutes) read(last *routeSnap, t time.Time) *routeSnap {
+	if !a.mu.TryLock() {
+		if cur := a.snap.Load(); cur != nil {
+			return cur
+		}
+		a.mu.Lock()
+	}
+	defer a.mu.Unlock()
+	if cur := a.snap.Load(); cur != last {
+		return cur
+	}
+	routes := a.engine.Routes()
+	snap := &routeSnap{paths: make(map[string]*pathRoutes), count: len(routes)}
+	for _, ri := range routes {
+		pr := snap.paths[ri.Path]
+		if pr == nil {
+			pr = &pathRoutes{}
+			snap.paths[ri.Path] = pr
+		}
+		pr.methods = append(pr.methods, ri.Method)
+		pr.handlers = append(pr.handlers, ri.HandlerFunc)
+	}
+	for _, pr := range snap.paths {
+		pr.any = true
+		for _, m := range anyMethods {
+			pr.any = pr.any && slices.Contains(pr.methods, m)
+		}
+	}
+	if last != nil && last.count == snap.count {
+		snap.wait = min(max(2*last.wait, minReread), maxReread) // nothing new
+		snap.next = t.Add(snap.wait)
+	}
+	a.snap.Store(snap)
+	return snap
 }
 
 // served returns the method a request at this path is keyed by, "" for
@@ -278,6 +308,9 @@ func (a *anyRoutes) method(path, method string, h gin.HandlerFunc) string {
 // key's method is then always one of the routes', never one the client
 // picked.
 func (pr *pathRoutes) served(method string, h gin.HandlerFunc) (string, bool) {
+	if pr == nil {
+		return "", false // a path registered after the routes were read
+	}
 	if pr.any {
 		return "", true
 	}

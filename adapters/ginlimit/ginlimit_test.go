@@ -559,3 +559,29 @@ func TestRouteKeyLateRouteAfterDoubt(t *testing.T) {
 		t.Errorf("PUT /x x3 a second after it was registered: statuses %v, want %v; keys %q", codes, want, obs.list())
 	}
 }
+
+// TestRouteKeyLateRouteOfOtherMethod: a route of a method gin's Any does
+// not register (PROPFIND), registered after serving began with the handler
+// of a route already served at its path, is keyed by its own method within
+// a second.
+func TestRouteKeyLateRouteOfOtherMethod(t *testing.T) {
+	clk := core.NewFakeClock(t0)
+	defer ginlimit.SetNow(clk.Now)()
+	obs := &keys{}
+	l := limiter(t, clk, obs, []ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "propfind", Limit: 1, Window: time.Hour}, Routes: []string{"PROPFIND /dav"}},
+	})
+	r := gin.New()
+	r.Use(ginlimit.MiddlewareFor(r, l))
+	r.GET("/dav", ok)
+	do(r, "GET", "/dav", peer)
+	r.Handle("PROPFIND", "/dav", ok)
+	clk.Advance(time.Second)
+	var codes []int
+	for range 3 {
+		codes = append(codes, do(r, "PROPFIND", "/dav", peer).Code)
+	}
+	if want := []int{200, 429, 429}; !slices.Equal(codes, want) {
+		t.Errorf("PROPFIND /dav x3 a second after it was registered: statuses %v, want %v; keys %q", codes, want, obs.list())
+	}
+}
