@@ -1123,12 +1123,15 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		if ly.resolver != nil {
 			rp, err := ly.resolver.Resolve(ctx, key)
 			if err != nil {
-				if l.gone(res, ctx) {
-					return 0
+				if l.goneWith(res, ctx, err) {
+					return 0 // the request ended, and so the lookup
 				}
 				err = wrap(ErrStoreFailure, "layer "+ly.desc+": resolving the policy", err)
-				// Reported as a store failure is: the fail policy answers it.
-				l.observeError(reqs[:n], p, err)
+				if !peek {
+					// Reported as a store failure is (and, as a store
+					// failure, not for a Peek): the fail policy answers it.
+					l.observeError(reqs[:n], p, err)
+				}
 				l.failed(res, outcomeStore, err)
 				return 0
 			}

@@ -1366,3 +1366,48 @@ func TestSkipCIDRsForwardedHeaderLogged(t *testing.T) {
 		}
 	}
 }
+
+// TestResolverFailureReportedAsStoreFailure: a Resolver failure is
+// reported as a store failure is: not for a Peek (which reports no store
+// failure either), and also when the client left while the lookup ran, for
+// an error the context's end did not cause.
+func TestResolverFailureReportedAsStoreFailure(t *testing.T) {
+	down := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) {
+		return nil, errors.New("tier database down")
+	})
+	obs := &mwObserver{}
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1).Named("per-ip"), Resolver: down}},
+		ratelimit.WithObserver(obs))
+	if res := e.l.Peek(mwReq("192.0.2.1:1")); res.Err == nil {
+		t.Fatal("a Peek past a failing Resolver: no error")
+	}
+	if n := len(obs.errs); n != 0 {
+		t.Fatalf("a Peek past a failing Resolver reported %d errors, want 0", n)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	hangup := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) {
+		cancel() // the client hangs up while the lookup runs
+		return nil, errors.New("tier database down")
+	})
+	obs2 := &mwObserver{}
+	e2 := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(1).Named("per-ip"), Resolver: hangup}},
+		ratelimit.WithObserver(obs2))
+	res := e2.l.Decide(mwReq("192.0.2.1:1").WithContext(ctx))
+	if len(obs2.errs) != 1 || !errors.Is(res.Err, ratelimit.ErrStoreFailure) {
+		t.Fatalf("a Resolver failure met after the client left: %d errors observed, result %v; want 1 and a store failure", len(obs2.errs), res.Err)
+	}
+}
+
+// TestSetRulesSameRuleExplicitBurst: a rule set again with Burst spelled
+// out (the same Identity as the rule in force) is what Rules reports.
+func TestSetRulesSameRuleExplicitBurst(t *testing.T) {
+	e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerMinute(10).Named("per-ip")}})
+	want := core.PerMinute(10).Named("per-ip").WithBurst(10)
+	if err := e.l.SetRules(map[string]core.Rule{"per-ip": want}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.l.Rules()["per-ip"]; got.Burst != want.Burst {
+		t.Fatalf("after SetRules with Burst 10, Rules gives Burst %d", got.Burst)
+	}
+}

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"reflect"
 	"sort"
 	"strings"
 
@@ -94,7 +95,7 @@ func (l *Limiter) SetRules(rules map[string]core.Rule) error {
 		if err := core.CheckPolicies(l.cl.Store(), p); err != nil {
 			return prefixed("SetRules: layer "+l.layers[i].desc, err)
 		}
-		if old := policies[i]; old.Identity() == p.Identity() && old.MaxDelay() == p.MaxDelay() {
+		if old := policies[i]; sameRule(old.Rule(), p.Rule()) {
 			p = old // the same rule: the same policy, so that nothing tells them apart
 		}
 		policies[i] = p
@@ -109,6 +110,20 @@ func (l *Limiter) SetRules(rules map[string]core.Rule) error {
 	l.rules.Store(rs)
 	l.observeRules(policies)
 	return nil
+}
+
+// sameRule reports whether a and b are the same Rule: every field equal,
+// and the same algorithm (a custom one compared only when its type is
+// comparable).
+func sameRule(a, b core.Rule) bool {
+	if a.Name != b.Name || a.Limit != b.Limit || a.Window != b.Window || a.Burst != b.Burst || a.MaxDelay != b.MaxDelay {
+		return false
+	}
+	if a.Algorithm == nil || b.Algorithm == nil {
+		return a.Algorithm == nil && b.Algorithm == nil
+	}
+	ta, tb := reflect.TypeOf(a.Algorithm), reflect.TypeOf(b.Algorithm)
+	return ta == tb && ta.Comparable() && a.Algorithm == b.Algorithm
 }
 
 // Rules returns the rule of every layer, by layer name, with defaults
