@@ -1318,6 +1318,20 @@ func TestRefundSees101(t *testing.T) {
 	}
 }
 
+// reloadLimiter returns a Limiter of one per-IP layer under rule, on a fake
+// clock at a multiple of 120 s (so that windows of 1 and 2 minutes start
+// there), the clock, and a function deciding a request of one client.
+func reloadLimiter(t *testing.T, rule core.Rule) (*ratelimit.Limiter, *core.FakeClock, func() ratelimit.Result) {
+	t.Helper()
+	clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: rule}},
+		ratelimit.WithClock(clk), ratelimit.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, clk, func() ratelimit.Result { return l.Decide(mwReq("192.0.2.1:1")) }
+}
+
 // TestRefundAfterSetRulesNeverCredits: a request charged under the old rule
 // whose unit came back before the first request under the new rule met
 // the key (so it was not carried over) is refunded after the change. The
@@ -1339,17 +1353,7 @@ func TestRefundAfterSetRulesNeverCredits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// 1_800_000_000 is a multiple of 120 s: both rules' windows start at t0.
-			clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))
-			l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: tc.old}},
-				ratelimit.WithClock(clk), ratelimit.WithLogger(nil))
-			if err != nil {
-				t.Fatal(err)
-			}
-			decide := func() ratelimit.Result {
-				r := httptest.NewRequest("GET", "/", nil)
-				r.RemoteAddr = "192.0.2.1:1"
-				return l.Decide(r)
-			}
+			l, clk, decide := reloadLimiter(t, tc.old)
 			a := decide() // a slow request, charged under the old rule
 			if !a.Proceed {
 				t.Fatal("first request refused")
@@ -1385,17 +1389,7 @@ func TestRefundAfterSetRulesNeverCredits(t *testing.T) {
 func TestRefundAfterSetRulesAndBack(t *testing.T) {
 	ruleA := core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 5, Window: time.Minute}
 	ruleB := core.Rule{Name: "per-ip", Limit: 5, Window: time.Minute} // token bucket
-	clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))             // a multiple of 60 s
-	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: ruleA}},
-		ratelimit.WithClock(clk), ratelimit.WithLogger(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	decide := func() ratelimit.Result {
-		r := httptest.NewRequest("GET", "/", nil)
-		r.RemoteAddr = "192.0.2.1:1"
-		return l.Decide(r)
-	}
+	l, clk, decide := reloadLimiter(t, ruleA)
 	a := decide() // a slow request charged under A at t0
 	if !a.Proceed {
 		t.Fatal("a refused")
@@ -1454,17 +1448,7 @@ func TestRefundHandBuiltAfterSetRules(t *testing.T) {
 	for _, writeHeaders := range []bool{false, true} {
 		old := core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 5, Window: time.Minute}
 		nw := core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 10, Window: 2 * time.Minute}
-		clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))
-		l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: old}},
-			ratelimit.WithClock(clk), ratelimit.WithLogger(nil))
-		if err != nil {
-			t.Fatal(err)
-		}
-		decide := func() ratelimit.Result {
-			r := httptest.NewRequest("GET", "/", nil)
-			r.RemoteAddr = "192.0.2.1:1"
-			return l.Decide(r)
-		}
+		l, clk, decide := reloadLimiter(t, old)
 		a := decide()
 		if !a.Proceed {
 			t.Fatal("a refused")
