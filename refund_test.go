@@ -1352,7 +1352,6 @@ func TestRefundAfterSetRulesNeverCredits(t *testing.T) {
 			core.Rule{Name: "per-ip", Algorithm: core.SlidingWindowCounter, Limit: 5, Window: time.Minute}, 30 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// 1_800_000_000 is a multiple of 120 s: both rules' windows start at t0.
 			l, clk, decide := reloadLimiter(t, tc.old)
 			a := decide() // a slow request, charged under the old rule
 			if !a.Proceed {
