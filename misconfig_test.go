@@ -1411,3 +1411,39 @@ func TestSetRulesSameRuleExplicitBurst(t *testing.T) {
 		t.Fatalf("after SetRules with Burst 10, Rules gives Burst %d", got.Burst)
 	}
 }
+
+// optionedAlg is a custom algorithm whose type is comparable but whose
+// value, holding a map, is not.
+type optionedAlg struct {
+	core.Algorithm
+	opts any
+}
+
+func (optionedAlg) Name() string { return "optioned_bucket" }
+
+// TestSetRulesSameCustomAlgorithm: setting again a rule whose custom
+// algorithm holds a map (directly, or inside a decorator) does not panic,
+// and the rule stays the same.
+func TestSetRulesSameCustomAlgorithm(t *testing.T) {
+	type decorator struct{ core.Algorithm }
+	for _, alg := range []core.Algorithm{
+		optionedAlg{Algorithm: core.TokenBucket, opts: map[string]int{"x": 1}},
+		decorator{optionedAlg{Algorithm: core.TokenBucket, opts: map[string]int{"x": 1}}},
+	} {
+		rule := core.PerMinute(10).Named("per-ip").Using(alg)
+		e := mwNew(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: rule}})
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Fatalf("SetRules with the same rule (%T) panicked: %v", alg, p)
+				}
+			}()
+			if err := e.l.SetRules(map[string]core.Rule{"per-ip": rule}); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		if got := e.l.Rules()["per-ip"]; got.Limit != 10 || got.Algorithm.Name() != "optioned_bucket" {
+			t.Fatalf("after SetRules: %+v", got)
+		}
+	}
+}

@@ -113,17 +113,12 @@ func (l *Limiter) SetRules(rules map[string]core.Rule) error {
 }
 
 // sameRule reports whether a and b are the same Rule: every field equal,
-// and the same algorithm (a custom one compared only when its type is
-// comparable).
+// the algorithms too (deeply, so that a custom one holding a map, a slice
+// or a func compares without a panic; one holding a func is never the
+// same).
 func sameRule(a, b core.Rule) bool {
-	if a.Name != b.Name || a.Limit != b.Limit || a.Window != b.Window || a.Burst != b.Burst || a.MaxDelay != b.MaxDelay {
-		return false
-	}
-	if a.Algorithm == nil || b.Algorithm == nil {
-		return a.Algorithm == nil && b.Algorithm == nil
-	}
-	ta, tb := reflect.TypeOf(a.Algorithm), reflect.TypeOf(b.Algorithm)
-	return ta == tb && ta.Comparable() && a.Algorithm == b.Algorithm
+	return a.Name == b.Name && a.Limit == b.Limit && a.Window == b.Window && a.Burst == b.Burst &&
+		a.MaxDelay == b.MaxDelay && reflect.DeepEqual(a.Algorithm, b.Algorithm)
 }
 
 // Rules returns the rule of every layer, by layer name, with defaults
