@@ -624,8 +624,13 @@ var (
 // maxMounts bounds mounts.
 const maxMounts = 4096
 
-// mountOf is mountAt, remembered in mounts.
+// mountOf is mountAt, remembered in mounts when routes is a pointer (a
+// *chi.Mux), which is safe to hash; any other chi.Routes (a host router of
+// a map type, say, whose hashing would panic) is looked up anew.
 func mountOf(routes chi.Routes, pattern, method string) chi.Routes {
+	if reflect.TypeOf(routes).Kind() != reflect.Pointer {
+		return mountAt(routes, pattern, method)
+	}
 	k := mountKey{routes, pattern, method}
 	if v, ok := mounts.Load(k); ok {
 		return v.(mountVal).sub
