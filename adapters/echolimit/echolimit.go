@@ -28,6 +28,20 @@
 // serves (POST, the method MethodOverride rewrites, when several share
 // that handler), or by its path alone when that cannot be told.
 //
+// In e.Pre the Limiter sees the request the Pre middleware before it hand
+// on, while echo routes the request it received: a Pre middleware that
+// replaces the request with a copy (echo.WrapMiddleware around a net/http
+// middleware calling r.WithContext, ContextTimeout, this package's
+// Config.Result) and then MethodOverride or Rewrite changes only the copy,
+// so the Limiter would key the request otherwise than echo routes it, and
+// a client's override could escape route layers. With such Pre middleware,
+// put the Limiter in e.Use, where it keys by the route echo serves.
+//
+// A method's route on a path also registered with e.Any (e.POST and e.Any
+// on "/login") is keyed as the e.Any route, by the path alone: both share
+// its quota, and a layer written "POST /login" matches neither (the
+// unmatched-Routes warning says so); write "/login".
+//
 // # Responses
 //
 // By default the limiter writes its own responses, exactly as its net/http

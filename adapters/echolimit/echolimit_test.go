@@ -795,3 +795,28 @@ func TestRouteKeyAfterPathRewriteInUse(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteKeyMethodRouteBesideAny: an e.POST route beside an e.Any route
+// on the same path is keyed as the e.Any route, by the path alone, as the
+// package documentation says: a layer written "/login" limits both.
+func TestRouteKeyMethodRouteBesideAny(t *testing.T) {
+	l := limiter(t, core.NewFakeClock(t0), &keys{}, []ratelimit.Layer{{
+		Key:    ratelimit.Composite(ratelimit.Route(), ratelimit.MustClientIP()),
+		Rule:   core.Rule{Name: "login", Limit: 1, Window: time.Minute},
+		Routes: []string{"/login"},
+	}})
+	e := echo.New()
+	var key string
+	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error { key = echolimit.RouteOf(c); return next(c) }
+	}, echolimit.Middleware(l))
+	e.Any("/login", ok)
+	e.POST("/login", func(c echo.Context) error { return c.NoContent(http.StatusCreated) })
+	var codes []int
+	for range 3 {
+		codes = append(codes, do(e, http.MethodPost, "/login", peer).Code)
+	}
+	if want := []int{201, 429, 429}; !slices.Equal(codes, want) || key != "/login" {
+		t.Errorf("POST /login (e.POST beside e.Any) three times, limit 1 on \"/login\": %v, want %v; RouteOf %q, want /login", codes, want, key)
+	}
+}
