@@ -113,9 +113,10 @@ func (l *Limiter) SetRules(rules map[string]core.Rule) error {
 }
 
 // sameRule reports whether a and b are the same Rule: every field equal,
-// the algorithms too (deeply, so that a custom one holding a map, a slice
-// or a func compares without a panic; one holding a func is never the
-// same).
+// the algorithms too, deeply (reflect.DeepEqual), so that a custom one
+// holding a map, a slice or a func compares without a panic. Either answer
+// is safe: a rule found different only gets a new policy of the same
+// Identity.
 func sameRule(a, b core.Rule) bool {
 	return a.Name == b.Name && a.Limit == b.Limit && a.Window == b.Window && a.Burst == b.Burst &&
 		a.MaxDelay == b.MaxDelay && reflect.DeepEqual(a.Algorithm, b.Algorithm)

@@ -17,7 +17,9 @@
 // and per-route layers in one atomic batch. A request no route matches (the
 // NoRoute handlers, 404 or 405) is not keyed by route: route layers do not
 // apply to it, and gin only matches a method a route was registered for, so
-// the number of route keys is bounded by the routes.
+// the number of route keys is bounded by the routes (with [MiddlewareFor]
+// also behind a method override, which [Middleware] keys by the method it
+// finds: see below).
 //
 // A route registered with router.Any serves nine methods; with [Middleware]
 // each is keyed apart ("GET /login", "POST /login", ...). [MiddlewareFor]
