@@ -114,9 +114,9 @@ func (l *Limiter) SetRules(rules map[string]core.Rule) error {
 
 // sameRule reports whether a and b are the same Rule: every field equal,
 // the algorithms too, deeply (reflect.DeepEqual), so that a custom one
-// holding a map, a slice or a func compares without a panic. Either answer
-// is safe: a rule found different only gets a new policy of the same
-// Identity.
+// holding a map, a slice or a func compares without a panic. A rule found
+// different although it is the same (one holding a func) only gets a new
+// policy of the same Identity, which decides and refunds alike.
 func sameRule(a, b core.Rule) bool {
 	return a.Name == b.Name && a.Limit == b.Limit && a.Window == b.Window && a.Burst == b.Burst &&
 		a.MaxDelay == b.MaxDelay && reflect.DeepEqual(a.Algorithm, b.Algorithm)

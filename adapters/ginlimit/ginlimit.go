@@ -306,9 +306,8 @@ func (a *anyRoutes) read(last *routeSnap, t time.Time) *routeSnap {
 // routed by the method the request had then and a middleware before this
 // one (a method override) changed it: POST, the method overrides rewrite,
 // when several routes share h, or else the first of them engine.Routes
-// lists. The
-// key's method is then always one of the routes', never one the client
-// picked.
+// lists. The key's method is then always one of the routes', never one the
+// client picked.
 func (pr *pathRoutes) served(method string, h gin.HandlerFunc) (string, bool) {
 	if pr == nil {
 		return "", false // a path registered after the routes were read
