@@ -88,7 +88,6 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
-	"unsafe"
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
@@ -274,7 +273,7 @@ func servedMethod(rt *echo.Router, r *http.Request, fc echo.Context, path, looku
 	found := func(m string) bool {
 		fc.Reset(r, nil)
 		rt.Find(m, lookup, fc)
-		return fc.Path() == path && matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) && sameHandler(fc.Handler(), h)
+		return fc.Path() == path && matched(fc.Path(), fc.Handler(), fc.Get(echo.ContextKeyHeaderAllow)) && frameworkctx.SameFunc(fc.Handler(), h)
 	}
 	if found(r.Method) {
 		return r.Method
@@ -341,13 +340,6 @@ func hasMethodRoute(rt *echo.Router, path string) bool {
 		}
 	}
 	return false
-}
-
-// sameHandler reports whether a and b are the same function value: the
-// same closure, not merely the same code (closures of one function
-// literal, such as route middleware's wrappers, share their code).
-func sameHandler(a, b echo.HandlerFunc) bool {
-	return *(*unsafe.Pointer)(unsafe.Pointer(&a)) == *(*unsafe.Pointer)(unsafe.Pointer(&b))
 }
 
 // methodRoutes reports whether rt has a route registered at path for m1,

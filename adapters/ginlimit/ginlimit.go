@@ -85,7 +85,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/gin-gonic/gin"
 
@@ -317,7 +316,7 @@ func (pr *pathRoutes) served(method string, h gin.HandlerFunc) (string, bool) {
 	}
 	served, found := "", false
 	for i, m := range pr.methods {
-		if !sameHandler(pr.handlers[i], h) {
+		if !frameworkctx.SameFunc(pr.handlers[i], h) {
 			continue
 		}
 		if m == method {
@@ -328,13 +327,6 @@ func (pr *pathRoutes) served(method string, h gin.HandlerFunc) (string, bool) {
 		}
 	}
 	return served, found
-}
-
-// sameHandler reports whether a and b are the same function value: the
-// same closure, not merely the same code (closures of one function
-// literal are told apart).
-func sameHandler(a, b gin.HandlerFunc) bool {
-	return *(*unsafe.Pointer)(unsafe.Pointer(&a)) == *(*unsafe.Pointer)(unsafe.Pointer(&b))
 }
 
 // New builds a Limiter from layers and opts with [ratelimit.New] and returns

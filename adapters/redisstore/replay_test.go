@@ -16,13 +16,19 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-func TestReplayStoreClaimCommitRelease(t *testing.T) {
-	client := newClient(t, redistest.Server(t))
-	prefix := uniquePrefix(t)
+// newReplayStore returns a ReplayStore on client under prefix.
+func newReplayStore(t *testing.T, client redis.UniversalClient, prefix string) *ReplayStore {
+	t.Helper()
 	s, err := NewReplayStore(client, &ReplayConfig{Prefix: prefix, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+func TestReplayStoreClaimCommitRelease(t *testing.T) {
+	client, prefix := newClient(t, redistest.Server(t)), uniquePrefix(t)
+	s := newReplayStore(t, client, prefix)
 	ctx := context.Background()
 	rec, tok, err := s.Claim(ctx, "a", 5*time.Second, 3)
 	if err != nil || tok == "" || rec != nil {
@@ -85,10 +91,7 @@ func TestReplayAcrossFleet(t *testing.T) {
 			Key:  ratelimit.MustClientIP(),
 			Rule: core.Rule{Name: "per-ip", Limit: 100, Window: time.Hour},
 		}}, ratelimit.WithStore(newStore(t, client, &Config{Prefix: prefix}))))
-		rs, err := NewReplayStore(client, &ReplayConfig{Prefix: prefix, Timeout: 10 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
+		rs := newReplayStore(t, client, prefix)
 		f, err := ratelimit.NewIdempotency(l, &ratelimit.IdempotencyConfig{Store: rs, MaxWait: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -215,12 +218,8 @@ func TestReplayStoreFaults(t *testing.T) {
 // claim and the record for about that long, not for the 1 ms a sum
 // wrapping into the past gave: replay and the claim would be off.
 func TestReplayStoreForever(t *testing.T) {
-	client := newClient(t, redistest.Server(t))
-	prefix := uniquePrefix(t)
-	s, err := NewReplayStore(client, &ReplayConfig{Prefix: prefix, Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, prefix := newClient(t, redistest.Server(t)), uniquePrefix(t)
+	s := newReplayStore(t, client, prefix)
 	ctx := context.Background()
 	forever := time.Duration(math.MaxInt64)
 	if _, tok, err := s.Claim(ctx, "hold", forever, 3); err != nil || tok == "" {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"unsafe"
 
 	"github.com/limitry/ratelimit"
 )
@@ -105,3 +106,11 @@ func (e configError) Error() string { return string(e) }
 
 // Is reports that the error is a ratelimit.ErrConfig.
 func (configError) Is(target error) bool { return target == ratelimit.ErrConfig }
+
+// SameFunc reports whether a and b, values of a func type F (a framework's
+// handler type), are the same function value: the same closure, not merely
+// the same code, so that closures of one function literal (route
+// middleware's wrappers, say) are told apart. F must be a func type.
+func SameFunc[F any](a, b F) bool {
+	return *(*unsafe.Pointer)(unsafe.Pointer(&a)) == *(*unsafe.Pointer)(unsafe.Pointer(&b))
+}

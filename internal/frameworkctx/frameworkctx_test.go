@@ -55,3 +55,16 @@ func TestKey(t *testing.T) {
 		t.Fatalf("the parent's values: %v", v)
 	}
 }
+
+// TestSameFunc: a function value is the same as itself, and two closures
+// of one function literal are not the same, though they share their code.
+func TestSameFunc(t *testing.T) {
+	mk := func(n int) func() int { return func() int { return n } }
+	f, g := mk(1), mk(1)
+	if !SameFunc(f, f) {
+		t.Error("a func is not the same as itself")
+	}
+	if SameFunc(f, g) {
+		t.Error("two closures of one literal are the same")
+	}
+}
