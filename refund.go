@@ -213,22 +213,28 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 	n := 0
 	for i := range layers {
 		ly := &layers[i]
-		if ly.index < len(l.layers) && l.layers[ly.index].inFlight > 0 {
+		idx, kept := ly.index, false
+		if rs == nil && ly.Decision.Policy != nil {
+			idx, kept = l.handBuilt(ly.Decision.Policy, cur)
+		}
+		if idx >= 0 && idx < len(l.layers) && l.layers[idx].inFlight > 0 {
 			continue
 		}
 		if n == len(reqs) || ly.Refused || !ly.Decision.Allowed || ly.Decision.Policy == nil {
 			return 0
 		}
-		if ly.index < len(l.layers) && l.resetCount(l.layers[ly.index].name, ly.Key) != ly.resets {
+		if idx >= 0 && idx < len(l.layers) && l.resetCount(l.layers[idx].name, ly.Key) != ly.resets {
 			// Reset since (or while) the layer was charged: the key's
 			// record holds only later charges, none of this one, and a
-			// refund would give back one of theirs.
+			// refund would give back one of theirs. (A layer built by
+			// hand, which does not say how many resets it followed,
+			// keeps its charge once its key has ever been reset.)
 			continue
 		}
-		p, cost := ly.Decision.Policy, ly.Cost
-		if rs == nil && l.replaced(p, cur) {
-			continue // see replaced
+		if kept {
+			continue // see handBuilt
 		}
+		p, cost := ly.Decision.Policy, ly.Cost
 		if rs != nil && rs != cur && own(rs, ly) && ly.index < len(cur.rules) {
 			if cur.rules[ly.index].gen != rs.rules[ly.index].gen {
 				continue // replaced since: the charge stays (see above)
@@ -255,23 +261,36 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 	return n
 }
 
-// replaced reports, for a layer of a Result built by hand (which does not
-// say the rules it was decided under), whether p is named as a layer
-// without a Resolver whose policy in force is not p: p is then a rule
-// SetRules has replaced, or one that never was the layer's, and a refund
-// under it would carry the key's state back to it (see refundRequests).
-// The charge stays.
-func (l *Limiter) replaced(p *core.Policy, cur *ruleSet) bool {
-	i := l.layerIndex(p.Name())
-	return i >= 0 && i < len(cur.rules) && l.layers[i].resolver == nil && cur.rules[i].policy != p
+// handBuilt returns, for a layer of a Result built by hand (which says
+// neither the layer it belongs to nor the rules it was decided under), the
+// index of the layer p, its Decision.Policy, belongs to (the layer of that
+// name, or the one whose Resolver lists p's name), and whether its charge
+// stays: when p is named as a layer whose rule in force is not p (a rule
+// SetRules has replaced since, or a policy that never was the layer's: a
+// refund under it would carry the key's state back to it, see
+// refundRequests), and when no layer names or lists p's name (a policy a
+// Resolver returned unlisted, whose layer, and so whose resets, cannot be
+// told). A policy a Resolver lists is not a rule SetRules replaces: its
+// charge is refunded under it.
+func (l *Limiter) handBuilt(p *core.Policy, cur *ruleSet) (int, bool) {
+	i, ok := l.owners[p.Name()]
+	if !ok {
+		return -1, true
+	}
+	if l.layers[i].name != p.Name() {
+		return i, false
+	}
+	return i, i >= len(cur.rules) || cur.rules[i].policy != p
 }
 
 // Refund gives back what the request res was decided for was charged, on
 // every layer but those that keep their charge (a shaping layer, a layer
 // whose key Reset reset since the charge, and a layer whose rule SetRules
-// replaced since: see [WithRefund]; in a Result built by hand, which does
-// not say the rules it was decided under, a layer without a Resolver whose
-// Decision.Policy is not its rule in force), in one
+// replaced since: see [WithRefund]; in a Result built by hand, which says
+// neither its layers' places nor the rules they were decided under, a
+// layer whose Decision.Policy is named as a layer whose rule in force is
+// not that policy, a layer whose policy no layer names or its Resolver
+// lists, and a layer whose key Reset has ever reset), in one
 // atomic store call (see core.Refunder), for flows
 // built on [Limiter.Decide] or [Limiter.AdmitWithResult] (a framework
 // handler reading [ResultFromContext]) that decide on a refund themselves;
