@@ -1142,8 +1142,11 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 				}
 				if err := l.clashes(i, rp, reqs[:n]); err != nil {
 					// Reported as the store reports the policies it
-					// cannot decide: the request is answered 500.
-					l.observeError(reqs[:n], rp, err)
+					// cannot decide (and so, as core reports them, not
+					// for a Peek): the request is answered 500.
+					if !peek {
+						l.observeError(reqs[:n], rp, err)
+					}
 					l.configError(res, ly, err)
 					return 0
 				}

@@ -1447,3 +1447,37 @@ func TestSetRulesSameCustomAlgorithm(t *testing.T) {
 		}
 	}
 }
+
+// TestPeekClashNotReported: a Resolver's policy that clashes with another
+// layer's is reported to the Observer as a policy the store cannot decide
+// is: once for the decided request, never for a Peek (a quota endpoint
+// that peeks before the request is decided would count it twice).
+func TestPeekClashNotReported(t *testing.T) {
+	asLayer := core.MustPolicy(core.PerMinute(100).Named("a"))
+	ip := ratelimit.MustClientIP()
+	layers := []ratelimit.Layer{
+		{Key: ip, Rule: core.PerMinute(10).Named("a")},
+		{Key: ip, Rule: core.PerMinute(10).Named("b"), Resolver: core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return asLayer, nil })},
+	}
+	obs := &mwObserver{}
+	e := mwNew(t, layers, ratelimit.WithObserver(obs))
+	res := e.l.Peek(mwReq("192.0.2.1:1"))
+	if res.Err == nil {
+		t.Fatal("Peek past a clashing Resolver: no error")
+	}
+	obs.mu.Lock()
+	n := len(obs.errs)
+	obs.mu.Unlock()
+	if n != 0 {
+		t.Errorf("a Peek reported %d errors to the Observer, want 0 (as for a failing Resolver or an unsupported policy)", n)
+	}
+	if rec := e.do(t, mwReq("192.0.2.1:1")); rec.Code != http.StatusInternalServerError {
+		t.Fatalf("status %d, want 500", rec.Code)
+	}
+	obs.mu.Lock()
+	n = len(obs.errs)
+	obs.mu.Unlock()
+	if n != 1 {
+		t.Errorf("one request (peeked, then decided) counted %d times in the Observer's errors, want 1", n)
+	}
+}

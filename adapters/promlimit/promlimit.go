@@ -67,7 +67,9 @@
 //
 // ratelimit_errors_total counts the errors a Store returned, once under each
 // rule of the batch: store failures (of a refund too, through
-// ratelimit.WithRefund or Limiter.Refund), core.ErrStoreFull from a full
+// ratelimit.WithRefund or Limiter.Refund; and a layer's Resolver failing
+// in the HTTP middleware, handled as a store failure and counted under the
+// rules of that layer and of the layers before it), core.ErrStoreFull from a full
 // MemoryStore with KeepActive (its requests are answered 429, but no rule
 // refused them, so they are not "denied": a growing count means the store
 // is too small for its busy keys, or under a flood of new ones),
@@ -83,8 +85,8 @@
 // counted; a store's own error met after that, such as a full KeepActive
 // store's, is. A
 // cost above a rule's capacity is a refusal ("denied"), not an error. Key errors
-// and Resolver errors of the HTTP middleware never reach the store and are
-// not counted; see ratelimit.WithErrorHandler. ratelimit_evictions_total
+// of the HTTP middleware never reach the store and are not counted; see
+// ratelimit.WithErrorHandler. ratelimit_evictions_total
 // counts keys a MemoryStore evicted while they still held state, under the
 // rule of the evicted key: a growing count means the store's capacity is too
 // small. ratelimit_fallback_decisions_total counts the decisions a store's
