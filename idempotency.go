@@ -160,6 +160,9 @@ type IdempotencyConfig struct {
 // admitted it, so have the proxy keep the client's Host. The layers' keys and the cost are read
 // once per request, for the scope and the decision alike (a KeyFunc or
 // cost function that reads the body reads it once, as without the filter).
+// A request whose layer key fails (a key error, an empty key, an absent key
+// its layer refuses) goes through the Limiter unchanged, which answers it
+// as without the filter: it is never replayed.
 //
 // Claiming a key and charging are one step for concurrent requests: the
 // first request with a fresh key claims it in the ReplayStore, is decided,
@@ -389,7 +392,10 @@ func (f *Idempotency) scopedKey(r *http.Request) (string, []preparedLayer, bool)
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}
-	pre := f.l.writeChargeScope(h, r)
+	pre, ok := f.l.writeChargeScope(h, r)
+	if !ok {
+		return "", nil, false
+	}
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(h.Sum(sum[:0])[:16]), pre, true
 }
@@ -425,9 +431,12 @@ type preparedLayer struct {
 // would otherwise buy replays of any cost) nor another user's or API key's
 // behind the same address (which the client scope alone would let
 // through), nor one charged by another Limiter's layer sharing the store.
-// A layer whose key fails is left out, as deciding r leaves it out or
-// fails.
-func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) []preparedLayer {
+// A layer whose key is absent (ErrNoKey) and skipped is left out, as
+// deciding r leaves it out. A layer whose key fails otherwise (a key
+// error, an empty key, an absent key that the layer refuses) makes
+// writeChargeScope return false: deciding r would fail, and a replay of a
+// request that lacked the layer must not serve it.
+func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) ([]preparedLayer, bool) {
 	r = l.routeRequest(r)
 	rs := l.rules.Load()
 	pre := make([]preparedLayer, len(l.layers))
@@ -449,8 +458,12 @@ func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) []preparedLayer
 		}
 		key, err := ly.key(r)
 		pre[i] = preparedLayer{read: true, key: key, err: err}
+		if err != nil && errors.Is(err, ErrNoKey) && ly.ifNoKey != NoKeyRefuse &&
+			!errors.Is(err, ErrNoRoute) && !errors.Is(err, ErrConfig) {
+			continue // skipped, as deciding r skips it
+		}
 		if err != nil || key == "" {
-			continue
+			return nil, false
 		}
 		cost := l.layerCost(ly, r, &defCost, &haveCost)
 		pre[i].costRead, pre[i].cost = true, cost
@@ -462,7 +475,7 @@ func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) []preparedLayer
 		b = append(b, 0)
 		h.Write(b)
 	}
-	return pre
+	return pre, true
 }
 
 // ruleDigest returns a digest of l's rules under rs: every layer's name,

@@ -1037,3 +1037,42 @@ func TestIdempotencyClaimReleasedOnPanic(t *testing.T) {
 		t.Errorf("retry after the panic: %d, want 429 (decided afresh); the panicked request's claim is still held", c)
 	}
 }
+
+// A request whose layer key is a key error (400 without the filter) is
+// answered as the Limiter answers it, not admitted as a replay of an
+// earlier request under the same idempotency key for which that layer, its
+// key absent, did not apply.
+func TestIdempotencyKeyErrorNotReplayed(t *testing.T) {
+	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
+		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 1, Window: time.Minute}},
+		{Key: ratelimit.Header("X-API-Key"), Rule: core.Rule{Name: "per-key", Limit: 10, Window: time.Minute}},
+	}, ratelimit.WithClock(clock), ratelimit.WithLogger(nil)))
+	f, err := ratelimit.NewIdempotency(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := 0
+	h := f.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served++ }))
+	do := func(apiKey string) int {
+		r := httptest.NewRequest("POST", "/pay", nil)
+		r.RemoteAddr = "192.0.2.1:1234"
+		r.Header.Set("Idempotency-Key", "k1")
+		if apiKey != "" {
+			r.Header.Set("X-API-Key", apiKey)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if c := do(""); c != http.StatusOK {
+		t.Fatalf("first request (no API key): %d, want 200", c)
+	}
+	long := strings.Repeat("a", ratelimit.MaxHeaderKeyLen+1)
+	if c := do(long); c != http.StatusBadRequest || served != 1 {
+		t.Fatalf("a too-long API key under a used idempotency key: status %d, handler runs %d; want 400 and 1 (a key error, as without the filter)", c, served)
+	}
+	if c := do(""); c != http.StatusOK || served != 2 {
+		t.Fatalf("the first request again: status %d, handler runs %d; want a replay of its admission (200, 2: per-ip allows 1)", c, served)
+	}
+}
