@@ -273,6 +273,12 @@ func (f *Idempotency) Handler(next http.Handler) http.Handler {
 func (f *Idempotency) Admit(w http.ResponseWriter, r *http.Request) bool {
 	skey, pre, ok := f.scopedKey(r)
 	if !ok {
+		if pre != nil {
+			// A layer's key failed: answered as the Limiter answers it,
+			// from the keys and costs already read.
+			res := f.l.decideResultWith(r, true, pre)
+			return f.l.serve(w, r, &res, res.Layers)
+		}
 		return f.l.Admit(w, r)
 	}
 	ctx := r.Context()
@@ -377,7 +383,8 @@ func admittedResult(res *Result) bool {
 // client, method, host, path (as received, before any prefix was stripped)
 // and key, and of what r would be charged (see writeChargeScope), with the
 // layers' keys and costs it read, for the decision to use. ok is false when
-// r has no usable key.
+// r has no usable key, and when a layer's key fails (see writeChargeScope:
+// the layers read so far are then returned, for the decision).
 func (f *Idempotency) scopedKey(r *http.Request) (string, []preparedLayer, bool) {
 	k, err := f.key(r)
 	if err != nil || k == "" {
@@ -394,7 +401,7 @@ func (f *Idempotency) scopedKey(r *http.Request) (string, []preparedLayer, bool)
 	}
 	pre, ok := f.l.writeChargeScope(h, r)
 	if !ok {
-		return "", nil, false
+		return "", pre, false
 	}
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(h.Sum(sum[:0])[:16]), pre, true
@@ -434,8 +441,9 @@ type preparedLayer struct {
 // A layer whose key is absent (ErrNoKey) and skipped is left out, as
 // deciding r leaves it out. A layer whose key fails otherwise (a key
 // error, an empty key, an absent key that the layer refuses) makes
-// writeChargeScope return false: deciding r would fail, and a replay of a
-// request that lacked the layer must not serve it.
+// writeChargeScope return false, with what it read up to that layer:
+// deciding r fails there, and a replay of a request that lacked the layer
+// must not serve it.
 func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) ([]preparedLayer, bool) {
 	r = l.routeRequest(r)
 	rs := l.rules.Load()
@@ -463,7 +471,7 @@ func (l *Limiter) writeChargeScope(h io.Writer, r *http.Request) ([]preparedLaye
 			continue // skipped, as deciding r skips it
 		}
 		if err != nil || key == "" {
-			return nil, false
+			return pre, false
 		}
 		cost := l.layerCost(ly, r, &defCost, &haveCost)
 		pre[i].costRead, pre[i].cost = true, cost

@@ -1041,11 +1041,13 @@ func TestIdempotencyClaimReleasedOnPanic(t *testing.T) {
 // A request whose layer key is a key error (400 without the filter) is
 // answered as the Limiter answers it, not admitted as a replay of an
 // earlier request under the same idempotency key for which that layer, its
-// key absent, did not apply.
+// key absent, did not apply; the layers' keys are still read once.
 func TestIdempotencyKeyErrorNotReplayed(t *testing.T) {
 	clock := core.NewFakeClock(time.Unix(1_800_000_000, 0))
+	ip, reads := ratelimit.MustClientIP(), 0
+	counted := func(r *http.Request) (string, error) { reads++; return ip(r) }
 	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{
-		{Key: ratelimit.MustClientIP(), Rule: core.Rule{Name: "per-ip", Limit: 1, Window: time.Minute}},
+		{Key: counted, Rule: core.Rule{Name: "per-ip", Limit: 1, Window: time.Minute}},
 		{Key: ratelimit.Header("X-API-Key"), Rule: core.Rule{Name: "per-key", Limit: 10, Window: time.Minute}},
 	}, ratelimit.WithClock(clock), ratelimit.WithLogger(nil)))
 	f, err := ratelimit.NewIdempotency(l, nil)
@@ -1069,8 +1071,12 @@ func TestIdempotencyKeyErrorNotReplayed(t *testing.T) {
 		t.Fatalf("first request (no API key): %d, want 200", c)
 	}
 	long := strings.Repeat("a", ratelimit.MaxHeaderKeyLen+1)
+	reads = 0
 	if c := do(long); c != http.StatusBadRequest || served != 1 {
 		t.Fatalf("a too-long API key under a used idempotency key: status %d, handler runs %d; want 400 and 1 (a key error, as without the filter)", c, served)
+	}
+	if reads != 1 {
+		t.Errorf("the first layer's key was read %d times for the request, want once", reads)
 	}
 	if c := do(""); c != http.StatusOK || served != 2 {
 		t.Fatalf("the first request again: status %d, handler runs %d; want a replay of its admission (200, 2: per-ip allows 1)", c, served)
