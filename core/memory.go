@@ -15,8 +15,9 @@ import (
 )
 
 // DefaultCapacity is the number of keys a MemoryStore holds when its
-// configuration sets none: about 13 MB at the ~126 bytes per key measured
-// at 1,000,000 keys (BenchmarkHeapPerKey).
+// configuration sets none: at most about 13 MB, at the ~126 bytes per key
+// measured at 1,000,000 keys each used twice (about 54 for keys used once:
+// see MemoryStore).
 const DefaultCapacity = 100_000
 
 // DefaultShards is the nominal number of shards of a MemoryStore whose
@@ -50,7 +51,11 @@ type MemoryConfig struct {
 	// Capacity and 32 bytes per shard (up to 64 bytes per key in a shard
 	// of one key). While a large shard fills, that is up to about 86 bytes
 	// per key held right after a growth, falling to 43 before the next. A
-	// growth allocates the new slab before the old one is dropped.
+	// growth allocates the new slab before the old one is dropped. The
+	// order of use takes 12 bytes per key held in a shard's ring (a key used
+	// once; the ring has at most four entries per such key, at least 64)
+	// and golang-lru's list entry and map slot, about 88 bytes, per key in
+	// its list (a key used again: see MemoryStore).
 	Capacity int
 
 	// Shards is the number of independently locked shards, lowered to
@@ -79,7 +84,9 @@ type MemoryConfig struct {
 	// ClockTolerance). Only the least recently used key is examined, and
 	// only keys so recovered are ever dropped; such
 	// a store keeps exact recency (every decision moves its key to the
-	// front), so that the key examined is the least recently used.
+	// front, and every key is in its shard's golang-lru list, a new key's
+	// entry allocated as it is added), so that the key examined is the
+	// least recently used.
 	//
 	// The default value, false, examines up to EvictionScan keys from the
 	// end of a full shard's list (its least recently used keys, as far as
@@ -133,8 +140,20 @@ type MemoryConfig struct {
 // as it passes where its key would be). A decision on a held key reads the
 // slab alone: one slot for a key at its home, as most keys are while the
 // shard has room, and about five on average once the shard is full (see
-// below). The shard's golang-lru list, keyed by
-// the same hashes, holds no value: it keeps the keys' order for eviction.
+// below).
+//
+// Each shard keeps its keys' order of use, for eviction, in two parts, by
+// hash: a ring, first in first out, of the keys added and not gone to the
+// front again since (12 bytes each, no allocation), and a golang-lru list
+// of the keys that have, by their last time there (a key moves to the list,
+// and its entry is allocated, the first time it goes to the front again
+// after its addition). Every key carries the shard's count of keys gone to
+// the front when it last went there (its addition counts), so the older of
+// the ring's first key and the list's last is the least recently used:
+// eviction takes the keys in the order one list of them all would give. A
+// flood of keys used once thus costs the ring alone, whose entries are
+// written and read in order, and not golang-lru's allocation, links and
+// map.
 // A shard's slab has 1/8 more slots than its capacity c (Capacity divided
 // among the shards) once full, where a successful search reads about five
 // slots on average; while the shard fills, its slab is that size halved
@@ -175,9 +194,11 @@ type MemoryConfig struct {
 // first.
 //
 // Deciding an existing key allocates nothing (unless its policy changes,
-// when the shard's table of policies may grow). A new key costs one
-// allocation (its LRU entry; with an Observer, one more for its text; in a
-// filling shard, now and then the slab's growth). A full shard drops a recovered key before evicting one that
+// when the shard's table of policies may grow, or it goes to the front for
+// the first time since its addition, when its golang-lru list entry is
+// allocated). A new key allocates nothing (with an Observer, its text; with
+// KeepActive, its list entry; now and then, the growth of a filling
+// shard's slab or ring). A full shard drops a recovered key before evicting one that
 // holds state (see MemoryConfig.KeepActive for how far it looks). Times
 // outside [MinTime, MaxTime] are clamped to them.
 //
@@ -299,8 +320,13 @@ type memShard struct {
 	hotB   int64
 	lastH  uint64 // the hash of the key takeOne last decided
 
-	lru *simplelru.LRU[uint64, struct{}]
-	cap int
+	// lru orders the keys that went to the front again after they were
+	// added, ring the others (see memring.go); ringed is false with
+	// KeepActive, which keeps every key in lru.
+	lru    *simplelru.LRU[uint64, struct{}]
+	ring   memRing
+	ringed bool
+	cap    int
 	// lazy is how far from the front a key may drift before a decision
 	// moves it back there (see put): half the shard's capacity, or 0 with
 	// KeepActive (exact recency).
@@ -326,7 +352,7 @@ type memShard struct {
 	// keys holds the text of every key, by hash, when the store has an
 	// Observer (for its eviction events); nil otherwise. Guarded by mu.
 	keys map[uint64]string
-	_    [104]byte // 512 bytes in all: a shard's first field starts a cache line
+	_    [24]byte // 512 bytes in all: a shard's first field starts a cache line
 }
 
 // NewMemoryStore returns a MemoryStore configured by cfg (nil for the
@@ -369,6 +395,7 @@ func NewMemoryStore(cfg *MemoryConfig) (*MemoryStore, error) {
 			return nil, fmt.Errorf("ratelimit: memory store: %w", err)
 		}
 		s.lru = l
+		s.ringed = !c.KeepActive
 		s.cap = per
 		s.span = nextSpan(0, fullSpan(per))
 		s.slab = make([]memSlot, s.span)
@@ -461,7 +488,7 @@ func (m *MemoryStore) Len() int {
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		n += s.lru.Len()
+		n += s.count()
 		s.mu.Unlock()
 	}
 	return n
@@ -499,10 +526,6 @@ func held(h uint64, batch []uint64) bool {
 	return false
 }
 
-// remove forgets the record under h (evicted frees what it held).
-// Requires s.mu.
-func (s *memShard) remove(h uint64) { s.lru.Remove(h) }
-
 // makeRoom frees space for need new keys in s, whose batch already holds
 // own entries there (batch lists them; they are never removed). It drops
 // recovered keys, or evicts held ones (counted and recorded in ev), or,
@@ -513,7 +536,7 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 	if need+own > s.cap {
 		return 0, fmt.Errorf("%w: a batch needs %d keys in a shard of %d", ErrStoreFull, need+own, s.cap)
 	}
-	if excess := s.lru.Len() + need - s.cap; m.keepActive && excess > 0 {
+	if excess := s.count() + need - s.cap; m.keepActive && excess > 0 {
 		// Room comes only when every one of the excess least recently
 		// used keys has recovered: until the latest of them does.
 		if wait := s.recoveryWait(excess, batch, now); wait > 0 {
@@ -531,7 +554,7 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 		}
 		return 0, nil
 	}
-	for s.lru.Len()+need > s.cap {
+	for s.count()+need > s.cap {
 		var (
 			firstKey  uint64
 			firstName string
@@ -540,7 +563,7 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 			dropped   bool
 		)
 		for seen := 0; seen < EvictionScan; {
-			k, _, _ := s.lru.GetOldest()
+			k, ringed := s.oldest()
 			if found && k == firstKey {
 				break // every key of the shard has been examined
 			}
@@ -552,7 +575,7 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 			seen++
 			exp := s.exam.expiry()
 			if exp <= now {
-				s.lru.RemoveOldest()
+				s.dropOldest(k, ringed)
 				dropped = true
 				break
 			}
@@ -923,7 +946,7 @@ func (m *MemoryStore) takeBatch(reqs []Request, out []Decision, now int64, over 
 			s.scratch = State{}
 			p.alg.Decide(p, &s.scratch, r.Cost, now, true, &s.dec)
 			out[i] = s.dec
-			if s.lru.Contains(hashes[i]) {
+			if s.holds(hashes[i]) {
 				// Another request of the batch, whose (Name, key) shares
 				// this hash, has just stored it: they share a record.
 				s.cur = memEntry{st: s.scratch, pol: p}

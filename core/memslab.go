@@ -8,10 +8,11 @@ package core
 // a function of the hash, in Robin Hood order: along a run of slots, keys
 // sit in the order of their homes, so that a search for a key stops as
 // soon as it passes the slots where the key would be. A lookup reads the
-// slab alone, from the key's home slot (see lookup). The shard's
-// golang-lru list, keyed by the same hashes, holds no value: it keeps the
-// keys' order of use for eviction, and is touched only when a key goes to
-// its front (see front).
+// slab alone, from the key's home slot (see lookup). The keys' order of
+// use, for eviction, is kept by hash apart from the slab (see memring.go):
+// a key used once in its shard's ring, a key that has gone to the front
+// again in its golang-lru list, which holds no value and is touched only
+// when a key goes to its front (see front).
 //
 // A key that takeOne decides twice in a row becomes the shard's hot
 // record: its State moves to fields of the shard on the cache line of its
@@ -180,7 +181,7 @@ func (s *memShard) put(h uint64, ref memRef, sl *memSlot, e *memEntry) memRef {
 // drifted reports whether the key whose memRef is ref may have left the
 // front half of the shard (see put). Requires s.mu.
 func (s *memShard) drifted(ref memRef) bool {
-	return uint64(uint32(s.tick)-ref.stamp) > s.lazy && uint64(s.lru.Len()) > s.lazy+1
+	return uint64(uint32(s.tick)-ref.stamp) > s.lazy && uint64(s.count()) > s.lazy+1
 }
 
 // write stores st in the slot sl (and its log in the shard's logs).
@@ -220,12 +221,16 @@ func (s *memShard) setLog(h uint64, l *timeLog) {
 // returns its new stamp, which the caller writes to the key's slot (or,
 // for the hot record, flush does). Requires s.mu.
 func (s *memShard) front(h uint64) uint32 {
-	s.tick++
-	if uint32(s.tick)&(restampEvery-1) == 0 {
-		s.restamp()
-	}
+	st := s.advance()
+	n := s.lru.Len()
 	s.lru.Add(h, struct{}{})
-	return uint32(s.tick)
+	if s.ringed && s.lru.Len() > n {
+		// A key of the ring, going to the front again: it moves to the
+		// list, and its ring entry is stale once its slot (or the hot
+		// record) has the new stamp, which the caller writes.
+		s.left()
+	}
+	return st
 }
 
 // renew moves the key hashed h, whose slot is sl, to the front of the
@@ -242,6 +247,11 @@ const restampEvery = 1 << 30
 // distance from the tick wrap around 2³², which would make a key in the
 // back of the list look near the front. Requires s.mu.
 func (s *memShard) restamp() {
+	if s.ring.n > 0 {
+		// Stale entries go first: clamped, a stale entry's stamp could
+		// become its key's again.
+		s.compact(len(s.ring.h))
+	}
 	now := uint32(s.tick)
 	clamp := func(stamp *uint32) {
 		if uint64(now-*stamp) > s.lazy {
@@ -256,10 +266,17 @@ func (s *memShard) restamp() {
 	if s.hotOK {
 		clamp(&s.hotRef.stamp)
 	}
+	for k, j := 0, s.ring.head; k < s.ring.n; k++ {
+		clamp(&s.ring.st[j])
+		if j++; j == len(s.ring.st) {
+			j = 0
+		}
+	}
 }
 
 // add stores e as the record of the new key hashed h, at the front of the
-// LRU; makeRoom has made space. Requires s.mu.
+// shard's order (at the back of its ring, or with KeepActive at the front
+// of its list); makeRoom has made space. Requires s.mu.
 //
 // A shard places its keys in a slab of span slots, and about doubles the
 // span when its keys fill more than three quarters of it (see grow and
@@ -268,11 +285,20 @@ func (s *memShard) restamp() {
 // all of it, each on a cache line of its own).
 func (s *memShard) add(h uint64, e *memEntry) {
 	pol := s.acquire(e.pol)
-	s.place(memSlot{h: h, A: e.st.A, B: e.st.B, pol: pol, stamp: s.front(h)})
+	var stamp uint32
+	if s.ringed {
+		stamp = s.advance()
+	} else {
+		stamp = s.front(h)
+	}
+	s.place(memSlot{h: h, A: e.st.A, B: e.st.B, pol: pol, stamp: stamp})
+	if s.ringed {
+		s.push(h, stamp)
+	}
 	if e.st.log != nil {
 		s.setLog(h, e.st.log)
 	}
-	if n := uint64(s.lru.Len()); n*4 > uint64(s.span)*3 && s.span < fullSpan(s.cap) {
+	if n := uint64(s.count()); n*4 > uint64(s.span)*3 && s.span < fullSpan(s.cap) {
 		s.grow()
 	}
 }

@@ -11,17 +11,87 @@ import (
 	"unsafe"
 )
 
-// checkShard verifies the bookkeeping of a shard against its LRU: every
-// key is found in its own slot, which holds its hash, and no other slot
-// holds a key; the slab is in Robin Hood order (no key is further from its
-// home than the key before it, plus one, and none after a free slot); free
-// slots are zeroed; the policy table counts exactly the records using each
-// policy and holds no other (index 0, which marks a free slot, none);
-// every sliding log belongs to a held key; and no key is further from the
-// front than its stamp allows.
+// order returns the shard's keys in its order of use, oldest first: its
+// ring's live keys and its list's, merged by stamp (the ring's first on a
+// tie), as eviction takes them. It checks that the ring's live entries and
+// the list hold each key once, in order of their stamps, that the ring
+// counts its live entries, and that it holds at most four entries per
+// key (or ringMin).
+func order(t *testing.T, s *memShard) []uint64 {
+	t.Helper()
+	r := &s.ring
+	if r.n > len(r.h) || len(r.h) != len(r.st) || r.n > 0 && (r.head < 0 || r.head >= len(r.h)) {
+		t.Fatalf("a ring of %d entries, %d slots, head %d", r.n, len(r.h), r.head)
+	}
+	if !s.ringed && len(r.h) > 0 {
+		t.Fatalf("a KeepActive shard has a ring")
+	}
+	if len(r.h) > ringMin && r.live*4 < len(r.h) {
+		t.Fatalf("a ring of %d slots for %d keys", len(r.h), r.live)
+	}
+	now := uint32(s.tick)
+	var ring []uint64
+	var ages []uint32
+	for k, j := 0, r.head; k < r.n; k++ {
+		if s.ringLive(j) {
+			ring = append(ring, r.h[j])
+			ages = append(ages, now-r.st[j])
+		}
+		if j++; j == len(r.h) {
+			j = 0
+		}
+	}
+	if len(ring) != r.live {
+		t.Fatalf("the ring counts %d keys, %d entries are live", r.live, len(ring))
+	}
+	list := s.lru.Keys() // oldest first
+	lages := make([]uint32, len(list))
+	for i, h := range list {
+		st, ok := s.stampOf(h)
+		if !ok {
+			t.Fatalf("key %x listed but not held", h)
+		}
+		lages[i] = now - st
+	}
+	for _, a := range [][]uint32{ages, lages} {
+		for i := 1; i < len(a); i++ {
+			if a[i] > a[i-1] {
+				t.Fatalf("ages out of order: %v", a)
+			}
+		}
+	}
+	var out []uint64
+	seen := map[uint64]bool{}
+	i, j := 0, 0
+	for i < len(ring) || j < len(list) {
+		var h uint64
+		if j == len(list) || i < len(ring) && ages[i] >= lages[j] {
+			h = ring[i]
+			i++
+		} else {
+			h = list[j]
+			j++
+		}
+		if seen[h] {
+			t.Fatalf("key %x held twice in the shard's order", h)
+		}
+		seen[h] = true
+		out = append(out, h)
+	}
+	return out
+}
+
+// checkShard verifies the bookkeeping of a shard against its order of use
+// (see order): every key is found in its own slot, which holds its hash,
+// and no other slot holds a key; the slab is in Robin Hood order (no key
+// is further from its home than the key before it, plus one, and none
+// after a free slot); free slots are zeroed; the policy table counts
+// exactly the records using each policy and holds no other (index 0,
+// which marks a free slot, none); every sliding log belongs to a held
+// key; and no key is further from the front than its stamp allows.
 func checkShard(t *testing.T, s *memShard) {
 	t.Helper()
-	keys := s.lru.Keys() // oldest first
+	keys := order(t, s) // oldest first
 	n := len(keys)
 	if len(s.slab) != int(s.span) {
 		t.Fatalf("a slab of %d slots, span %d", len(s.slab), s.span)
@@ -196,7 +266,7 @@ func TestMemShardLazyRecency(t *testing.T) {
 	for i := 0; i < 16; i++ {
 		take(fmt.Sprint("k", i)) // k15 at the front, k0 at the back
 	}
-	order := func() []uint64 { return s.lru.Keys() }
+	order := func() []uint64 { return order(t, s) }
 	hash := func(k string) uint64 { return m.hash(&Request{Policy: p, Key: k}) }
 	before := order()
 	take("k10") // 5 from the front: stays
@@ -351,14 +421,14 @@ func TestMemShardFillsEverySlot(t *testing.T) {
 			t.Fatalf("key %d: %+v", i, d)
 		}
 	}
-	if n := s.lru.Len(); n != capacity {
+	if n := s.count(); n != capacity {
 		t.Fatalf("%d keys held, want %d", n, capacity)
 	}
 	if s.span != fullSpan(capacity) {
 		t.Fatalf("span %d for a full shard; want %d", s.span, fullSpan(capacity))
 	}
 	checkShard(t, s)
-	oldest, _, _ := s.lru.GetOldest()
+	oldest := order(t, s)[0]
 	if d := take(Request{Policy: p, Key: "new", Cost: 1}); !d.Allowed {
 		t.Fatalf("new key: %+v", d)
 	}
@@ -502,7 +572,7 @@ func TestMemShardStampWraps(t *testing.T) {
 	}
 	checkShard(t, s)
 	take("k0")
-	if got := s.lru.Keys(); got[len(got)-1] != hash("k0") {
+	if got := order(t, s); got[len(got)-1] != hash("k0") {
 		t.Fatalf("k0, idle while 2^32 keys went to the front, was not moved there")
 	}
 	checkShard(t, s)

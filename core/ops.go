@@ -426,7 +426,7 @@ func (m *MemoryStore) roomFor(s *memShard, need, own int, batch []uint64, now in
 	if need+own > s.cap {
 		return 0, fmt.Errorf("%w: a batch needs %d keys in a shard of %d", ErrStoreFull, need+own, s.cap)
 	}
-	excess := s.lru.Len() + need - s.cap
+	excess := s.count() + need - s.cap
 	if excess <= 0 || !m.keepActive {
 		return 0, nil
 	}

@@ -1,0 +1,249 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+)
+
+// listOnly makes every shard of m keep all its keys in its golang-lru list,
+// as a KeepActive store does, while m keeps its own eviction (the order one
+// list holding every key gives, which the ring must reproduce), and makes
+// m hash keys as like does.
+func listOnly(m, like *MemoryStore) *MemoryStore {
+	m.seed = like.seed
+	for i := range m.shards {
+		m.shards[i].ringed = false
+	}
+	return m
+}
+
+// A store whose new keys enter the ring decides, holds and evicts exactly
+// as one keeping every key in its list: the same decisions, errors and
+// evictions, the same keys in the same order of use with the same stamps,
+// under random decisions, batches, refunds, peeks and resets over more keys
+// than it holds, with and without an Observer.
+func TestMemRingMatchesList(t *testing.T) {
+	for _, c := range []MemoryConfig{
+		{Capacity: 1}, {Capacity: 2}, {Capacity: 7}, {Capacity: 16},
+		{Capacity: 16, Observer: NopObserver{}},
+		{Capacity: 2*minSpan + 2}, {Capacity: 4*ringMin + 5},
+	} {
+		c.Shards = 1
+		t.Run(fmt.Sprintf("%d,Observer=%v", c.Capacity, c.Observer != nil), func(t *testing.T) {
+			ringed := MustMemoryStore(&c)
+			rc, lc := &recordingObserver{}, &recordingObserver{}
+			if c.Observer != nil {
+				c.Observer = rc
+				ringed = MustMemoryStore(&c)
+				c.Observer = lc
+			}
+			list := listOnly(MustMemoryStore(&c), ringed)
+			rng := rand.New(rand.NewPCG(3, uint64(c.Capacity)))
+			var pols []*Policy
+			for _, r := range []Rule{
+				{Name: "a", Limit: 5, Window: time.Second},
+				{Name: "a", Limit: 3, Window: time.Second, Algorithm: SlidingWindowLog},
+				{Name: "a", Limit: 4, Window: 10 * time.Second, Algorithm: FixedWindow},
+				{Name: "b", Limit: 6, Window: time.Minute, Algorithm: LeakyBucket},
+				{Name: "b", Limit: 2, Window: time.Minute, Algorithm: SlidingWindowCounter},
+			} {
+				pols = append(pols, MustPolicy(r))
+			}
+			ctx := context.Background()
+			now := time.Unix(1_700_000_000, 0)
+			// A few keys are busy, the rest arrive once or twice.
+			nkeys := 3*c.Capacity + 10
+			var a, b [4]Decision
+			listed, inRing := 0, 0
+			for step := 0; step < 6000; step++ {
+				now = now.Add(time.Duration(rng.IntN(200)) * time.Millisecond)
+				req := func() Request {
+					k := rng.IntN(nkeys)
+					if rng.IntN(3) == 0 {
+						k = rng.IntN(3)
+					}
+					return Request{Policy: pols[rng.IntN(len(pols))], Key: fmt.Sprint("k", k), Cost: 1 + int64(rng.IntN(2))}
+				}
+				var errA, errB error
+				var n int
+				switch op := rng.IntN(20); {
+				case op < 12:
+					r := []Request{req()}
+					n = 1
+					errA, errB = ringed.Take(ctx, now, r, a[:1]), list.Take(ctx, now, r, b[:1])
+				case op < 16:
+					batch := []Request{req(), req(), req(), req()}[:2+rng.IntN(3)]
+					n = len(batch)
+					errA, errB = ringed.Take(ctx, now, batch, a[:n]), list.Take(ctx, now, batch, b[:n])
+				case op < 18:
+					r := []Request{req()}
+					errA, errB = ringed.Refund(ctx, now, r), list.Refund(ctx, now, r)
+				case op < 19:
+					r := []Request{req()}
+					n = 1
+					errA, errB = ringed.Peek(ctx, now, r, a[:1]), list.Peek(ctx, now, r, b[:1])
+				default:
+					r := req()
+					errA, errB = ringed.Reset(ctx, r.Policy, r.Key), list.Reset(ctx, r.Policy, r.Key)
+				}
+				if fmt.Sprint(errA) != fmt.Sprint(errB) {
+					t.Fatalf("step %d: error %v, list-only %v", step, errA, errB)
+				}
+				for i := 0; i < n; i++ {
+					if a[i] != b[i] {
+						t.Fatalf("step %d: decision %+v, list-only %+v", step, a[i], b[i])
+					}
+				}
+				rs, ls := &ringed.shards[0], &list.shards[0]
+				ro, lo := order(t, rs), order(t, ls)
+				if !slices.Equal(ro, lo) {
+					t.Fatalf("step %d: order of use %x, list-only %x", step, ro, lo)
+				}
+				for _, h := range ro {
+					x, _ := rs.stampOf(h)
+					y, _ := ls.stampOf(h)
+					if x != y {
+						t.Fatalf("step %d: key %x stamp %d, list-only %d", step, h, x, y)
+					}
+				}
+				if ringed.Evictions() != list.Evictions() {
+					t.Fatalf("step %d: %d evictions, list-only %d", step, ringed.Evictions(), list.Evictions())
+				}
+				checkShard(t, rs)
+				listed, inRing = max(listed, rs.lru.Len()), max(inRing, rs.ring.live)
+			}
+			if c.Observer != nil && fmt.Sprint(rc.events()) != fmt.Sprint(lc.events()) {
+				t.Fatalf("eviction events differ:\n%v\n%v", rc.events(), lc.events())
+			}
+			if ringed.Evictions() == 0 || listed == 0 || inRing == 0 {
+				t.Fatalf("the trace did not exercise both orders and eviction: %d evictions, at most %d keys listed, %d in the ring",
+					ringed.Evictions(), listed, inRing)
+			}
+		})
+	}
+}
+
+// recordingObserver records eviction events.
+type recordingObserver struct {
+	NopObserver
+	evs []EvictionEvent
+}
+
+func (o *recordingObserver) ObserveEviction(e EvictionEvent) { o.evs = append(o.evs, e) }
+
+func (o *recordingObserver) events() []EvictionEvent { return o.evs }
+
+// Stale ring entries (keys gone to the list, keys reset, keys reset and
+// added again) do not survive a restamp, whose clamping could otherwise
+// give a stale entry its key's stamp: after it, the order of use is still
+// each key once, oldest first, and the oldest key is evicted first.
+func TestMemRingRestamp(t *testing.T) {
+	m, s, do := oneShard(t, MemoryConfig{Capacity: 16})
+	p := MustPolicy(Rule{Name: "r", Limit: 1 << 20, Window: time.Hour})
+	take := func(k string) { do(Request{Policy: p, Key: k, Cost: 1}) }
+	hash := func(k string) uint64 { return m.hash(&Request{Policy: p, Key: k}) }
+	for i := 0; i < 16; i++ {
+		take(fmt.Sprint("k", i))
+	}
+	// k0 to k3 drift and go to the list; k4 and k5 are reset, and k5
+	// comes back: stale entries for all six, behind live ones.
+	s.tick += 100
+	for i := 0; i < 4; i++ {
+		take(fmt.Sprint("k", i))
+	}
+	m.Reset(context.Background(), p, "k4")
+	m.Reset(context.Background(), p, "k5")
+	take("k5")
+	if s.ring.n <= s.ring.live {
+		t.Fatalf("no stale entries: %d entries, %d live", s.ring.n, s.ring.live)
+	}
+	checkShard(t, s)
+	// Jump to just before a restamp: every stamp is clamped alike.
+	s.tick = restampEvery - 1
+	take("k6") // drifted: to the list, through the restamp
+	checkShard(t, s)
+	// The compaction kept k6's entry, live until its slot took its new
+	// stamp: no other stale entry is left.
+	if s.ring.n != s.ring.live+1 {
+		t.Fatalf("%d ring entries after a restamp, %d live", s.ring.n, s.ring.live)
+	}
+	want := []uint64{}
+	for _, k := range []string{"k7", "k8", "k9", "k10", "k11", "k12", "k13", "k14", "k15", "k5", "k0", "k1", "k2", "k3", "k6"} {
+		want = append(want, hash(k))
+	}
+	if got := order(t, s); !slices.Equal(got, want) {
+		t.Fatalf("order after the restamp:\n got %x\nwant %x", got, want)
+	}
+	// Two new keys fill the shard and evict k7, the oldest.
+	take("n1")
+	take("n2")
+	if s.holds(hash("k7")) || !s.holds(hash("k8")) {
+		t.Fatal("the oldest key was not the one evicted")
+	}
+	checkShard(t, s)
+}
+
+// A flood of new keys grows the ring; once they all go to the list, the
+// ring shrinks back to ringMin entries: it never holds more than four
+// entries per key it holds.
+func TestMemRingShrinks(t *testing.T) {
+	const capacity = 64 * ringMin
+	m, s, do := oneShard(t, MemoryConfig{Capacity: capacity})
+	p := MustPolicy(Rule{Name: "r", Limit: 1 << 20, Window: time.Hour})
+	for i := 0; i < capacity; i++ {
+		do(Request{Policy: p, Key: fmt.Sprint(i), Cost: 1})
+	}
+	if s.ring.live != capacity || len(s.ring.h) < capacity {
+		t.Fatalf("%d keys in a ring of %d entries, want %d", s.ring.live, len(s.ring.h), capacity)
+	}
+	s.tick += capacity // every key has drifted
+	for i := 0; i < capacity; i++ {
+		do(Request{Policy: p, Key: fmt.Sprint(i), Cost: 1})
+		if i%97 == 0 {
+			order(t, s) // checks the ring's size against its keys
+		}
+	}
+	if s.ring.live != 0 || len(s.ring.h) != ringMin || s.lru.Len() != capacity || m.Len() != capacity {
+		t.Fatalf("%d keys in a ring of %d entries, %d listed, %d held", s.ring.live, len(s.ring.h), s.lru.Len(), m.Len())
+	}
+	checkShard(t, s)
+}
+
+// A new key evicting a key used once allocates nothing; with KeepActive
+// (every key in the list) it allocates its list entry.
+func TestMemRingNewKeyAllocs(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		m := MustMemoryStore(&MemoryConfig{Capacity: 1024, Shards: 1, KeepActive: keep})
+		p := MustPolicy(Rule{Name: "a", Limit: 1 << 20, Window: time.Nanosecond * 1 << 20})
+		reqs := []Request{{Policy: p, Cost: 1}}
+		var out [1]Decision
+		ctx := context.Background()
+		t0 := time.Unix(1_700_000_000, 0)
+		keys := make([]string, 8192)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("k%014d", i)
+		}
+		i := 0
+		next := func() {
+			reqs[0].Key = keys[i]
+			i++
+			if err := m.Take(ctx, t0.Add(time.Duration(i)*time.Second), reqs, out[:]); err != nil || !out[0].Allowed {
+				t.Fatalf("key %d: %v, %+v", i, err, out[0])
+			}
+		}
+		for range 4096 { // fill the store, then overflow it
+			next()
+		}
+		want := 0.0
+		if keep {
+			want = 1
+		}
+		if n := testing.AllocsPerRun(1000, next); n != want {
+			t.Errorf("KeepActive %v: a new key: %v allocations, want %v", keep, n, want)
+		}
+	}
+}
