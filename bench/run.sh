@@ -104,7 +104,7 @@ if [ "$MODE" = all ]; then
 		bench inmemory '^Benchmark(HotKey|HotKeyParallel|Keys100kParallel|NewKey)$' "$BENCHTIME"
 		bench middleware '^BenchmarkMiddleware(Parallel|Parts|PartsParallel)?$' "$BENCHTIME"
 		bench redis '^BenchmarkRedis(HotKeyParallel64|Keys100kParallel64|ScriptOp)?$' "$BENCHTIME"
-		bench heap '^BenchmarkHeapPerKey$' 1x
+		bench heap '^BenchmarkHeapPerKey(UsedAgain)?$' 1x
 		bench growing '^Benchmark(NewKeyGrowing|LRUInsertGrowing)$' 1000000x
 		bench layout '^BenchmarkLRU(Layout|LayoutWarm|Insert)$' "$BENCHTIME"
 	done

@@ -34,6 +34,9 @@ func goals(r results, m meta) []goal {
 		// An absolute bound: shown as a ratio to 128 bytes.
 		gs = append(gs, goal{label: "HeapPerKey (bytes per key ÷ 128)", workload: "HeapPerKey", unit: "B/key", a: ours, bound: 1})
 	}
+	if _, ok := r.get("HeapPerKeyUsedAgain", ours, "B/key"); ok {
+		gs = append(gs, goal{label: "HeapPerKeyUsedAgain (bytes per key ÷ 128)", workload: "HeapPerKeyUsedAgain", unit: "B/key", a: ours, bound: 1})
+	}
 	for _, w := range mwWorkloads {
 		if bp, _, ok := r.best(w, "ns/op", m.writesHeaders); ok {
 			gs = append(gs, goal{label: w + " vs " + bp, workload: w, unit: "ns/op", a: ours, b: bp, bound: 0.6})

@@ -367,7 +367,14 @@ func report(r results, m meta, machine string, runs int) string {
 		pf("| 0 allocs/op on existing keys | %s | %s |\n", got, metMark(len(bad) == 0))
 	}
 	if v, ok := r.get("HeapPerKey", ours, "B/key"); ok {
-		pf("| ≤ 128 heap bytes per key at 1,000,000 keys, LRU-bounded | %s B/key (%s) | %s |\n", num(v), m.Bound[ours], metMark(v <= 128))
+		got, worst := num(v)+" B/key", v
+		if again, ok := r.get("HeapPerKeyUsedAgain", ours, "B/key"); ok {
+			// Keys used once and keys used again are held apart: the
+			// bound must hold for both.
+			got += " used once, " + num(again) + " used again"
+			worst = max(worst, again)
+		}
+		pf("| ≤ 128 heap bytes per key at 1,000,000 keys, LRU-bounded | %s (%s) | %s |\n", got, m.Bound[ours], metMark(worst <= 128))
 	}
 	for _, w := range mwWorkloads {
 		ov, ok1 := r.get(w, ours, "ns/op")
@@ -504,11 +511,12 @@ func report(r results, m meta, machine string, runs int) string {
 	// Heap per key.
 	pf("\n### Memory per key (1,000,000 keys of 15 bytes) and bounds\n\n")
 	pf("`allocs/key` counts every allocation while inserting, the one that builds each key string included (so 1 is the floor).\n\n")
-	pf("| peer | B/key | allocs/key | ns per insert | memory bounded? |\n|---|---:|---:|---:|---|\n")
+	pf("`used again`: BenchmarkHeapPerKeyUsedAgain, every key decided a second time once all are held (our store then holds each in its golang-lru list; a key used once, in its shard's ring).\n\n")
+	pf("| peer | B/key | used again, B/key | allocs/key | ns per insert | memory bounded? |\n|---|---:|---:|---:|---:|---|\n")
 	for _, p := range r.peers("HeapPerKey") {
 		a, _ := r.get("HeapPerKey", p, "allocs/op")
 		ns, _ := r.get("HeapPerKey", p, "ns/op")
-		pf("| %s | %s | %s | %s | %s |\n", bold(p, p), bold(p, cell(r, "HeapPerKey", p, "B/key")), num(a/1e6), num(ns/1e6), m.Bound[p])
+		pf("| %s | %s | %s | %s | %s | %s |\n", bold(p, p), bold(p, cell(r, "HeapPerKey", p, "B/key")), bold(p, cell(r, "HeapPerKeyUsedAgain", p, "B/key")), num(a/1e6), num(ns/1e6), m.Bound[p])
 	}
 
 	// Middleware.
@@ -607,6 +615,7 @@ func chart(r results) string {
 		add(w, "ns/op", w)
 	}
 	add("HeapPerKey", "B/key", "HeapPerKey (1M keys)")
+	add("HeapPerKeyUsedAgain", "B/key", "HeapPerKeyUsedAgain (1M keys, each used twice)")
 	for _, w := range mwWorkloads {
 		add(w, "ns/op", w)
 	}
