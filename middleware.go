@@ -396,6 +396,9 @@ type layer struct {
 	desc     string   // the layer in the user's words: `"login"` or `0 (unnamed)`
 	name     string   // the layer's policy Name, which SetRules keeps
 	inFlight int64    // > 0: a concurrency layer (see Layer.InFlight)
+	// listed holds the policies the layer's Resolver lists
+	// (core.PolicyLister), which SetRules never replaces.
+	listed []*core.Policy
 }
 
 // ruleSet is the rule of every layer with its precomputed header strings:
@@ -526,6 +529,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 		if err := claim(i, ly.Rule.Name != "", p, false); err != nil {
 			return nil, err
 		}
+		var own []*core.Policy
 		if pl, ok := ly.Resolver.(core.PolicyLister); ok {
 			for _, rp := range pl.Policies() {
 				if rp == nil {
@@ -536,6 +540,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 				}
 				l.resolverDelay = max(l.resolverDelay, rp.MaxDelay())
 				listed = append(listed, rp)
+				own = append(own, rp)
 			}
 		}
 		var routes []string
@@ -559,6 +564,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 			desc:     desc,
 			name:     p.Name(),
 			inFlight: ly.InFlight,
+			listed:   own,
 		}
 	}
 	l.owners = make(map[string]int, len(names))

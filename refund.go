@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -265,19 +266,20 @@ func (l *Limiter) refundRequests(layers []LayerResult, rs *ruleSet, at int64, re
 // neither the layer it belongs to nor the rules it was decided under), the
 // index of the layer p, its Decision.Policy, belongs to (the layer of that
 // name, or the one whose Resolver lists p's name), and whether its charge
-// stays: when p is named as a layer whose rule in force is not p (a rule
-// SetRules has replaced since, or a policy that never was the layer's: a
-// refund under it would carry the key's state back to it, see
-// refundRequests), and when no layer names or lists p's name (a policy a
-// Resolver returned unlisted, whose layer, and so whose resets, cannot be
-// told). A policy a Resolver lists is not a rule SetRules replaces: its
-// charge is refunded under it.
+// stays. A policy the layer's Resolver lists is not a rule SetRules
+// replaces: its charge is refunded under it. The charge stays when p is
+// named as a layer but is neither its rule in force nor one of those (a
+// rule SetRules has replaced since, whose refund would carry the key's
+// state back to it, see refundRequests; or a policy the layer's Resolver
+// returned unlisted under the layer's name, which cannot be told from
+// one), and when no layer names or lists p's name (a policy a Resolver
+// returned unlisted, whose layer, and so whose resets, cannot be told).
 func (l *Limiter) handBuilt(p *core.Policy, cur *ruleSet) (int, bool) {
 	i, ok := l.owners[p.Name()]
 	if !ok {
 		return -1, true
 	}
-	if l.layers[i].name != p.Name() {
+	if l.layers[i].name != p.Name() || slices.Contains(l.layers[i].listed, p) {
 		return i, false
 	}
 	return i, i >= len(cur.rules) || cur.rules[i].policy != p
@@ -288,9 +290,10 @@ func (l *Limiter) handBuilt(p *core.Policy, cur *ruleSet) (int, bool) {
 // whose key Reset reset since the charge, and a layer whose rule SetRules
 // replaced since: see [WithRefund]; in a Result built by hand, which says
 // neither its layers' places nor the rules they were decided under, a
-// layer whose Decision.Policy is named as a layer whose rule in force is
-// not that policy, a layer whose policy no layer names or its Resolver
-// lists, and a layer whose key Reset has ever reset), in one
+// layer whose Decision.Policy is named as a layer but is neither its rule
+// in force nor a policy its Resolver lists (core.PolicyLister), a layer
+// whose policy no layer names or its Resolver lists, and a layer whose key
+// Reset has ever reset), in one
 // atomic store call (see core.Refunder), for flows
 // built on [Limiter.Decide] or [Limiter.AdmitWithResult] (a framework
 // handler reading [ResultFromContext]) that decide on a refund themselves;

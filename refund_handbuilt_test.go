@@ -159,3 +159,65 @@ func TestRefundHandBuiltResolverPolicies(t *testing.T) {
 		t.Fatal("a hand-built Result of an unlisted policy was refunded")
 	}
 }
+
+// A Resolver lists a tier policy under its own layer's name (allowed: the
+// same layer). A Limiter-built Result of it is refunded, and so are the
+// same layers put in a hand-built Result: a policy a Resolver lists is not
+// a rule SetRules replaces.
+func TestRefundHandBuiltListedPolicyNamedAsLayer(t *testing.T) {
+	gold := core.PerHour(1).Named("per-ip")
+	tiers, err := core.Tiers(func(context.Context, string) string { return "gold" }, map[string]core.Rule{"gold": gold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerHour(5).Named("per-ip"), Resolver: tiers}})
+	a := l.Decide(mwReq("192.0.2.1:1"))
+	if !a.Proceed || a.Layers[0].Decision.Policy.Rule().Limit != 1 {
+		t.Fatalf("a: %+v", a)
+	}
+	// The Limiter-built Result is refunded.
+	if err := l.Refund(context.Background(), &a); err != nil {
+		t.Fatal(err)
+	}
+	b := l.Decide(mwReq("192.0.2.1:1"))
+	if !b.Proceed {
+		t.Fatal("Limiter-built Result not refunded")
+	}
+	// The same layers in a Result built by hand.
+	hb := ratelimit.Result{Proceed: true, Layers: b.Layers}
+	if err := l.Refund(context.Background(), &hb); err != nil {
+		t.Fatal(err)
+	}
+	if !l.Decide(mwReq("192.0.2.1:1")).Proceed {
+		t.Fatal("a hand-built Result of a policy the layer's Resolver lists (named as the layer) kept its charge; the Limiter-built one was refunded")
+	}
+}
+
+// A Resolver that builds its policy per key (a quota read from a
+// database) under its layer's name, unlisted: the Limiter-built Result is
+// refunded; a hand-built copy of its layers keeps its charge, as the
+// Refund godoc says, since such a policy cannot be told from a rule
+// SetRules replaced.
+func TestRefundHandBuiltUnlistedPolicyNamedAsLayer(t *testing.T) {
+	quota := core.MustPolicy(core.PerHour(1).Named("per-ip"))
+	rv := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return quota, nil })
+	l := mwLimiter(t, []ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: core.PerHour(5).Named("per-ip"), Resolver: rv}})
+	a := l.Decide(mwReq("192.0.2.1:1"))
+	if !a.Proceed || a.Layers[0].Decision.Policy != quota {
+		t.Fatalf("a: %+v", a)
+	}
+	if err := l.Refund(context.Background(), &a); err != nil {
+		t.Fatal(err)
+	}
+	b := l.Decide(mwReq("192.0.2.1:1"))
+	if !b.Proceed {
+		t.Fatal("the Limiter-built Result was not refunded")
+	}
+	hb := ratelimit.Result{Proceed: true, Layers: b.Layers}
+	if err := l.Refund(context.Background(), &hb); err != nil {
+		t.Fatal(err)
+	}
+	if l.Decide(mwReq("192.0.2.1:1")).Proceed {
+		t.Fatal("a hand-built Result of an unlisted policy named as its layer was refunded")
+	}
+}
