@@ -198,7 +198,7 @@ type MemoryConfig struct {
 // the first time since its addition, when its golang-lru list entry is
 // allocated). A new key allocates nothing (with an Observer, its text; with
 // KeepActive, its list entry; now and then, the growth of a filling
-// shard's slab or ring). A full shard drops a recovered key before evicting one that
+// shard's slab or ring, or a compaction of its ring: see memring.go). A full shard drops a recovered key before evicting one that
 // holds state (see MemoryConfig.KeepActive for how far it looks). Times
 // outside [MinTime, MaxTime] are clamped to them.
 //
