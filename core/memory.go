@@ -30,8 +30,8 @@ const DefaultShards = 64
 // of shards keeps, halving the shards of a small store.
 const minShardCapacity = 4 * MaxBatch
 
-// EvictionScan is the most keys a full shard examines, from the end of its
-// LRU list, to find room for one new key.
+// EvictionScan is the most keys a full shard examines, from the back of its
+// order of use (its least recently used keys), to find room for one new key.
 const EvictionScan = 8
 
 // MemoryConfig configures a MemoryStore. A nil *MemoryConfig means the
@@ -89,8 +89,9 @@ type MemoryConfig struct {
 	// least recently used.
 	//
 	// The default value, false, examines up to EvictionScan keys from the
-	// end of a full shard's list (its least recently used keys, as far as
-	// the store's lazy recency tells them apart: see MemoryStore): the
+	// back of a full shard's order of use (its least recently used keys,
+	// as far as the store's lazy recency tells them apart: see
+	// MemoryStore): the
 	// first of them that has fully recovered is dropped, silently
 	// (forgetting it changes no decision made at or after its recovery; a
 	// decision made up to ClockTolerance late, by a caller that read its
@@ -109,11 +110,12 @@ type MemoryConfig struct {
 	Observer Observer
 }
 
-// MemoryStore is the in-memory Store: per-key state in sharded, LRU-bounded
-// maps (github.com/hashicorp/golang-lru/v2), each shard guarded by its own
-// mutex, so decisions on different keys rarely contend and each decision is
-// one atomic read-check-update under its shard's lock. A batch locks its
-// shards in index order.
+// MemoryStore is the in-memory Store: per-key state in shards bounded to
+// their share of Capacity in least-recently-used order (kept with
+// github.com/hashicorp/golang-lru/v2, see below), each shard guarded by its
+// own mutex, so decisions on different keys rarely contend and each
+// decision is one atomic read-check-update under its shard's lock. A batch
+// locks its shards in index order.
 //
 // Keys are namespaced by the policy's Name: the same key under two Names is
 // two quotas, and under one Name it is one record, shared. Each record is
@@ -153,7 +155,10 @@ type MemoryConfig struct {
 // eviction takes the keys in the order one list of them all would give. A
 // flood of keys used once thus costs the ring alone, whose entries are
 // written and read in order, and not golang-lru's allocation, links and
-// map.
+// map (unless its keys still hold state when they reach the back of the
+// order: a full shard's second chance, see MemoryConfig.KeepActive, moves
+// them to the list).
+//
 // A shard's slab has 1/8 more slots than its capacity c (Capacity divided
 // among the shards) once full, where a successful search reads about five
 // slots on average; while the shard fills, its slab is that size halved
@@ -197,8 +202,10 @@ type MemoryConfig struct {
 // when the shard's table of policies may grow, or it goes to the front for
 // the first time since its addition, when its golang-lru list entry is
 // allocated). A new key allocates nothing (with an Observer, its text; with
-// KeepActive, its list entry; now and then, the growth of a filling
-// shard's slab or ring, or a compaction of its ring: see memring.go). A full shard drops a recovered key before evicting one that
+// KeepActive, its list entry; in a full shard, the list entries of the keys
+// examined for room and given a second chance; now and then, the growth of
+// a filling shard's slab or ring, or a compaction of its ring). A full
+// shard drops a recovered key before evicting one that
 // holds state (see MemoryConfig.KeepActive for how far it looks). Times
 // outside [MinTime, MaxTime] are clamped to them.
 //

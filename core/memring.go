@@ -7,7 +7,9 @@ package core
 // each with the stamp it was added with (adding a key counts as its going
 // to the front). The first time a ring key goes to the front again (a
 // decision after it drifted into the back half of the shard, a batch, a
-// change of policy: see put), it moves to the shard's golang-lru list,
+// change of policy, see put; or a full shard's second chance to a key
+// examined for room that still holds state, see makeRoom), it moves to the
+// shard's golang-lru list,
 // which orders the keys that have gone there again, by their last time.
 // Stamps are given in that same order, one tick each, so the ring's first
 // key and the list's last are each the oldest of their own, and the older

@@ -12,7 +12,8 @@ package core
 // use, for eviction, is kept by hash apart from the slab (see memring.go):
 // a key used once in its shard's ring, a key that has gone to the front
 // again in its golang-lru list, which holds no value and is touched only
-// when a key goes to its front (see front).
+// when a key goes to its front (see front) and when a full shard makes
+// room (see makeRoom).
 //
 // A key that takeOne decides twice in a row becomes the shard's hot
 // record: its State moves to fields of the shard on the cache line of its
@@ -419,9 +420,10 @@ func (s *memShard) home(h uint64) uint32 {
 	return uint32(uint64(uint32(h)) * uint64(s.span) >> 32)
 }
 
-// evicted is the shard LRU's eviction callback: a key leaving the LRU
-// (Remove, RemoveOldest) frees its slot, its sliding log, its count on its
-// policy and its text. Requires s.mu.
+// evicted frees what the key hashed h held: its slot, its sliding log, its
+// count on its policy and its text. It is the shard's golang-lru eviction
+// callback (a key leaving the list: Remove, RemoveOldest), and is called
+// directly for a key of the ring (see remove and dropOldest). Requires s.mu.
 func (s *memShard) evicted(h uint64, _ struct{}) {
 	if i, ok := s.lookup(h); ok {
 		s.release(s.slab[i].pol)
