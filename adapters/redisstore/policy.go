@@ -20,13 +20,22 @@ type policyInfo struct {
 	err  error  // why the Redis store cannot decide under the policy
 }
 
-// policyCache maps *core.Policy to *policyInfo. Policies are immutable and
-// normally few and long-lived; past maxCachedPolicies (a program that
-// makes a policy per request) infos are computed per call instead.
-var (
-	policyCache  sync.Map
-	policyCached atomic.Int64
-)
+// policyGen is one generation of the policy cache: a map of *core.Policy
+// to *policyInfo, and the number of infos stored in it.
+type policyGen struct {
+	m sync.Map
+	n atomic.Int64
+}
+
+// policyCache holds the current generation. Policies are immutable and
+// normally few and long-lived; a program that makes many (a Resolver
+// building a policy per tenant or per request, rules reloaded over and
+// over) fills a generation with maxCachedPolicies infos, and the next
+// info starts a new, empty one: the policies in use are cached again as
+// they are met, and those no longer used are let go.
+var policyCache atomic.Pointer[policyGen]
+
+func init() { policyCache.Store(new(policyGen)) }
 
 const maxCachedPolicies = 4096
 
@@ -49,15 +58,20 @@ func (s *Store) CheckPolicy(p *core.Policy) error {
 }
 
 func infoOf(p *core.Policy) *policyInfo {
-	if v, ok := policyCache.Load(p); ok {
+	g := policyCache.Load()
+	if v, ok := g.m.Load(p); ok {
 		return v.(*policyInfo)
 	}
 	info := newPolicyInfo(p)
-	if policyCached.Load() < maxCachedPolicies {
-		if _, loaded := policyCache.LoadOrStore(p, info); !loaded {
-			policyCached.Add(1)
-		}
+	if g.n.Load() >= maxCachedPolicies {
+		// Full: a new generation (one caller makes it; the others use it).
+		policyCache.CompareAndSwap(g, new(policyGen))
+		g = policyCache.Load()
 	}
+	if v, loaded := g.m.LoadOrStore(p, info); loaded {
+		return v.(*policyInfo)
+	}
+	g.n.Add(1)
 	return info
 }
 
