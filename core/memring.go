@@ -28,8 +28,8 @@ package core
 // entries are live (else it doubles); when fewer than a quarter of its
 // entries are live, halving it as often as that allows (so that a ring
 // holds at most four entries per key it holds, or ringMin); and before
-// restamp clamps stamps, which could make a stale entry's stamp its key's
-// again. A store with KeepActive keeps every key in the list, whose last
+// restamp moves the drifted keys' stamps, which could make a stale
+// entry's stamp its key's again. A store with KeepActive keeps every key in the list, whose last
 // key its eviction examines.
 
 // ringMin is the fewest entries a shard's ring is made with.
@@ -196,9 +196,7 @@ func (s *memShard) oldest() (uint64, bool) {
 	}
 	lst, _ := s.stampOf(lh)
 	now := uint32(s.tick)
-	if now-rst >= now-lst {
-		// On a tie (stamps clamped alike by restamp), the ring's: a key
-		// not used since it was added.
+	if now-rst >= now-lst { // stamps are distinct: restamp keeps them so
 		return rh, true
 	}
 	return lh, false

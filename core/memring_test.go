@@ -25,7 +25,7 @@ func listOnly(m, like *MemoryStore) *MemoryStore {
 // as one keeping every key in its list: the same decisions, errors and
 // evictions, the same keys in the same order of use with the same stamps,
 // under random decisions, batches, refunds, peeks and resets over more keys
-// than it holds, with and without an Observer.
+// than it holds, and across restamps, with and without an Observer.
 func TestMemRingMatchesList(t *testing.T) {
 	for _, c := range []MemoryConfig{
 		{Capacity: 1}, {Capacity: 2}, {Capacity: 7}, {Capacity: 16},
@@ -61,6 +61,11 @@ func TestMemRingMatchesList(t *testing.T) {
 			listed, inRing := 0, 0
 			for step := 0; step < 6000; step++ {
 				now = now.Add(time.Duration(rng.IntN(200)) * time.Millisecond)
+				if step%1000 == 500 {
+					// A restamp within the next few keys gone to the front.
+					tick := (ringed.shards[0].tick/restampEvery+1)*restampEvery - 1 - uint64(rng.IntN(3))
+					ringed.shards[0].tick, list.shards[0].tick = tick, tick
+				}
 				req := func() Request {
 					k := rng.IntN(nkeys)
 					if rng.IntN(3) == 0 {
@@ -138,9 +143,11 @@ func (o *recordingObserver) ObserveEviction(e EvictionEvent) { o.evs = append(o.
 func (o *recordingObserver) events() []EvictionEvent { return o.evs }
 
 // Stale ring entries (keys gone to the list, keys reset, keys reset and
-// added again) do not survive a restamp, whose clamping could otherwise
-// give a stale entry its key's stamp: after it, the order of use is still
-// each key once, oldest first, and the oldest key is evicted first.
+// added again) do not survive a restamp, which could otherwise give a
+// stale entry its key's stamp: after it, the order of use is still each
+// key once, oldest first, in the order one list would keep (k5, added
+// again after k0 to k3 went to the list, stays behind them), and the
+// oldest key is evicted first.
 func TestMemRingRestamp(t *testing.T) {
 	m, s, do := oneShard(t, MemoryConfig{Capacity: 16})
 	p := MustPolicy(Rule{Name: "r", Limit: 1 << 20, Window: time.Hour})
@@ -162,7 +169,7 @@ func TestMemRingRestamp(t *testing.T) {
 		t.Fatalf("no stale entries: %d entries, %d live", s.ring.n, s.ring.live)
 	}
 	checkShard(t, s)
-	// Jump to just before a restamp: every stamp is clamped alike.
+	// Jump to just before a restamp: every key has drifted.
 	s.tick = restampEvery - 1
 	take("k6") // drifted: to the list, through the restamp
 	checkShard(t, s)
@@ -172,7 +179,7 @@ func TestMemRingRestamp(t *testing.T) {
 		t.Fatalf("%d ring entries after a restamp, %d live", s.ring.n, s.ring.live)
 	}
 	want := []uint64{}
-	for _, k := range []string{"k7", "k8", "k9", "k10", "k11", "k12", "k13", "k14", "k15", "k5", "k0", "k1", "k2", "k3", "k6"} {
+	for _, k := range []string{"k7", "k8", "k9", "k10", "k11", "k12", "k13", "k14", "k15", "k0", "k1", "k2", "k3", "k5", "k6"} {
 		want = append(want, hash(k))
 	}
 	if got := order(t, s); !slices.Equal(got, want) {
@@ -246,4 +253,56 @@ func TestMemRingNewKeyAllocs(t *testing.T) {
 			t.Errorf("KeepActive %v: a new key: %v allocations, want %v", keep, n, want)
 		}
 	}
+}
+
+// Across a restamp, a key used once (in the ring) and a key gone to the
+// list, both drifted, keep their order: the store evicts the list's key,
+// used before the ring's was added, first, as one list would.
+func TestMemRingRestampKeepsListOrder(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	p := MustPolicy(Rule{Name: "r", Limit: 1 << 20, Window: time.Hour})
+	ringed := MustMemoryStore(&MemoryConfig{Capacity: 16, Shards: 1})
+	list := listOnly(MustMemoryStore(&MemoryConfig{Capacity: 16, Shards: 1}), ringed)
+	stores := []*MemoryStore{ringed, list}
+	take := func(k string) {
+		for _, m := range stores {
+			var out [1]Decision
+			if err := m.Take(ctx, now, []Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i := 0; i < 16; i++ {
+		take(fmt.Sprint("k", i))
+	}
+	for _, m := range stores {
+		m.shards[0].tick += 100
+	}
+	take("k0") // drifted: to the list
+	for _, m := range stores {
+		if err := m.Reset(ctx, p, "k1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	take("k16") // a key used once, added after k0 last went to the front
+	for _, m := range stores {
+		m.shards[0].tick = restampEvery - 1
+	}
+	take("k2") // drifted: to the list, through the restamp
+	if got, want := order(t, &ringed.shards[0]), order(t, &list.shards[0]); !slices.Equal(got, want) {
+		t.Fatalf("order after the restamp %x, one list's %x", got, want)
+	}
+	// Every key has recovered: each new key drops the oldest.
+	now = now.Add(2 * time.Hour)
+	hash := func(k string) uint64 { return ringed.hash(&Request{Policy: p, Key: k}) }
+	for i := 0; i < 14; i++ {
+		take(fmt.Sprint("new", i))
+		for _, k := range []string{"k0", "k16"} {
+			if r, l := ringed.shards[0].holds(hash(k)), list.shards[0].holds(hash(k)); r != l {
+				t.Fatalf("after %d new keys: %s held %v with the ring, %v with one list", i+1, k, r, l)
+			}
+		}
+	}
+	checkShard(t, &ringed.shards[0])
 }

@@ -241,37 +241,68 @@ func (s *memShard) renew(h uint64, sl *memSlot) { sl.stamp = s.front(h) }
 // restampEvery is how many keys go to the front between two restamps.
 const restampEvery = 1 << 30
 
-// restamp keeps the 32-bit stamps exact about what drifted asks of them:
-// every key that has drifted (more than s.lazy keys have gone to the
-// front since its stamp) gets the stamp of a key that has just drifted.
-// Run every restampEvery keys gone to the front, it lets no stamp's
-// distance from the tick wrap around 2³², which would make a key in the
-// back of the list look near the front. Requires s.mu.
+// restamp keeps the 32-bit stamps exact about what drifted asks of them,
+// and about the shard's order of use: the keys that have drifted (more
+// than s.lazy keys have gone to the front since their stamps) get, in
+// their order, the stamps of keys that have just drifted, one tick apart,
+// the oldest furthest back. Run every restampEvery keys gone to the front,
+// it lets no stamp's distance from the tick wrap around 2³², which would
+// make a key in the back of the order look near the front; until it runs,
+// the distances are exact (at most restampEvery plus the shard's
+// capacity). Requires s.mu.
 func (s *memShard) restamp() {
 	if s.ring.n > 0 {
-		// Stale entries go first: clamped, a stale entry's stamp could
+		// Stale entries go first: restamped, a stale entry's stamp could
 		// become its key's again.
 		s.compact(len(s.ring.h))
 	}
 	now := uint32(s.tick)
-	clamp := func(stamp *uint32) {
-		if uint64(now-*stamp) > s.lazy {
-			*stamp = now - uint32(s.lazy) - 1
-		}
-	}
-	for i := range s.slab {
-		if s.slab[i].pol != 0 {
-			clamp(&s.slab[i].stamp)
-		}
-	}
-	if s.hotOK {
-		clamp(&s.hotRef.stamp)
-	}
-	for k, j := 0, s.ring.head; k < s.ring.n; k++ {
-		clamp(&s.ring.st[j])
-		if j++; j == len(s.ring.st) {
+	drifted := func(st uint32) bool { return uint64(now-st) > s.lazy }
+	// The drifted keys of the ring (a prefix of its entries, after the
+	// compaction all live) and of the list (its oldest), each oldest
+	// first, merged by their exact distances.
+	r := &s.ring
+	var ring []int // indexes of r's drifted entries
+	for k, j := 0, r.head; k < r.n && drifted(r.st[j]); k++ {
+		ring = append(ring, j)
+		if j++; j == len(r.st) {
 			j = 0
 		}
+	}
+	var list []uint64
+	var lst []uint32
+	for _, h := range s.lru.Keys() { // oldest first
+		st, _ := s.stampOf(h)
+		if !drifted(st) {
+			break
+		}
+		list, lst = append(list, h), append(lst, st)
+	}
+	n := len(ring) + len(list)
+	for i, k := 0, 0; i < len(ring) || k < len(list); {
+		// The back of the drifted keys, n-1 ticks behind the last of them.
+		st := now - uint32(s.lazy) - uint32(n)
+		n--
+		if k == len(list) || i < len(ring) && now-r.st[ring[i]] >= now-lst[k] {
+			j := ring[i]
+			s.setStamp(r.h[j], st)
+			r.st[j] = st
+			i++
+		} else {
+			s.setStamp(list[k], st)
+			k++
+		}
+	}
+}
+
+// setStamp writes st as the stamp of the key hashed h, which the shard
+// holds (in its hot record too, when it is the hot key). Requires s.mu.
+func (s *memShard) setStamp(h uint64, st uint32) {
+	if s.hotOK && s.hotH == h {
+		s.hotRef.stamp = st
+	}
+	if i, ok := s.lookup(h); ok {
+		s.slab[i].stamp = st
 	}
 }
 

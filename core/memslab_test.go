@@ -12,9 +12,9 @@ import (
 )
 
 // order returns the shard's keys in its order of use, oldest first: its
-// ring's live keys and its list's, merged by stamp (the ring's first on a
-// tie), as eviction takes them. It checks that the ring's live entries and
-// the list hold each key once, in order of their stamps, that the ring
+// ring's live keys and its list's, merged by stamp, as eviction takes
+// them. It checks that the ring's live entries and the list hold each key
+// once, in order of their stamps, which are all distinct, that the ring
 // counts its live entries, and that it holds at most four entries per
 // key (or ringMin).
 func order(t *testing.T, s *memShard) []uint64 {
@@ -55,8 +55,8 @@ func order(t *testing.T, s *memShard) []uint64 {
 	}
 	for _, a := range [][]uint32{ages, lages} {
 		for i := 1; i < len(a); i++ {
-			if a[i] > a[i-1] {
-				t.Fatalf("ages out of order: %v", a)
+			if a[i] >= a[i-1] {
+				t.Fatalf("ages out of order, or equal: %v", a)
 			}
 		}
 	}
@@ -65,7 +65,10 @@ func order(t *testing.T, s *memShard) []uint64 {
 	i, j := 0, 0
 	for i < len(ring) || j < len(list) {
 		var h uint64
-		if j == len(list) || i < len(ring) && ages[i] >= lages[j] {
+		if i < len(ring) && j < len(list) && ages[i] == lages[j] {
+			t.Fatalf("a key of the ring and one of the list share a stamp, %d ticks back", ages[i])
+		}
+		if j == len(list) || i < len(ring) && ages[i] > lages[j] {
 			h = ring[i]
 			i++
 		} else {
