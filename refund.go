@@ -48,7 +48,9 @@ type refundConfig struct {
 // back its latest units, the place of a request booked behind this one,
 // a layer whose key [Limiter.Reset] reset since (or while) the charge
 // was made, whose record holds only later charges, and a layer whose rule
-// [Limiter.SetRules] replaced while the request ran (see SetRules). Behind
+// [Limiter.SetRules] replaced while the request ran (see SetRules). The
+// memory store also keeps the charge of a key it evicted since (see
+// core.Refunder). Behind
 // http.TimeoutHandler, a request that timed out is judged by the status
 // its handler wrote, not the 503 the client got. It uses the request's context
 // without its cancellation, so a client that hung up does not keep its

@@ -204,8 +204,12 @@ type MemoryConfig struct {
 // allocated). A new key allocates nothing (with an Observer, its text; with
 // KeepActive, its list entry; in a full shard, the list entries of the keys
 // examined for room and given a second chance; now and then, the growth of
-// a filling shard's slab or ring, or a compaction of its ring). A full
-// shard drops a recovered key before evicting one that
+// a filling shard's slab or ring, or a compaction of its ring). A shard
+// remembers its last 32 evictions of keys holding state, so that a refund
+// by charge (Request.ChargedAt) of a key evicted since gives nothing back:
+// its record, made anew, holds only later charges; a shard that has
+// evicted more keys than that since a charge gives nothing back for it,
+// whatever its key. A full shard drops a recovered key before evicting one that
 // holds state (see MemoryConfig.KeepActive for how far it looks). Times
 // outside [MinTime, MaxTime] are clamped to them.
 //
@@ -359,7 +363,10 @@ type memShard struct {
 	// keys holds the text of every key, by hash, when the store has an
 	// Observer (for its eviction events); nil otherwise. Guarded by mu.
 	keys map[uint64]string
-	_    [24]byte // 512 bytes in all: a shard's first field starts a cache line
+	// evicts holds the shard's last evictions of keys holding state (see
+	// noteEviction); nil until the first.
+	evicts *memEvictLog
+	_      [16]byte // 512 bytes in all: a shard's first field starts a cache line
 }
 
 // NewMemoryStore returns a MemoryStore configured by cfg (nil for the
@@ -605,6 +612,7 @@ func (m *MemoryStore) makeRoom(s *memShard, need, own int, batch []uint64, now i
 			*nev++
 		}
 		m.evictions.Add(1)
+		s.noteEviction(firstKey, now)
 		s.remove(firstKey)
 	}
 	return 0, nil

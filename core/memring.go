@@ -225,3 +225,50 @@ func (s *memShard) remove(h uint64) {
 		s.left()
 	}
 }
+
+// evictLogSize is how many evictions a shard's eviction log holds.
+const evictLogSize = 32
+
+// memEvictLog is a shard's last evictions of keys holding state, each with
+// its time, so that a refund by charge (Request.ChargedAt) of a key
+// evicted since, whose record then holds only later charges, gives nothing
+// back (see evictedSince).
+type memEvictLog struct {
+	h    [evictLogSize]uint64
+	at   [evictLogSize]int64
+	next int // the entry written next, the oldest once the log is full
+	n    int // entries written, up to evictLogSize
+}
+
+// noteEviction records the eviction of the key hashed h, holding state,
+// at now. Requires s.mu.
+func (s *memShard) noteEviction(h uint64, now int64) {
+	if s.evicts == nil {
+		s.evicts = new(memEvictLog)
+	}
+	l := s.evicts
+	l.h[l.next], l.at[l.next] = h, now
+	if l.next++; l.next == evictLogSize {
+		l.next = 0
+	}
+	l.n = min(l.n+1, evictLogSize)
+}
+
+// evictedSince reports whether the key hashed h may have been evicted,
+// holding state, at or after t: the log holds such an eviction, or it is
+// full and its oldest entry is at or after t, so that one may have been
+// overwritten (a shard evicting keys faster than its log holds them keeps
+// the charges of the refunds made meanwhile, which limits more, never
+// less). Requires s.mu.
+func (s *memShard) evictedSince(h uint64, t int64) bool {
+	l := s.evicts
+	if l == nil {
+		return false
+	}
+	for k := 0; k < l.n; k++ {
+		if l.h[k] == h && l.at[k] >= t {
+			return true
+		}
+	}
+	return l.n == evictLogSize && l.at[l.next] >= t
+}

@@ -306,3 +306,76 @@ func TestMemRingRestampKeepsListOrder(t *testing.T) {
 	}
 	checkShard(t, &ringed.shards[0])
 }
+
+// A refund by charge of a key evicted, holding state, since the charge
+// gives nothing back: the key's record, made again after the eviction,
+// holds only later charges. A refund of a key not evicted since its charge
+// still gives its charge back, and a shard that has evicted more keys than
+// its log holds since a charge keeps that charge.
+func TestMemoryRefundAfterEviction(t *testing.T) {
+	m, s, _ := oneShard(t, MemoryConfig{Capacity: 4})
+	p := MustPolicy(Rule{Name: "r", Algorithm: FixedWindow, Limit: 2, Window: time.Hour})
+	ctx := context.Background()
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	take := func(k string, now time.Time) bool {
+		t.Helper()
+		var out [1]Decision
+		if err := m.Take(ctx, now, []Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
+			t.Fatal(err)
+		}
+		return out[0].Allowed
+	}
+	refund := func(k string, charged, now time.Time) {
+		t.Helper()
+		if err := m.Refund(ctx, now, []Request{{Policy: p, Key: k, Cost: 1, ChargedAt: charged}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A refund with no eviction since: given back.
+	take("a", at(0))
+	take("a", at(time.Second))
+	refund("a", at(time.Second), at(2*time.Second))
+	if !take("a", at(3*time.Second)) {
+		t.Fatal("a refund with no eviction since its charge gave nothing back")
+	}
+	// x is charged, then evicted by four other keys holding state, then
+	// charged twice anew: its fresh record is full.
+	take("x", at(4*time.Second))
+	for i := 0; i < 4; i++ {
+		take(fmt.Sprint("f", i), at(5*time.Second))
+	}
+	if s.holds(m.hash(&Request{Policy: p, Key: "x"})) || m.Evictions() == 0 {
+		t.Fatal("x was not evicted")
+	}
+	if !take("x", at(6*time.Second)) || !take("x", at(6*time.Second)) {
+		t.Fatal("x's fresh record refused")
+	}
+	refund("x", at(4*time.Second), at(7*time.Second))
+	if take("x", at(8*time.Second)) {
+		t.Fatal("the refund of a charge made before x's eviction gave back one of the later charges")
+	}
+	// More evictions than the log holds since a charge: kept.
+	take("y", at(9*time.Second))
+	for i := 0; i < 2*evictLogSize; i++ {
+		take(fmt.Sprint("g", i), at(10*time.Second))
+	}
+	take("y", at(11*time.Second)) // y, evicted among them, is back with one charge
+	refund("y", at(11*time.Second), at(12*time.Second))
+	if !take("y", at(13*time.Second)) || !take("y", at(13*time.Second)) {
+		// The refund of the later charge (made after every eviction) is
+		// given back: y holds no charge, then two.
+		t.Fatal("a refund of a charge made after the evictions was not given back")
+	}
+	take("z", at(14*time.Second))
+	for i := 0; i < 2*evictLogSize; i++ {
+		take(fmt.Sprint("h", i), at(15*time.Second))
+	}
+	take("z", at(16*time.Second))
+	take("z", at(16*time.Second))
+	refund("z", at(14*time.Second), at(17*time.Second))
+	if take("z", at(18*time.Second)) {
+		t.Fatal("a refund of a charge older than the shard's eviction log gave back a later charge")
+	}
+	checkShard(t, s)
+}

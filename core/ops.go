@@ -74,7 +74,10 @@ type Resetter interface {
 // Without ChargedAt a refund cannot tell which charges it stands for: made
 // after a later charge (or, for the windows, after a window boundary), it
 // gives back that charge's units. With ChargedAt, a key whose record
-// another policy has written since gives back nothing. Four limits
+// another policy has written since gives back nothing, and so, in a
+// MemoryStore, does a key evicted, holding state, since the charge (a full
+// shard that has evicted more keys than it remembers, 32, since the
+// charge gives back nothing for any key: see MemoryStore). Four limits
 // remain, where a refund may give back units of later charges: a record
 // that requests under another policy have converted and that requests under
 // the refund's policy have converted back holds no history of the charge;
@@ -244,6 +247,11 @@ func (m *MemoryStore) refund(reqs []Request, now int64) error {
 		if converted(&s.cur, r.Policy) && !r.ChargedAt.IsZero() {
 			// A record another policy wrote since the charge holds none of
 			// the charge's own history: nothing is given back.
+			continue
+		}
+		if !r.ChargedAt.IsZero() && s.evictedSince(hashes[i], ClampTime(r.ChargedAt)) {
+			// Evicted since the charge (or maybe: see evictedSince), the
+			// key's record holds only later charges: nothing is given back.
 			continue
 		}
 		if s.adopt(&s.cur, r.Policy, now) {

@@ -1,0 +1,53 @@
+package ratelimit_test
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/limitry/ratelimit"
+	"github.com/limitry/ratelimit/core"
+)
+
+// TestRefundAfterEvictionKeepsCharge: a key evicted from a full memory
+// store while its handler runs, and charged anew meanwhile, keeps the
+// refunded request's charge, as after a Reset: its record holds only the
+// later charges, none of which a refund may give back.
+func TestRefundAfterEvictionKeepsCharge(t *testing.T) {
+	store := core.MustMemoryStore(&core.MemoryConfig{Capacity: 16, Shards: 1})
+	var h http.Handler
+	client := "192.0.2.1:1"
+	var during []int
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Slow") == "" {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		// While this failed call runs: a flood of other clients evicts
+		// the caller's key, and the caller makes two more calls.
+		for i := 0; i < 64; i++ {
+			serve(h, mwReq(fmt.Sprintf("198.51.100.%d:1", i)))
+		}
+		for i := 0; i < 2; i++ {
+			during = append(during, serve(h, mwReq(client)).Code)
+		}
+		w.WriteHeader(http.StatusBadGateway) // refunded
+	})
+	_, h, _ = refundEnv(t, []ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "calls", Algorithm: core.FixedWindow, Limit: 2, Window: time.Hour},
+	}}, next, ratelimit.WithRefund(ratelimit.RefundFailed), ratelimit.WithStore(store))
+	if rec := serve(h, mwReq(client, "Slow", "1")); rec.Code != http.StatusBadGateway {
+		t.Fatalf("slow call: %d", rec.Code)
+	}
+	if store.Evictions() == 0 {
+		t.Fatalf("the flood evicted nothing")
+	}
+	t.Logf("calls during the slow one: %v, evictions %d", during, store.Evictions())
+	// The two calls made while the slow one ran hold the whole (fresh)
+	// quota of 2: the slow call's refund must give neither back.
+	if rec := serve(h, mwReq(client)); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("third call after the refund: %d, want 429 (the refund gave back a charge made while the handler ran)", rec.Code)
+	}
+}
