@@ -51,3 +51,49 @@ func TestRefundAfterEvictionKeepsCharge(t *testing.T) {
 		t.Fatalf("third call after the refund: %d, want 429 (the refund gave back a charge made while the handler ran)", rec.Code)
 	}
 }
+
+// TestRefundBucketEvictedKeepsCharge: as TestRefundAfterEvictionKeepsCharge,
+// with a token bucket and a single eviction, before the refund's ChargedAt
+// (the bucket's ChargeStart, later than the charge): the refund keeps the
+// charge made on the key's fresh record while the handler ran.
+func TestRefundBucketEvictedKeepsCharge(t *testing.T) {
+	store := core.MustMemoryStore(&core.MemoryConfig{Capacity: 2, Shards: 1})
+	var h http.Handler
+	var clk *core.FakeClock
+	client := "192.0.2.1:1"
+	var during []int
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Slow") == "" {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		clk.Advance(500 * time.Millisecond)
+		// Two other clients evict the caller's key (one eviction).
+		serve(h, mwReq("198.51.100.1:1"))
+		serve(h, mwReq("198.51.100.2:1"))
+		clk.Advance(500 * time.Millisecond)
+		during = append(during, serve(h, mwReq(client)).Code) // a fresh record, one charge
+		w.WriteHeader(http.StatusBadGateway)                  // refunded
+	})
+	_, h, clk = refundEnv(t, []ratelimit.Layer{{
+		Key:  ratelimit.MustClientIP(),
+		Rule: core.Rule{Name: "calls", Algorithm: core.TokenBucket, Limit: 4, Window: 4 * time.Second},
+	}}, next, ratelimit.WithRefund(ratelimit.RefundFailed), ratelimit.WithStore(store))
+	serve(h, mwReq(client))
+	serve(h, mwReq(client))
+	if rec := serve(h, mwReq(client, "Slow", "1")); rec.Code != http.StatusBadGateway {
+		t.Fatalf("slow call: %d", rec.Code)
+	}
+	if store.Evictions() == 0 || len(during) != 1 || during[0] != 200 {
+		t.Fatalf("evictions %d, calls during %v", store.Evictions(), during)
+	}
+	// The caller's fresh record holds the one charge made during the slow
+	// call: 3 more calls fit, not 4.
+	n := 0
+	for serve(h, mwReq(client)).Code == http.StatusOK {
+		n++
+	}
+	if n != 3 {
+		t.Fatalf("%d calls admitted after the refund, want 3 (the refund gave back the charge made after the eviction)", n)
+	}
+}

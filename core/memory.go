@@ -209,7 +209,9 @@ type MemoryConfig struct {
 // by charge (Request.ChargedAt) of a key evicted since gives nothing back:
 // its record, made anew, holds only later charges; a shard that has
 // evicted more keys than that since a charge gives nothing back for it,
-// whatever its key. A full shard drops a recovered key before evicting one that
+// whatever its key. "Since" counts from ChargedAt less ClockTolerance, and,
+// for a bucket, less its refill time and MaxDelay too (its ChargedAt is
+// when the charge starts to give units back, up to that much after it). A full shard drops a recovered key before evicting one that
 // holds state (see MemoryConfig.KeepActive for how far it looks). Times
 // outside [MinTime, MaxTime] are clamped to them.
 //

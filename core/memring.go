@@ -1,5 +1,7 @@
 package core
 
+import "math"
+
 // How a shard of a MemoryStore keeps its keys' order of use.
 //
 // A new key enters the shard's ring: a first-in-first-out queue of the
@@ -236,17 +238,24 @@ const evictLogSize = 32
 type memEvictLog struct {
 	h    [evictLogSize]uint64
 	at   [evictLogSize]int64
-	next int // the entry written next, the oldest once the log is full
+	next int // the entry written next, the first written once the log is full
 	n    int // entries written, up to evictLogSize
+	// horizon is the latest time of the entries overwritten (the times
+	// of concurrent callers, read before they lock the shard, arrive a
+	// little out of order); math.MinInt64 while none is.
+	horizon int64
 }
 
 // noteEviction records the eviction of the key hashed h, holding state,
 // at now. Requires s.mu.
 func (s *memShard) noteEviction(h uint64, now int64) {
 	if s.evicts == nil {
-		s.evicts = new(memEvictLog)
+		s.evicts = &memEvictLog{horizon: math.MinInt64}
 	}
 	l := s.evicts
+	if l.n == evictLogSize {
+		l.horizon = max(l.horizon, l.at[l.next])
+	}
 	l.h[l.next], l.at[l.next] = h, now
 	if l.next++; l.next == evictLogSize {
 		l.next = 0
@@ -255,11 +264,11 @@ func (s *memShard) noteEviction(h uint64, now int64) {
 }
 
 // evictedSince reports whether the key hashed h may have been evicted,
-// holding state, at or after t: the log holds such an eviction, or it is
-// full and its oldest entry is at or after t, so that one may have been
-// overwritten (a shard evicting keys faster than its log holds them keeps
-// the charges of the refunds made meanwhile, which limits more, never
-// less). Requires s.mu.
+// holding state, at or after t: the log holds such an eviction, or an
+// entry at or after t has been overwritten, which may have been one (a
+// shard evicting keys faster than its log holds them keeps the charges of
+// the refunds made meanwhile, which limits more, never less). Requires
+// s.mu.
 func (s *memShard) evictedSince(h uint64, t int64) bool {
 	l := s.evicts
 	if l == nil {
@@ -270,5 +279,32 @@ func (s *memShard) evictedSince(h uint64, t int64) bool {
 			return true
 		}
 	}
-	return l.n == evictLogSize && l.at[l.next] >= t
+	return l.horizon >= t
+}
+
+// chargeLead returns the most a charge's Request.ChargedAt under p (its
+// Policy.ChargeStart) can lie after the charge itself: a bucket's charge
+// starts to give its units back once the units in use before it have,
+// at most tau + MaxDelay later (and ClockTolerance for a state ahead of
+// the clock); a window algorithm's is recorded at the charge's time or
+// the key's, within ClockTolerance.
+func chargeLead(p *Policy) int64 {
+	lead := int64(ClockTolerance)
+	if isGCRA(p) {
+		for _, d := range []int64{p.tauQ, 1, p.maxDelay} {
+			if lead > math.MaxInt64-d {
+				return math.MaxInt64
+			}
+			lead += d
+		}
+	}
+	return lead
+}
+
+// before returns t less lead (lead >= 0), or math.MinInt64 below it.
+func before(t, lead int64) int64 {
+	if t < math.MinInt64+lead {
+		return math.MinInt64
+	}
+	return t - lead
 }

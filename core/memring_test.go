@@ -355,27 +355,111 @@ func TestMemoryRefundAfterEviction(t *testing.T) {
 	if take("x", at(8*time.Second)) {
 		t.Fatal("the refund of a charge made before x's eviction gave back one of the later charges")
 	}
-	// More evictions than the log holds since a charge: kept.
+	// More evictions than the log holds since a charge: kept. A charge
+	// made more than ClockTolerance after them: given back.
 	take("y", at(9*time.Second))
 	for i := 0; i < 2*evictLogSize; i++ {
 		take(fmt.Sprint("g", i), at(10*time.Second))
 	}
-	take("y", at(11*time.Second)) // y, evicted among them, is back with one charge
-	refund("y", at(11*time.Second), at(12*time.Second))
-	if !take("y", at(13*time.Second)) || !take("y", at(13*time.Second)) {
-		// The refund of the later charge (made after every eviction) is
-		// given back: y holds no charge, then two.
+	take("y", at(12*time.Second)) // y, evicted among them, is back with one charge
+	refund("y", at(12*time.Second), at(13*time.Second))
+	if !take("y", at(14*time.Second)) || !take("y", at(14*time.Second)) {
+		// The refund of the later charge is given back: y holds no
+		// charge, then two.
 		t.Fatal("a refund of a charge made after the evictions was not given back")
 	}
-	take("z", at(14*time.Second))
+	take("z", at(15*time.Second))
 	for i := 0; i < 2*evictLogSize; i++ {
-		take(fmt.Sprint("h", i), at(15*time.Second))
+		take(fmt.Sprint("h", i), at(16*time.Second))
 	}
-	take("z", at(16*time.Second))
-	take("z", at(16*time.Second))
-	refund("z", at(14*time.Second), at(17*time.Second))
-	if take("z", at(18*time.Second)) {
+	take("z", at(17*time.Second))
+	take("z", at(17*time.Second))
+	refund("z", at(15*time.Second), at(18*time.Second))
+	if take("z", at(19*time.Second)) {
 		t.Fatal("a refund of a charge older than the shard's eviction log gave back a later charge")
 	}
 	checkShard(t, s)
+}
+
+// A bucket's refund by charge names ChargeStart (the charge time plus the
+// lead of the units in use before it), not the charge's time: an eviction
+// between the charge and that start is still seen, and the refund keeps
+// the charge made on the key's fresh record after the eviction.
+func TestMemoryRefundBucketEvicted(t *testing.T) {
+	m := MustMemoryStore(&MemoryConfig{Capacity: 2, Shards: 1})
+	p := MustPolicy(Rule{Name: "r", Algorithm: TokenBucket, Limit: 4, Window: 4 * time.Second})
+	ctx := context.Background()
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	take := func(k string, now time.Time) Decision {
+		t.Helper()
+		var out [1]Decision
+		if err := m.Take(ctx, now, []Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	take("a", at(0))
+	take("a", at(0))
+	d := take("a", at(0)) // the charge to refund: 3 tokens in use
+	chargedAt := p.ChargeStart(at(0), 1, d)
+	if chargedAt.Sub(t0) <= time.Second {
+		t.Fatalf("ChargedAt t0+%v: the test needs a start after the eviction", chargedAt.Sub(t0))
+	}
+	// b and c evict a, holding state, at t0+0.5s.
+	take("b", at(500*time.Millisecond))
+	take("c", at(500*time.Millisecond))
+	if m.Evictions() != 1 {
+		t.Fatalf("%d evictions", m.Evictions())
+	}
+	// a comes back: its fresh record holds one charge, made after the eviction.
+	take("a", at(time.Second))
+	if err := m.Refund(ctx, at(time.Second), []Request{{Policy: p, Key: "a", Cost: 1, ChargedAt: chargedAt}}); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for take("a", at(time.Second)).Allowed {
+		n++
+	}
+	if n != 3 {
+		t.Fatalf("after the refund of a charge made before a's eviction, a admits %d more; want 3 (its later charge kept)", n)
+	}
+}
+
+// Evictions logged out of time order (Take's now is the caller's, read
+// before the lock; goroutines pass times a little out of order): an
+// overwritten eviction of the key, after the charge, is still counted, by
+// the latest time of the entries overwritten.
+func TestMemoryRefundEvictLogOutOfOrder(t *testing.T) {
+	m := MustMemoryStore(&MemoryConfig{Capacity: 4, Shards: 1})
+	p := MustPolicy(Rule{Name: "r", Algorithm: FixedWindow, Limit: 2, Window: time.Hour})
+	ctx := context.Background()
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	take := func(k string, now time.Time) bool {
+		t.Helper()
+		var out [1]Decision
+		if err := m.Take(ctx, now, []Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
+			t.Fatal(err)
+		}
+		return out[0].Allowed
+	}
+	take("x", at(10*time.Millisecond)) // the charge to refund
+	// Other keys fill the shard; x is evicted at t0+20ms...
+	for i := 0; i < 4; i++ {
+		take(fmt.Sprint("f", i), at(20*time.Millisecond))
+	}
+	// ...then more keys evict, with times a few ms earlier (goroutines
+	// that read the clock before x's charge and got the lock later).
+	for i := 0; i < 2*evictLogSize; i++ {
+		take(fmt.Sprint("g", i), at(5*time.Millisecond))
+	}
+	take("x", at(30*time.Millisecond))
+	take("x", at(30*time.Millisecond)) // x's fresh record is full
+	if err := m.Refund(ctx, at(40*time.Millisecond), []Request{{Policy: p, Key: "x", Cost: 1, ChargedAt: at(10 * time.Millisecond)}}); err != nil {
+		t.Fatal(err)
+	}
+	if take("x", at(50*time.Millisecond)) {
+		t.Fatal("the refund of a charge made before x's eviction gave back a later charge")
+	}
 }

@@ -249,7 +249,7 @@ func (m *MemoryStore) refund(reqs []Request, now int64) error {
 			// the charge's own history: nothing is given back.
 			continue
 		}
-		if !r.ChargedAt.IsZero() && s.evictedSince(hashes[i], ClampTime(r.ChargedAt)) {
+		if !r.ChargedAt.IsZero() && s.evictedSince(hashes[i], before(ClampTime(r.ChargedAt), chargeLead(r.Policy))) {
 			// Evicted since the charge (or maybe: see evictedSince), the
 			// key's record holds only later charges: nothing is given back.
 			continue
