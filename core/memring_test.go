@@ -313,25 +313,10 @@ func TestMemRingRestampKeepsListOrder(t *testing.T) {
 // still gives its charge back, and a shard that has evicted more keys than
 // its log holds since a charge keeps that charge.
 func TestMemoryRefundAfterEviction(t *testing.T) {
-	m, s, _ := oneShard(t, MemoryConfig{Capacity: 4})
 	p := MustPolicy(Rule{Name: "r", Algorithm: FixedWindow, Limit: 2, Window: time.Hour})
-	ctx := context.Background()
-	t0 := time.Unix(1_700_000_000, 0)
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	take := func(k string, now time.Time) bool {
-		t.Helper()
-		var out [1]Decision
-		if err := m.Take(ctx, now, []Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
-			t.Fatal(err)
-		}
-		return out[0].Allowed
-	}
-	refund := func(k string, charged, now time.Time) {
-		t.Helper()
-		if err := m.Refund(ctx, now, []Request{{Policy: p, Key: k, Cost: 1, ChargedAt: charged}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	m, at, takeD, refund := refundTrace(t, 4, p)
+	s := &m.shards[0]
+	take := func(k string, now time.Time) bool { t.Helper(); return takeD(k, now).Allowed }
 	// A refund with no eviction since: given back.
 	take("a", at(0))
 	take("a", at(time.Second))
@@ -386,19 +371,9 @@ func TestMemoryRefundAfterEviction(t *testing.T) {
 // between the charge and that start is still seen, and the refund keeps
 // the charge made on the key's fresh record after the eviction.
 func TestMemoryRefundBucketEvicted(t *testing.T) {
-	m := MustMemoryStore(&MemoryConfig{Capacity: 2, Shards: 1})
 	p := MustPolicy(Rule{Name: "r", Algorithm: TokenBucket, Limit: 4, Window: 4 * time.Second})
-	ctx := context.Background()
-	t0 := time.Unix(1_700_000_000, 0)
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	take := func(k string, now time.Time) Decision {
-		t.Helper()
-		var out [1]Decision
-		if err := m.Take(ctx, now, []Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
-			t.Fatal(err)
-		}
-		return out[0]
-	}
+	m, at, take, refund := refundTrace(t, 2, p)
+	t0 := at(0)
 	take("a", at(0))
 	take("a", at(0))
 	d := take("a", at(0)) // the charge to refund: 3 tokens in use
@@ -414,9 +389,7 @@ func TestMemoryRefundBucketEvicted(t *testing.T) {
 	}
 	// a comes back: its fresh record holds one charge, made after the eviction.
 	take("a", at(time.Second))
-	if err := m.Refund(ctx, at(time.Second), []Request{{Policy: p, Key: "a", Cost: 1, ChargedAt: chargedAt}}); err != nil {
-		t.Fatal(err)
-	}
+	refund("a", chargedAt, at(time.Second))
 	n := 0
 	for take("a", at(time.Second)).Allowed {
 		n++
@@ -431,19 +404,9 @@ func TestMemoryRefundBucketEvicted(t *testing.T) {
 // overwritten eviction of the key, after the charge, is still counted, by
 // the latest time of the entries overwritten.
 func TestMemoryRefundEvictLogOutOfOrder(t *testing.T) {
-	m := MustMemoryStore(&MemoryConfig{Capacity: 4, Shards: 1})
 	p := MustPolicy(Rule{Name: "r", Algorithm: FixedWindow, Limit: 2, Window: time.Hour})
-	ctx := context.Background()
-	t0 := time.Unix(1_700_000_000, 0)
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	take := func(k string, now time.Time) bool {
-		t.Helper()
-		var out [1]Decision
-		if err := m.Take(ctx, now, []Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
-			t.Fatal(err)
-		}
-		return out[0].Allowed
-	}
+	_, at, takeD, refund := refundTrace(t, 4, p)
+	take := func(k string, now time.Time) bool { t.Helper(); return takeD(k, now).Allowed }
 	take("x", at(10*time.Millisecond)) // the charge to refund
 	// Other keys fill the shard; x is evicted at t0+20ms...
 	for i := 0; i < 4; i++ {
@@ -456,10 +419,33 @@ func TestMemoryRefundEvictLogOutOfOrder(t *testing.T) {
 	}
 	take("x", at(30*time.Millisecond))
 	take("x", at(30*time.Millisecond)) // x's fresh record is full
-	if err := m.Refund(ctx, at(40*time.Millisecond), []Request{{Policy: p, Key: "x", Cost: 1, ChargedAt: at(10 * time.Millisecond)}}); err != nil {
-		t.Fatal(err)
-	}
+	refund("x", at(10*time.Millisecond), at(40*time.Millisecond))
 	if take("x", at(50*time.Millisecond)) {
 		t.Fatal("the refund of a charge made before x's eviction gave back a later charge")
 	}
+}
+
+// refundTrace returns a one-shard store of capacity keys, the time t0 + d
+// as at(d), and functions taking one unit of key k under p at now
+// (reporting its Decision) and refunding one unit of k charged at charged.
+func refundTrace(t *testing.T, capacity int, p *Policy) (m *MemoryStore, at func(time.Duration) time.Time, take func(k string, now time.Time) Decision, refund func(k string, charged, now time.Time)) {
+	m = MustMemoryStore(&MemoryConfig{Capacity: capacity, Shards: 1})
+	ctx := context.Background()
+	t0 := time.Unix(1_700_000_000, 0)
+	at = func(d time.Duration) time.Time { return t0.Add(d) }
+	take = func(k string, now time.Time) Decision {
+		t.Helper()
+		var out [1]Decision
+		if err := m.Take(ctx, now, []Request{{Policy: p, Key: k, Cost: 1}}, out[:]); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	refund = func(k string, charged, now time.Time) {
+		t.Helper()
+		if err := m.Refund(ctx, now, []Request{{Policy: p, Key: k, Cost: 1, ChargedAt: charged}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return m, at, take, refund
 }
