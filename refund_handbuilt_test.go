@@ -3,7 +3,6 @@ package ratelimit_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/limitry/ratelimit"
 	"github.com/limitry/ratelimit/core"
@@ -48,44 +47,6 @@ func TestRefundHandBuiltRateLayerOnly(t *testing.T) {
 	}
 	if !l.Decide(mwReq("192.0.2.1:1")).Proceed {
 		t.Fatal("not refunded")
-	}
-}
-
-// A hand-built Result of a layer with a Resolver (which returned nil: the
-// layer's own rule decided) keeps its charge after SetRules changed the
-// rule, as a layer without a Resolver does: refunded under the old rule,
-// it would let the new rule admit more than its limit.
-func TestRefundHandBuiltResolverLayerAfterSetRules(t *testing.T) {
-	none := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return nil, nil })
-	old := core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 5, Window: time.Minute}
-	nw := core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 10, Window: 2 * time.Minute}
-	clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))
-	l := ratelimit.Must(ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: old, Resolver: none}},
-		ratelimit.WithClock(clk), ratelimit.WithLogger(nil)))
-	decide := func() ratelimit.Result { return l.Decide(mwReq("192.0.2.1:1")) }
-	a := decide()
-	if !a.Proceed {
-		t.Fatal("a refused")
-	}
-	hb := ratelimit.Result{Proceed: true, Layers: a.Layers}
-	if err := l.SetRules(map[string]core.Rule{"per-ip": nw}); err != nil {
-		t.Fatal(err)
-	}
-	clk.Advance(61 * time.Second)
-	admitted := 0
-	if decide().Proceed {
-		admitted++
-	}
-	if err := l.Refund(context.Background(), &hb); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 100; i++ {
-		if decide().Proceed {
-			admitted++
-		}
-	}
-	if admitted > int(nw.Limit) {
-		t.Errorf("new rule %d/%v admitted %d at one instant after refunding a hand-built Result of a Resolver layer", nw.Limit, nw.Window, admitted)
 	}
 }
 

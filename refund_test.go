@@ -1323,8 +1323,14 @@ func TestRefundSees101(t *testing.T) {
 // there), the clock, and a function deciding a request of one client.
 func reloadLimiter(t *testing.T, rule core.Rule) (*ratelimit.Limiter, *core.FakeClock, func() ratelimit.Result) {
 	t.Helper()
+	return reloadLayer(t, ratelimit.Layer{Key: ratelimit.MustClientIP(), Rule: rule})
+}
+
+// reloadLayer is reloadLimiter for a Limiter of the one layer ly.
+func reloadLayer(t *testing.T, ly ratelimit.Layer) (*ratelimit.Limiter, *core.FakeClock, func() ratelimit.Result) {
+	t.Helper()
 	clk := core.NewFakeClock(time.Unix(1_800_000_000, 0))
-	l, err := ratelimit.New([]ratelimit.Layer{{Key: ratelimit.MustClientIP(), Rule: rule}},
+	l, err := ratelimit.New([]ratelimit.Layer{ly},
 		ratelimit.WithClock(clk), ratelimit.WithLogger(nil))
 	if err != nil {
 		t.Fatal(err)
@@ -1444,10 +1450,17 @@ func TestRefundHandBuiltAfterSetRules(t *testing.T) {
 		t.Fatal("a hand-built Result under the rules in force (set again) was not refunded")
 	}
 
-	for _, writeHeaders := range []bool{false, true} {
+	// With or without a Resolver (one that returns nil: the layer's own
+	// rule decides), the layer keeps its charge once its rule changed.
+	none := core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return nil, nil })
+	for _, c := range []struct {
+		writeHeaders bool
+		resolver     core.Resolver
+	}{{false, nil}, {true, nil}, {false, none}} {
+		writeHeaders := c.writeHeaders
 		old := core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 5, Window: time.Minute}
 		nw := core.Rule{Name: "per-ip", Algorithm: core.FixedWindow, Limit: 10, Window: 2 * time.Minute}
-		l, clk, decide := reloadLimiter(t, old)
+		l, clk, decide := reloadLayer(t, ratelimit.Layer{Key: ratelimit.MustClientIP(), Rule: old, Resolver: c.resolver})
 		a := decide()
 		if !a.Proceed {
 			t.Fatal("a refused")
@@ -1473,8 +1486,8 @@ func TestRefundHandBuiltAfterSetRules(t *testing.T) {
 			}
 		}
 		if admitted > int(nw.Limit) {
-			t.Errorf("writeHeaders=%v: new rule %d/%v admitted %d at one instant after refunding a hand-built Result",
-				writeHeaders, nw.Limit, nw.Window, admitted)
+			t.Errorf("writeHeaders=%v, Resolver %v: new rule %d/%v admitted %d at one instant after refunding a hand-built Result",
+				writeHeaders, c.resolver != nil, nw.Limit, nw.Window, admitted)
 		}
 	}
 }

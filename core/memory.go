@@ -211,9 +211,10 @@ type MemoryConfig struct {
 // evicted more keys than that since a charge gives nothing back for it,
 // whatever its key. "Since" counts from ChargedAt less ClockTolerance, and,
 // for a bucket, less its refill time and MaxDelay too (its ChargedAt is
-// when the charge starts to give units back, up to that much after it). A full shard drops a recovered key before evicting one that
-// holds state (see MemoryConfig.KeepActive for how far it looks). Times
-// outside [MinTime, MaxTime] are clamped to them.
+// when the charge starts to give units back, up to that much after it). A
+// full shard drops a recovered key before evicting one that holds state
+// (see MemoryConfig.KeepActive for how far it looks). Times outside
+// [MinTime, MaxTime] are clamped to them.
 //
 // It is safe for concurrent use and needs no Close.
 type MemoryStore struct {

@@ -11,8 +11,8 @@ import "math"
 // decision after it drifted into the back half of the shard, a batch, a
 // change of policy, see put; or a full shard's second chance to a key
 // examined for room that still holds state, see makeRoom), it moves to the
-// shard's golang-lru list,
-// which orders the keys that have gone there again, by their last time.
+// shard's golang-lru list, which orders the keys that have gone there
+// again, by their last time.
 // Stamps are given in that same order, one tick each, so the ring's first
 // key and the list's last are each the oldest of their own, and the older
 // of the two, by their stamps, is the least recently used key of the
@@ -31,8 +31,8 @@ import "math"
 // entries are live, halving it as often as that allows (so that a ring
 // holds at most four entries per key it holds, or ringMin); and before
 // restamp moves the drifted keys' stamps, which could make a stale
-// entry's stamp its key's again. A store with KeepActive keeps every key in the list, whose last
-// key its eviction examines.
+// entry's stamp its key's again. A store with KeepActive keeps every key
+// in the list, whose last key its eviction examines.
 
 // ringMin is the fewest entries a shard's ring is made with.
 const ringMin = 64
