@@ -316,21 +316,25 @@
 //
 // Under load, most of Redis's work per decision is not the script but the
 // network: reading a command and writing its reply on a connection of its
-// own. Config.Pipeline lets concurrent decisions share that work, on a
-// single-node or failover client: at most Pipeline script calls or
-// pipelines are in flight at once, and a decision that finds them all busy
-// waits for one to end, then goes out in a single pipeline with every
-// decision waiting (one write and one read for up to 128 calls). Each
-// decision is still its own atomic script call, sent once and never
-// retried; a decision whose context ends while it waits is not sent; one
-// that finds a free slot goes out at once, alone, so a lone caller's
-// latency does not change. The trade is latency for throughput: a decision
-// may wait one round trip for a slot before its own, which costs little
-// when Redis is near (and under load wins back more than it costs) but
-// counts when the round trip is long. A failed pipeline fails every
-// decision it carries, each counting against the breaker. Set
-// ContextTimeoutEnabled with it, so that a pipeline's I/O ends with its
-// decisions' deadlines. BENCHMARKS.md measures the gain and the latency.
+// own. By default, on a single-node or failover client, concurrent
+// decisions share that work when Redis is busy (Config.Pipeline). A
+// decision that finds fewer than 4 calls in flight goes out at once,
+// alone. Beyond that, while calls come back at least every 100µs, it joins
+// the next pipeline: the first call to come back sends every decision
+// waiting in one pipeline (one write and one read for up to 128 calls),
+// and a pipeline that has waited 100µs goes out on a connection of its
+// own. When calls come back less often (a distant server, few callers),
+// every decision goes out at once, alone. So a lone caller's latency does
+// not change, a decision waits at most about 100µs for a pipeline, and a
+// busy server decides far more per second. Each decision is still its own
+// atomic script call, sent once and never retried; a decision whose
+// context ends while it waits is not sent. A failed pipeline fails every
+// decision it carries, each counting against the breaker. A positive
+// Config.Pipeline pipelines always, beyond that many calls in flight (with
+// a wait of up to a round trip), and a negative one never; Cluster and
+// Ring clients send every decision alone. Set ContextTimeoutEnabled, so
+// that a pipeline's I/O ends with its decisions' deadlines. BENCHMARKS.md
+// measures the gain and the latency.
 //
 // While Redis is unavailable (an error, a timeout, or the breaker
 // open), Take returns the error (ErrUnavailable while the breaker is open),

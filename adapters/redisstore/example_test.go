@@ -148,9 +148,11 @@ func Example_fallback() {
 	// err=<nil> allowed=false breaker=open
 }
 
-// With Config.Pipeline, the decisions of concurrent requests share round
-// trips to Redis: here 100 goroutines decide through at most 2 calls in
-// flight at once, and each decision is still exact.
+// By default, the decisions of concurrent requests share round trips to
+// Redis while it is busy. A positive Config.Pipeline makes them share
+// always: here 100 goroutines decide through at most 2 calls in flight at
+// once, and each decision is still exact. Config.Pipeline -1 sends each
+// decision alone.
 func ExampleConfig_pipeline() {
 	client := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
 	defer client.Close()

@@ -14,24 +14,64 @@ const maxPipeline = 128
 
 // pipeliner sends the script calls of concurrent decisions together
 // (Config.Pipeline), on a single-node or failover client (a pipeline
-// across nodes would wait for the slowest). At most lanes calls or
-// pipelines are in flight at once. A call that finds a lane free is sent
-// at once, alone, as without a pipeliner. A call that finds every lane
-// busy waits in the queue, and the first lane to come free sends
-// everything waiting as one pipeline: one write and one read for the lot,
-// on the client and on the server. Each call stays a script call of its
-// own, atomic on its own, and is sent once (noRetryInts: go-redis retries
-// no pipeline holding one).
+// across nodes would wait for the slowest). A call that finds fewer than
+// lanes calls or pipelines in flight is sent at once, alone, as without a
+// pipeliner. A call that finds them all busy waits in the queue, and the
+// first lane to come free sends everything waiting as one pipeline: one
+// write and one read for the lot, on the client and on the server. Each
+// call stays a script call of its own, atomic on its own, and is sent once
+// (noRetryInts: go-redis retries no pipeline holding one).
+//
+// With linger set (the default, adaptive pipeliner), waiting must be
+// short: a call beyond lanes joins the queue only while lanes have come
+// free at least every linger on average and the last one at most linger
+// ago; otherwise it is sent at once, alone, on a lane of its own. And the
+// queue waits at most about linger for a lane: then it goes out as one
+// pipeline on a lane of its own. So under load, when the server is slow
+// to answer because it is busy, lanes come free often and calls share
+// pipelines; with a distant server and few callers, lanes come free
+// rarely and each call goes alone, as without a pipeliner. The lanes in
+// use never exceed the calls running, which the store's gate bounds by the
+// client's pool.
 type pipeliner struct {
 	client  redis.UniversalClient
 	gate    *gate
 	timeout time.Duration // the longest a pipeline's I/O may take; <= 0: no bound of ours
 	lanes   int
+	linger  time.Duration        // > 0: the adaptive pipeliner's longest usual wait
+	now     func() time.Duration // the monotonic clock of linger's decisions
 
 	mu    sync.Mutex
 	busy  int // lanes in use
 	queue []*pipeCall
+
+	// The adaptive pipeliner's state (linger > 0), guarded by mu.
+	lastFree time.Duration // when a lane last came free; 0: never
+	gap      time.Duration // moving average of the intervals between lanes coming free
+	qsince   time.Duration // when the queue last became non-empty
+	timer    *time.Timer   // sends a queue that waited linger; nil until first needed
+	armed    bool          // timer is set
 }
+
+// Adaptive pipelining (Config.Pipeline 0): the lanes in flight before a
+// call may wait, and the longest a call usually waits for a pipeline.
+const (
+	autoLanes  = 4
+	autoLinger = 100 * time.Microsecond
+)
+
+// newPipeliner returns a pipeliner of lanes lanes for the store's client
+// and gate, adaptive with linger > 0.
+func newPipeliner(client redis.UniversalClient, g *gate, timeout time.Duration, lanes int, linger time.Duration) *pipeliner {
+	return &pipeliner{client: client, gate: g, timeout: timeout, lanes: lanes, linger: linger, now: monotonic}
+}
+
+// monoBase anchors monotonic.
+var monoBase = time.Now()
+
+// monotonic returns the time elapsed on the monotonic clock since the
+// process set monoBase: never 0 once a call has been made.
+func monotonic() time.Duration { return time.Since(monoBase) + 1 }
 
 // pipeCall is one script call waiting for, or carried by, a pipeline.
 type pipeCall struct {
@@ -68,7 +108,7 @@ func (c *pipeCall) recycle() {
 // left to run, its answer dropped.
 func (p *pipeliner) do(ctx context.Context, sc *boxedScript, args []any) ([]int64, error) {
 	p.mu.Lock()
-	if p.busy < p.lanes {
+	if p.busy < p.lanes || (p.linger > 0 && !p.soon(p.now())) {
 		p.busy++
 		p.mu.Unlock()
 		defer p.free() // even if a hook panics
@@ -76,6 +116,10 @@ func (p *pipeliner) do(ctx context.Context, sc *boxedScript, args []any) ([]int6
 	}
 	c := pipeCalls.Get().(*pipeCall)
 	c.ctx, c.script, c.args, c.state = ctx, sc, append(c.args, args...), callQueued
+	if len(p.queue) == 0 && p.linger > 0 {
+		p.qsince = p.now()
+		p.arm(p.linger)
+	}
 	p.queue = append(p.queue, c)
 	p.mu.Unlock()
 	select {
@@ -108,6 +152,7 @@ func (p *pipeliner) do(ctx context.Context, sc *boxedScript, args []any) ([]int6
 // within a running Take, which keeps the gate from draining.
 func (p *pipeliner) free() {
 	p.mu.Lock()
+	p.freed()
 	if len(p.queue) == 0 {
 		p.busy--
 		p.mu.Unlock()
@@ -124,8 +169,11 @@ func (p *pipeliner) free() {
 func (p *pipeliner) drain() {
 	defer p.gate.leave()
 	var batch [maxPipeline]*pipeCall
-	for {
+	for sent := false; ; sent = true {
 		p.mu.Lock()
+		if sent {
+			p.freed() // the lane's last pipeline is over
+		}
 		if len(p.queue) == 0 {
 			p.busy--
 			p.mu.Unlock()
@@ -166,6 +214,70 @@ func (p *pipeliner) drain() {
 		p.mu.Unlock()
 		clear(batch[:n])
 	}
+}
+
+// freed records, for the adaptive pipeliner, that a lane came free. The
+// average's intervals are counted at most 16 lingers long, so that after
+// an idle spell the pipeliner knows within a few dozen calls that lanes
+// come free often again. It is called with mu held.
+func (p *pipeliner) freed() {
+	if p.linger <= 0 {
+		return
+	}
+	t := p.now()
+	d := 16 * p.linger
+	if p.lastFree != 0 && t-p.lastFree < d {
+		d = t - p.lastFree
+	}
+	if p.lastFree == 0 {
+		p.gap = d
+	} else {
+		p.gap += (d - p.gap) / 8
+	}
+	p.lastFree = t
+}
+
+// soon reports whether, at t, a lane is likely to come free within
+// linger: one came free at most linger ago, and on average they do every
+// linger or more often. It is called with mu held.
+func (p *pipeliner) soon(t time.Duration) bool {
+	return p.lastFree != 0 && t-p.lastFree <= p.linger && p.gap <= p.linger
+}
+
+// arm sets the timer to go off after d, unless it is set. It is called
+// with mu held.
+func (p *pipeliner) arm(d time.Duration) {
+	if p.armed {
+		return
+	}
+	p.armed = true
+	if p.timer == nil {
+		p.timer = time.AfterFunc(d, p.late)
+		return
+	}
+	p.timer.Reset(d)
+}
+
+// late sends, on a lane of its own, a queue that has waited linger for a
+// lane to come free, and sets the timer again for a queue that has not
+// waited so long yet. A queue holds callers within running Takes, so the
+// gate cannot have drained.
+func (p *pipeliner) late() {
+	p.mu.Lock()
+	p.armed = false
+	if len(p.queue) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	if w := p.now() - p.qsince; w < p.linger {
+		p.arm(p.linger - w)
+		p.mu.Unlock()
+		return
+	}
+	p.busy++
+	p.gate.hold()
+	p.mu.Unlock()
+	go p.drain()
 }
 
 // send runs calls in one pipeline with EVALSHA, and those the server did

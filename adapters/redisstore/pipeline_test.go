@@ -596,22 +596,246 @@ func TestPipelineFailureReachesEveryCall(t *testing.T) {
 
 func TestPipelineConfig(t *testing.T) {
 	client := newClient(t, "127.0.0.1:1")
-	if _, err := New(client, &Config{Pipeline: -1}); err == nil || !strings.Contains(err.Error(), "Pipeline") {
-		t.Fatalf("Pipeline -1: %v, want an error naming it", err)
+	// The default pipelines adaptively; a negative value not at all.
+	if s, err := New(client, nil); err != nil || s.pipe == nil || s.pipe.lanes != autoLanes || s.pipe.linger != autoLinger {
+		t.Fatalf("default: %v, pipeliner %+v, want an adaptive one", err, s.pipe)
+	}
+	if s, err := New(client, &Config{Pipeline: -1}); err != nil || s.pipe != nil {
+		t.Fatalf("Pipeline -1: %v, pipeliner %+v, want none", err, s.pipe)
+	}
+	if s, err := New(client, &Config{Pipeline: 2}); err != nil || s.pipe == nil || s.pipe.lanes != 2 || s.pipe.linger != 0 {
+		t.Fatalf("Pipeline 2: %v, pipeliner %+v, want 2 lanes, always", err, s.pipe)
 	}
 	// A pipeline spanning nodes waits for the slowest.
 	cluster := newClusterClient(t, []string{"127.0.0.1:1"})
 	if _, err := New(cluster, &Config{Pipeline: 2}); err == nil || !strings.Contains(err.Error(), "single-node") {
 		t.Fatalf("Pipeline on a Cluster client: %v, want an error", err)
 	}
+	if s, err := New(cluster, nil); err != nil || s.pipe != nil {
+		t.Fatalf("default on a Cluster client: %v, pipeliner %+v, want none", err, s.pipe)
+	}
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
 	t.Cleanup(func() { ring.Close() })
 	if _, err := New(ring, &Config{Pipeline: 2}); err == nil || !strings.Contains(err.Error(), "single-node") {
 		t.Fatalf("Pipeline on a Ring: %v, want an error", err)
 	}
-	if _, err := New(client, &Config{Pipeline: 2}); err != nil {
+	if s, err := New(ring, nil); err != nil || s.pipe != nil {
+		t.Fatalf("default on a Ring: %v, pipeliner %+v, want none", err, s.pipe)
+	}
+}
+
+// fakeMono is a monotonic clock for the adaptive pipeliner that moves only
+// when told to.
+type fakeMono struct{ t atomic.Int64 }
+
+func newFakeMono() *fakeMono {
+	f := &fakeMono{}
+	f.t.Store(int64(time.Second))
+	return f
+}
+
+func (f *fakeMono) now() time.Duration  { return time.Duration(f.t.Load()) }
+func (f *fakeMono) add(d time.Duration) { f.t.Add(int64(d)) }
+
+// frees records n lanes of p coming free, interval apart on f.
+func frees(p *pipeliner, f *fakeMono, interval time.Duration, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for range n {
+		f.add(interval)
+		p.freed()
+	}
+}
+
+func TestPipelineAdaptiveRule(t *testing.T) {
+	f := newFakeMono()
+	p := &pipeliner{lanes: 1, linger: 100 * time.Microsecond, now: f.now}
+	if p.soon(f.now()) {
+		t.Fatal("soon before any lane came free")
+	}
+	// Lanes come free every 50µs: within a few dozen, a call may wait.
+	n := 0
+	for !p.soon(f.now()) {
+		if n++; n > 40 {
+			t.Fatalf("lanes free every 50µs, gap %v after %d: never soon", p.gap, n)
+		}
+		frees(p, f, 50*time.Microsecond, 1)
+	}
+	if n < 2 {
+		t.Fatalf("soon after %d lanes came free, want an average of several", n)
+	}
+	last := f.now()
+	if !p.soon(last + 100*time.Microsecond) {
+		t.Fatal("not soon 100µs after a lane came free")
+	}
+	if p.soon(last + 101*time.Microsecond) {
+		t.Fatal("soon 101µs after the last lane came free")
+	}
+	// Lanes come free every 300µs: soon no longer, even right after one.
+	frees(p, f, 300*time.Microsecond, 12)
+	if p.soon(f.now()) {
+		t.Fatalf("soon with lanes free every 300µs (gap %v)", p.gap)
+	}
+	// After an idle second, frequent lanes make it soon again within a
+	// few dozen (the intervals are counted at most 16 lingers long).
+	f.add(time.Second)
+	n = 0
+	for !p.soon(f.now()) {
+		if n++; n > 40 {
+			t.Fatalf("after an idle spell, gap %v after %d lanes free every 10µs", p.gap, n)
+		}
+		frees(p, f, 10*time.Microsecond, 1)
+	}
+}
+
+// adaptiveStore returns an adaptive store of one lane, on the fake clock
+// f, over a client whose first script call is held by the returned hook.
+func adaptiveStore(t *testing.T, f *fakeMono) (*Store, *holdHook) {
+	t.Helper()
+	client := newClient(t, redistest.Server(t))
+	h := newHoldHook()
+	client.AddHook(h)
+	s := newStore(t, client, &Config{ClientTime: true})
+	if s.pipe == nil || s.pipe.linger == 0 {
+		t.Fatal("the default store does not pipeline adaptively")
+	}
+	s.pipe.lanes, s.pipe.now = 1, f.now
+	if err := s.Warm(context.Background()); err != nil { // so that no pipeline is sent again with EVAL
 		t.Fatal(err)
 	}
+	return s, h
+}
+
+// within returns ch's value, failing t if none comes in 10 seconds.
+func within(t *testing.T, ch <-chan error, what string) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no answer", what)
+		return nil
+	}
+}
+
+func TestPipelineAdaptiveSendsAloneWhileLanesAreSlow(t *testing.T) {
+	f := newFakeMono()
+	s, h := adaptiveStore(t, f)
+	p := mustPolicy(t, core.Rule{Name: "adaptive", Limit: 100, Window: time.Minute})
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { _, err := takeOne(s, context.Background(), p, "k"); first <- err }()
+	<-h.holding
+	// The only lane is held, and lanes come free every 300µs: a call
+	// would wait long, so it goes alone.
+	frees(s.pipe, f, 300*time.Microsecond, 20)
+	go func() { _, err := takeOne(s, context.Background(), p, "k"); second <- err }()
+	if err := within(t, second, "the second call, with the lane held"); err != nil {
+		t.Fatal(err)
+	}
+	close(h.release)
+	if err := within(t, first, "the held call"); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.sizes(); len(got) != 0 {
+		t.Fatalf("pipelines sent: %v, want none", got)
+	}
+}
+
+func TestPipelineAdaptiveQueuesWhileLanesFreeOften(t *testing.T) {
+	f := newFakeMono()
+	s, h := adaptiveStore(t, f)
+	p := mustPolicy(t, core.Rule{Name: "adaptive", Limit: 100, Window: time.Minute})
+	frees(s.pipe, f, 20*time.Microsecond, 40)
+	// The clock stands still: the queue has not waited a linger when the
+	// held lane comes free.
+	errs := queueBehindHeld(t, s, h, 3, func() error { _, err := takeOne(s, context.Background(), p, "k"); return err })
+	close(h.release)
+	for range 4 {
+		if err := within(t, errs, "a call"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := h.sizes(); len(got) != 1 || got[0] != 3 {
+		t.Fatalf("pipelines sent: %v, want one of 3 calls", got)
+	}
+}
+
+func TestPipelineAdaptiveSendsQueueThatWaitedALinger(t *testing.T) {
+	f := newFakeMono()
+	s, h := adaptiveStore(t, f)
+	p := mustPolicy(t, core.Rule{Name: "adaptive", Limit: 100, Window: time.Minute})
+	frees(s.pipe, f, 20*time.Microsecond, 40)
+	errs := queueBehindHeld(t, s, h, 3, func() error { _, err := takeOne(s, context.Background(), p, "k"); return err })
+	// The queue waits a linger without a lane: it goes out on a lane of
+	// its own while the held call still holds the first.
+	f.add(s.pipe.linger)
+	for range 3 {
+		if err := within(t, errs, "a queued call, after a linger"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := h.sizes(); len(got) != 1 || got[0] != 3 {
+		t.Fatalf("pipelines sent: %v, want one of 3 calls", got)
+	}
+	close(h.release)
+	if err := within(t, errs, "the held call"); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, s)
+	if s.pipe.busy != 0 {
+		t.Fatalf("%d lanes busy after every call, want 0", s.pipe.busy)
+	}
+	if d, err := takeOne(s, context.Background(), p, "k"); err != nil || d.Remaining != 100-5 {
+		t.Fatalf("after 4 calls: %+v, %v; want 95 remaining", d, err)
+	}
+}
+
+// TestPipelineAdaptiveExactUnderLoad decides from 64 goroutines through a
+// default store: pipelined or not, each key admits exactly its limit.
+func TestPipelineAdaptiveExactUnderLoad(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	h := newHoldHook()
+	close(h.release) // nothing held
+	client.AddHook(h)
+	s := newStore(t, client, nil)
+	const (
+		goroutines = 64
+		each       = 50
+		keys       = 8
+		limit      = 300 // of goroutines*each/keys = 400 requests per key
+	)
+	p := mustPolicy(t, core.Rule{Name: "stress", Limit: limit, Window: time.Hour})
+	var allowed [keys]atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				k := (g + i) % keys
+				d, err := takeOne(s, context.Background(), p, string(rune('a'+k)))
+				if err != nil {
+					errs <- err
+					return
+				}
+				if d.Allowed {
+					allowed[k].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for k := range keys {
+		if n := allowed[k].Load(); n != limit {
+			t.Errorf("key %c admitted %d, want %d", 'a'+k, n, limit)
+		}
+	}
+	t.Logf("%d pipelines", len(h.sizes()))
 }
 
 // lateCtx has a deadline in the past and does not report it yet, as the

@@ -135,36 +135,49 @@ type Config struct {
 	// DefaultQueueTimeout, 1s.
 	QueueTimeout time.Duration
 
-	// Pipeline, if positive, sends the decisions of concurrent Takes
-	// together: at most Pipeline script calls or pipelines are in flight at
-	// once, and a decision that finds them all busy waits until one is
-	// over, then goes out with every other decision waiting, as one
-	// pipeline (at most 128 calls; one write and one read for the lot).
-	// Under load this saves Redis most of its per-command network work,
-	// its main cost per decision, so one server decides more per second
-	// (see BENCHMARKS.md); a decision that finds a free slot is sent at
-	// once, as without pipelining. Each decision is still one script call
-	// of its own, atomic and never re-sent, and one whose context ends
-	// before its pipeline leaves is not sent at all. Only Take's decisions
-	// are pipelined.
+	// Pipeline chooses how the decisions of concurrent Takes share round
+	// trips, on a single-node or failover client (*redis.Client). Each
+	// decision is still one script call of its own, atomic and never
+	// re-sent, and one whose context ends before its pipeline leaves is not
+	// sent at all. Only Take's decisions are pipelined.
 	//
-	// It needs a single-node or failover client (*redis.Client); New
-	// returns an error for any other: a pipeline spanning several nodes
-	// waits for the slowest, so one stalled master would stall every
-	// master's decisions. Waiting for a pipeline counts against a
-	// decision's Timeout (and a timeout there against the breaker: Redis
-	// is not keeping up), and a failed pipeline fails every decision it
-	// carries, each counting against the breaker. A pipeline's I/O is
-	// bounded by the latest deadline of its decisions when the client has
-	// ContextTimeoutEnabled, which pipelining needs even more than single
-	// calls do: without it, a pipeline stuck on a dead connection holds
-	// its slot until the client's ReadTimeout, and the decisions queued
-	// behind it time out. Its commands carry a context of their own to the
-	// client's hooks. Two to four is a good value for one server; keep it
-	// well below the client's PoolSize, since at most PoolSize decisions
-	// talk to Redis at once (QueueTimeout) and only those beyond Pipeline
-	// wait for a pipeline. The default value, 0, sends every decision
-	// alone. A negative value is an error.
+	// The default value, 0, pipelines adaptively. A decision that finds
+	// fewer than 4 script calls or pipelines in flight is sent at once,
+	// alone. Beyond that, it joins the next pipeline only while calls are
+	// coming back at least every 100µs on average, the last one at most
+	// 100µs ago: then the server is busy and a slot is about to come free.
+	// The first slot to come free sends every decision waiting as one
+	// pipeline (at most 128 calls; one write and one read for the lot), and
+	// a pipeline that has waited 100µs without one goes out on a connection
+	// of its own. Otherwise, as with a distant server and few callers, each
+	// decision goes out at once, alone. So a lone caller's latency does not
+	// change, a decision waits at most about 100µs for a pipeline, and under
+	// load Redis is spared most of its per-command network work, its main
+	// cost per decision, and decides more per second (BENCHMARKS.md
+	// measures both). On a Cluster or Ring client the default sends every
+	// decision alone.
+	//
+	// A positive value pipelines always: at most Pipeline script calls or
+	// pipelines are in flight at once, and a decision that finds them all
+	// busy waits, however long, until one is over, then goes out with every
+	// other decision waiting. Two to four is a good value for one server;
+	// keep it well below the client's PoolSize, since at most PoolSize
+	// decisions talk to Redis at once (QueueTimeout). A negative value sends
+	// every decision alone, as a Cluster client does.
+	//
+	// A positive value needs a single-node or failover client; New returns
+	// an error for any other: a pipeline spanning several nodes waits for
+	// the slowest, so one stalled master would stall every master's
+	// decisions. Waiting for a pipeline counts against a decision's Timeout
+	// (and a timeout there against the breaker: Redis is not keeping up),
+	// and a failed pipeline fails every decision it carries, each counting
+	// against the breaker. A pipeline's I/O is bounded by the latest
+	// deadline of its decisions when the client has ContextTimeoutEnabled,
+	// which pipelining needs even more than single calls do: without it, a
+	// pipeline stuck on a dead connection holds its decisions until the
+	// client's ReadTimeout (and with a positive Pipeline, its slot, so that
+	// the decisions queued behind it time out). Its commands carry a
+	// context of their own to the client's hooks.
 	Pipeline int
 
 	// Breaker configures the circuit breaker. The default value, nil, means
@@ -243,7 +256,7 @@ type Store struct {
 	deadlines    deadlines                   // Done channels of the decisions' timeouts
 	gate         *gate                       // the running calls; closed by Close
 	slots        chan struct{}               // one per connection of a single-node client; nil: no pacing
-	pipe         *pipeliner                  // nil: each call sent alone (Config.Pipeline)
+	pipe         *pipeliner                  // nil: each call sent alone (Config.Pipeline negative, or a Cluster or Ring client)
 	ring         *ringGuard                  // a Ring's: keys moved off a shard that is down
 	queueWait    time.Duration
 
@@ -332,14 +345,14 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	if fs, ok := c.Fallback.(*Store); ok && fs.fallback != nil {
 		return nil, errors.New("redisstore: Config.Fallback is a Store with a Fallback of its own: refunds could not tell which of them made a charge; give the Fallback no Fallback")
 	}
-	if c.Pipeline < 0 {
-		return nil, fmt.Errorf("redisstore: Config.Pipeline is %d; it must be 0 (off) or positive", c.Pipeline)
-	}
-	if c.Pipeline > 0 {
+	switch {
+	case c.Pipeline > 0:
 		if s.place != placeOne {
 			return nil, fmt.Errorf("redisstore: Config.Pipeline needs a single-node or failover client (*redis.Client), not a %T: a pipeline spanning several nodes waits for the slowest", client)
 		}
-		s.pipe = &pipeliner{client: client, gate: s.gate, timeout: s.timeout, lanes: c.Pipeline}
+		s.pipe = newPipeliner(client, s.gate, s.timeout, c.Pipeline, 0)
+	case c.Pipeline == 0 && s.place == placeOne:
+		s.pipe = newPipeliner(client, s.gate, s.timeout, autoLanes, autoLinger)
 	}
 	s.onChange = c.OnStateChange
 	mk, err := newBreaker(c.Breaker, c.OnStateChange)
