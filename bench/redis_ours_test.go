@@ -8,17 +8,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// benchPipeline is the Config.Pipeline of the "-pipeline" rows.
-const benchPipeline = 4
-
 // ourRedisPeers returns the rows of our Redis store (adapters/redisstore)
 // behind core.Limiter.Allow, with the store's defaults (server time, 50 ms
-// timeout, circuit breaker): "ratelimit" (token bucket) and
-// "ratelimit-fixedwindow" (fixed window, the same quota) on the shared
-// client, configured as the package documentation shows
-// (ContextTimeoutEnabled); "ratelimit-pipeline" and
-// "ratelimit-fixedwindow-pipeline", the same with Config.Pipeline set to
-// benchPipeline; and "ratelimit-noctxtimeout" (token bucket) on
+// timeout, circuit breaker, adaptive pipelining): "ratelimit" (token
+// bucket) and "ratelimit-fixedwindow" (fixed window, the same quota) on the
+// shared client, configured as the package documentation shows
+// (ContextTimeoutEnabled); "ratelimit-alone" and
+// "ratelimit-fixedwindow-alone", the same with Config.Pipeline -1 (each
+// decision sent alone); and "ratelimit-noctxtimeout" (token bucket) on
 // a client left at go-redis's default, where the store runs each call in
 // a goroutine of its own to bound it by its timeout (measured sequentially
 // only).
@@ -46,12 +43,12 @@ func ourRedisPeers() []redisPeer {
 			new:  func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.FixedWindow, 0) },
 		},
 		{
-			name: "ratelimit-pipeline",
-			new:  func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.TokenBucket, benchPipeline) },
+			name: "ratelimit-alone",
+			new:  func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.TokenBucket, -1) },
 		},
 		{
-			name: "ratelimit-fixedwindow-pipeline",
-			new:  func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.FixedWindow, benchPipeline) },
+			name: "ratelimit-fixedwindow-alone",
+			new:  func(b *testing.B, c *redis.Client) limiter { return newStore(b, c, core.FixedWindow, -1) },
 		},
 		{
 			name:           "ratelimit-noctxtimeout",
