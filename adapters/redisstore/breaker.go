@@ -25,13 +25,14 @@ const (
 
 // BreakerConfig configures the circuit breaker (github.com/sony/gobreaker)
 // that stops a Store from waiting on a Redis that is failing. While it is
-// closed every decision goes to Redis; Failures consecutive failures
-// (errors or timeouts; a caller's own cancellation does not count, nor
-// does an error Redis replies about one call's own content, see
-// callError) open it, and for OpenFor no decision goes to Redis: Take
-// fails fast with ErrUnavailable or decides with the Fallback. It then
-// turns half-open and lets Probes decisions through: if they all succeed
-// it closes, and if one fails it opens again.
+// closed every decision goes to Redis; Failures consecutive failures (errors
+// or timeouts; a caller's own cancellation does not count, nor does an error
+// Redis replies about one call's own content, see callError; a pipeline's
+// failure counts once, whatever the decisions it carried: see
+// Config.Pipeline) open it, and for OpenFor no decision goes to Redis: Take
+// fails fast with ErrUnavailable or decides with the Fallback. It then turns
+// half-open and lets Probes decisions through: if they all succeed it
+// closes, and if one fails it opens again.
 type BreakerConfig struct {
 	// Disabled turns the breaker off: every decision goes to Redis and
 	// waits for its Timeout. The default value is false.
@@ -124,9 +125,10 @@ func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (break
 			ReadyToTrip: func(n gobreaker.Counts) bool { return n.ConsecutiveFailures >= c.Failures },
 			// A caller gone, a pacing wait, another node's open breaker,
 			// or a reply about one call's own content says nothing about
-			// this node.
+			// this node; a pipeline's failure counts once, not once for
+			// each of its calls (sharedFault).
 			IsExcluded: func(err error) bool {
-				return errors.Is(err, errCallerGone) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOverloaded) || errors.Is(err, errOtherNode) || callError(err)
+				return errors.Is(err, errCallerGone) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOverloaded) || errors.Is(err, errOtherNode) || errors.Is(err, errShared) || callError(err)
 			},
 		}
 		if onChange != nil {

@@ -329,7 +329,8 @@
 // busy server decides far more per second. Each decision is still its own
 // atomic script call, sent once and never retried; a decision whose
 // context ends while it waits is not sent. A failed pipeline fails every
-// decision it carries, each counting against the breaker. A positive
+// decision it carries and counts once against the breaker (one round trip
+// failed), so one broken connection does not open it. A positive
 // Config.Pipeline pipelines always, beyond that many calls in flight (with
 // a wait of up to a round trip), and a negative one never; Cluster and
 // Ring clients send every decision alone. Set ContextTimeoutEnabled, so

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -82,8 +83,38 @@ type pipeCall struct {
 	res    []int64
 	err    error
 	state  callState     // guarded by pipeliner.mu
+	run    *pipeRun      // the pipeline carrying it, once callSent
 	done   chan struct{} // signalled once the call is callDone
 }
+
+// pipeRun is one pipeline's round trip, as the breaker sees it: its
+// failure is one failure of Redis, however many calls it carries. The
+// first of its calls to fail (a caller leaving at its deadline, or the
+// pipeline's own error) reports it; the others' errors are sharedFaults,
+// which the breaker does not count. Guarded by pipeliner.mu.
+type pipeRun struct{ reported bool }
+
+// share returns err for a call of r that failed: as it is for the first,
+// marked shared for the others.
+func (r *pipeRun) share(err error) error {
+	if r.reported {
+		return &sharedFault{err}
+	}
+	r.reported = true
+	return err
+}
+
+// errShared marks a sharedFault.
+var errShared = errors.New("a failure of the same round trip as another call's")
+
+// sharedFault is the failure of a pipelined call whose round trip's
+// failure another call of the same pipeline reported: it reads and matches
+// (errors.Is, errors.As) as the failure itself, and the breaker does not
+// count it again.
+type sharedFault struct{ err error }
+
+func (f *sharedFault) Error() string   { return f.err.Error() }
+func (f *sharedFault) Unwrap() []error { return []error{f.err, errShared} }
 
 type callState uint8
 
@@ -98,7 +129,7 @@ var pipeCalls = sync.Pool{New: func() any { return &pipeCall{done: make(chan str
 
 func (c *pipeCall) recycle() {
 	clear(c.args)
-	c.args, c.ctx, c.script, c.cmd, c.res, c.err = c.args[:0], nil, nil, nil, nil, nil
+	c.args, c.ctx, c.script, c.cmd, c.res, c.err, c.run = c.args[:0], nil, nil, nil, nil, nil, nil
 	pipeCalls.Put(c)
 }
 
@@ -136,8 +167,15 @@ func (p *pipeliner) do(ctx context.Context, sc *boxedScript, args []any) ([]int6
 			return nil, ctx.Err()
 		case callSent:
 			c.state = callAbandoned // the pipeline recycles it
+			err := ctx.Err()
+			if errors.Is(err, context.DeadlineExceeded) {
+				// The round trip outlasted a deadline: Redis is slow (or
+				// this caller's own deadline was short, in which case the
+				// store reports it gone and the breaker counts nothing).
+				err = c.run.share(err)
+			}
 			p.mu.Unlock()
-			return nil, ctx.Err()
+			return nil, err
 		}
 		p.mu.Unlock() // callDone: the answer is here
 		<-c.done
@@ -169,6 +207,7 @@ func (p *pipeliner) free() {
 func (p *pipeliner) drain() {
 	defer p.gate.leave()
 	var batch [maxPipeline]*pipeCall
+	run := new(pipeRun) // reused: a batch's callers are done with it before the next
 	for sent := false; ; sent = true {
 		p.mu.Lock()
 		if sent {
@@ -180,6 +219,7 @@ func (p *pipeliner) drain() {
 			return
 		}
 		taken, n := 0, 0
+		run.reported = false
 		for _, c := range p.queue {
 			if n == maxPipeline {
 				break
@@ -190,7 +230,7 @@ func (p *pipeliner) drain() {
 				c.done <- struct{}{}
 				continue
 			}
-			c.state = callSent
+			c.state, c.run = callSent, run
 			batch[n] = c
 			n++
 		}
@@ -207,6 +247,9 @@ func (p *pipeliner) drain() {
 			if c.state == callAbandoned {
 				c.recycle()
 				continue
+			}
+			if c.err != nil && !callError(c.err) {
+				c.err = run.share(c.err)
 			}
 			c.state = callDone
 			c.done <- struct{}{}

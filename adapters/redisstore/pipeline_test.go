@@ -857,3 +857,81 @@ func TestEnded(t *testing.T) {
 		t.Errorf("ended(canceled) = %v, want Canceled", err)
 	}
 }
+
+func TestPipelineFailureCountsOnceAgainstBreaker(t *testing.T) {
+	// A pipeline of 5 calls fails: one round trip failed, so a breaker
+	// opening at 2 consecutive failures stays closed, and one opening at 1
+	// opens. Every caller still gets the pipeline's error.
+	for _, failures := range []uint32{1, 2} {
+		t.Run(fmt.Sprint(failures), func(t *testing.T) {
+			client := newClient(t, redistest.Server(t))
+			h := newHoldHook()
+			client.AddHook(h)
+			s := newStore(t, client, &Config{ClientTime: true, Pipeline: 1, Breaker: &BreakerConfig{Failures: failures, OpenFor: time.Hour}})
+			fail := errors.New("pipeline refused by a hook")
+			h.failPipeline = fail
+			p := mustPolicy(t, core.Rule{Name: "pipe", Limit: 100, Window: time.Minute})
+			const waiting = 5
+			errs := queueBehindHeld(t, s, h, waiting, func() error {
+				_, err := takeOne(s, context.Background(), p, "k")
+				return err
+			})
+			close(h.release)
+			failed := 0
+			for range waiting + 1 {
+				if err := <-errs; errors.Is(err, fail) {
+					failed++
+				} else if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if failed != waiting {
+				t.Fatalf("%d calls failed with the pipeline's error, want %d", failed, waiting)
+			}
+			want := BreakerClosed
+			if failures == 1 {
+				want = BreakerOpen
+			}
+			if got := s.State(); got != want {
+				t.Fatalf("breaker %v after one failed pipeline, want %v", got, want)
+			}
+		})
+	}
+}
+
+func TestPipelineTimeoutCountsOnceAgainstBreaker(t *testing.T) {
+	// A pipeline outlasts the Timeout of its 4 calls: each caller leaves
+	// with a timeout, and the breaker counts one failure (two if the held
+	// call, sent alone, timed out too on a slow machine), not four.
+	client := newClient(t, redistest.Server(t), func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	h := newHoldHook()
+	h.holdPipeline, h.pipelineHeld = make(chan struct{}), make(chan struct{})
+	client.AddHook(h)
+	s := newStore(t, client, &Config{ClientTime: true, Pipeline: 1, Timeout: 50 * time.Millisecond, Breaker: &BreakerConfig{Failures: 3, OpenFor: time.Hour}})
+	p := mustPolicy(t, core.Rule{Name: "pipe", Limit: 100, Window: time.Minute})
+	const waiting = 4
+	errs := queueBehindHeld(t, s, h, waiting, func() error {
+		_, err := takeOne(s, context.Background(), p, "k")
+		return err
+	})
+	close(h.release) // the held call returns; its lane sends the queue, held
+	<-h.pipelineHeld
+	timedOut := 0
+	for range waiting + 1 {
+		err := <-errs
+		switch {
+		case errors.Is(err, context.DeadlineExceeded) && !IsCallerGone(err):
+			timedOut++
+		case err != nil:
+			t.Fatal(err)
+		}
+	}
+	close(h.holdPipeline)
+	if timedOut < waiting {
+		t.Fatalf("%d calls timed out, want at least %d", timedOut, waiting)
+	}
+	if got := s.State(); got != BreakerClosed {
+		t.Fatalf("breaker %v after one pipeline timed out, want closed (one failure)", got)
+	}
+	waitIdle(t, s)
+}

@@ -170,8 +170,9 @@ type Config struct {
 	// the slowest, so one stalled master would stall every master's
 	// decisions. Waiting for a pipeline counts against a decision's Timeout
 	// (and a timeout there against the breaker: Redis is not keeping up),
-	// and a failed pipeline fails every decision it carries, each counting
-	// against the breaker. A pipeline's I/O is bounded by the latest
+	// and a failed pipeline fails every decision it carries, counting once
+	// against the breaker: one round trip failed (a pipeline that outlasts
+	// its decisions' deadlines, too). A pipeline's I/O is bounded by the latest
 	// deadline of its decisions when the client has ContextTimeoutEnabled,
 	// which pipelining needs even more than single calls do: without it, a
 	// pipeline stuck on a dead connection holds its decisions until the
