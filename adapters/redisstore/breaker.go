@@ -13,8 +13,8 @@ import (
 
 // Defaults of BreakerConfig.
 const (
-	// DefaultBreakerFailures is the number of consecutive failed decisions
-	// that opens the breaker.
+	// DefaultBreakerFailures is the number of consecutive failures (of a
+	// decision's call to Redis, or of a pipeline's) that opens the breaker.
 	DefaultBreakerFailures = 5
 	// DefaultBreakerOpenFor is how long the breaker stays open.
 	DefaultBreakerOpenFor = 2 * time.Second
@@ -38,8 +38,9 @@ type BreakerConfig struct {
 	// waits for its Timeout. The default value is false.
 	Disabled bool
 
-	// Failures is the number of consecutive failed decisions that opens
-	// the breaker. The default value is DefaultBreakerFailures, 5.
+	// Failures is the number of consecutive failures that opens the
+	// breaker: failed decisions, a pipeline of them counting once. The
+	// default value is DefaultBreakerFailures, 5.
 	Failures uint32
 
 	// OpenFor is how long the breaker stays open before probing Redis
@@ -126,9 +127,10 @@ func newBreaker(cfg *BreakerConfig, onChange func(from, to BreakerState)) (break
 			// A caller gone, a pacing wait, another node's open breaker,
 			// or a reply about one call's own content says nothing about
 			// this node; a pipeline's failure counts once, not once for
-			// each of its calls (sharedFault).
+			// each of its calls (countedBefore, asked last, so that the
+			// failure that counts is one that would).
 			IsExcluded: func(err error) bool {
-				return errors.Is(err, errCallerGone) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOverloaded) || errors.Is(err, errOtherNode) || errors.Is(err, errShared) || callError(err)
+				return errors.Is(err, errCallerGone) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOverloaded) || errors.Is(err, errOtherNode) || callError(err) || countedBefore(err)
 			},
 		}
 		if onChange != nil {

@@ -316,8 +316,9 @@
 //
 // Under load, most of Redis's work per decision is not the script but the
 // network: reading a command and writing its reply on a connection of its
-// own. By default, on a single-node or failover client, concurrent
-// decisions share that work when Redis is busy (Config.Pipeline). A
+// own. By default, on a single-node or failover client with
+// ContextTimeoutEnabled, concurrent decisions share that work when Redis
+// is busy (Config.Pipeline). A
 // decision that finds fewer than 4 calls in flight goes out at once,
 // alone. Beyond that, while calls come back at least every 100µs, it joins
 // the next pipeline: the first call to come back sends every decision
@@ -333,9 +334,10 @@
 // failed), so one broken connection does not open it. A positive
 // Config.Pipeline pipelines always, beyond that many calls in flight (with
 // a wait of up to a round trip), and a negative one never; Cluster and
-// Ring clients send every decision alone. Set ContextTimeoutEnabled, so
-// that a pipeline's I/O ends with its decisions' deadlines. BENCHMARKS.md
-// measures the gain and the latency.
+// Ring clients, and by default clients without ContextTimeoutEnabled
+// (whose stuck pipeline would hold its decisions until the client's
+// ReadTimeout), send every decision alone. BENCHMARKS.md measures the gain
+// and the latency.
 //
 // While Redis is unavailable (an error, a timeout, or the breaker
 // open), Take returns the error (ErrUnavailable while the breaker is open),

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -83,38 +84,39 @@ type pipeCall struct {
 	res    []int64
 	err    error
 	state  callState     // guarded by pipeliner.mu
-	run    *pipeRun      // the pipeline carrying it, once callSent
+	run    *pipeRun      // the pipeline carrying it with others, once callSent; nil alone
 	done   chan struct{} // signalled once the call is callDone
 }
 
-// pipeRun is one pipeline's round trip, as the breaker sees it: its
-// failure is one failure of Redis, however many calls it carries. The
-// first of its calls to fail (a caller leaving at its deadline, or the
-// pipeline's own error) reports it; the others' errors are sharedFaults,
-// which the breaker does not count. Guarded by pipeliner.mu.
-type pipeRun struct{ reported bool }
+// pipeRun is the round trip of a pipeline of several calls, as the
+// breaker sees it: its failure is one failure of Redis, however many calls
+// it carries. Each failed call's error is a pipeFault naming it, and the
+// breaker counts the first of them it would count (not a caller gone, nor
+// a reply about one call's content) and leaves out the others
+// (countedBefore).
+type pipeRun struct{ counted atomic.Bool }
 
-// share returns err for a call of r that failed: as it is for the first,
-// marked shared for the others.
-func (r *pipeRun) share(err error) error {
-	if r.reported {
-		return &sharedFault{err}
-	}
-	r.reported = true
-	return err
+// pipeFault is the failure of a call carried by a pipeline of several: it
+// reads and matches (errors.Is, errors.As) as the failure itself.
+type pipeFault struct {
+	err error
+	run *pipeRun
 }
 
-// errShared marks a sharedFault.
-var errShared = errors.New("a failure of the same round trip as another call's")
+func (f *pipeFault) Error() string { return f.err.Error() }
+func (f *pipeFault) Unwrap() error { return f.err }
 
-// sharedFault is the failure of a pipelined call whose round trip's
-// failure another call of the same pipeline reported: it reads and matches
-// (errors.Is, errors.As) as the failure itself, and the breaker does not
-// count it again.
-type sharedFault struct{ err error }
-
-func (f *sharedFault) Error() string   { return f.err.Error() }
-func (f *sharedFault) Unwrap() []error { return []error{f.err, errShared} }
+// countedBefore reports whether err is the failure of a pipelined call
+// whose round trip the breaker has already counted, and otherwise marks
+// that round trip counted, err being the failure that counts it. The
+// breaker asks only about the errors it would count.
+func countedBefore(err error) bool {
+	if err == nil {
+		return false // before f, which escapes: a success allocates nothing
+	}
+	var f *pipeFault
+	return errors.As(err, &f) && f.run.counted.Swap(true)
+}
 
 type callState uint8
 
@@ -168,11 +170,8 @@ func (p *pipeliner) do(ctx context.Context, sc *boxedScript, args []any) ([]int6
 		case callSent:
 			c.state = callAbandoned // the pipeline recycles it
 			err := ctx.Err()
-			if errors.Is(err, context.DeadlineExceeded) {
-				// The round trip outlasted a deadline: Redis is slow (or
-				// this caller's own deadline was short, in which case the
-				// store reports it gone and the breaker counts nothing).
-				err = c.run.share(err)
+			if c.run != nil {
+				err = &pipeFault{err, c.run} // the round trip outlasted a deadline
 			}
 			p.mu.Unlock()
 			return nil, err
@@ -207,7 +206,6 @@ func (p *pipeliner) free() {
 func (p *pipeliner) drain() {
 	defer p.gate.leave()
 	var batch [maxPipeline]*pipeCall
-	run := new(pipeRun) // reused: a batch's callers are done with it before the next
 	for sent := false; ; sent = true {
 		p.mu.Lock()
 		if sent {
@@ -219,7 +217,6 @@ func (p *pipeliner) drain() {
 			return
 		}
 		taken, n := 0, 0
-		run.reported = false
 		for _, c := range p.queue {
 			if n == maxPipeline {
 				break
@@ -230,9 +227,17 @@ func (p *pipeliner) drain() {
 				c.done <- struct{}{}
 				continue
 			}
-			c.state, c.run = callSent, run
+			c.state = callSent
 			batch[n] = c
 			n++
+		}
+		if n > 1 {
+			// A new one for each pipeline: the breaker may ask about a
+			// failure after the next has gone out.
+			run := new(pipeRun)
+			for _, c := range batch[:n] {
+				c.run = run
+			}
 		}
 		rest := copy(p.queue, p.queue[taken:])
 		clear(p.queue[rest:])
@@ -248,8 +253,8 @@ func (p *pipeliner) drain() {
 				c.recycle()
 				continue
 			}
-			if c.err != nil && !callError(c.err) {
-				c.err = run.share(c.err)
+			if c.err != nil && c.run != nil {
+				c.err = &pipeFault{c.err, c.run}
 			}
 			c.state = callDone
 			c.done <- struct{}{}

@@ -595,10 +595,18 @@ func TestPipelineFailureReachesEveryCall(t *testing.T) {
 }
 
 func TestPipelineConfig(t *testing.T) {
-	client := newClient(t, "127.0.0.1:1")
-	// The default pipelines adaptively; a negative value not at all.
+	client := newClient(t, "127.0.0.1:1", func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	// The default pipelines adaptively on a client that bounds its I/O by
+	// the context's deadline; a negative value not at all.
 	if s, err := New(client, nil); err != nil || s.pipe == nil || s.pipe.lanes != autoLanes || s.pipe.linger != autoLinger {
 		t.Fatalf("default: %v, pipeliner %+v, want an adaptive one", err, s.pipe)
+	}
+	unbounded := newClient(t, "127.0.0.1:1")
+	if s, err := New(unbounded, nil); err != nil || s.pipe != nil {
+		t.Fatalf("default without ContextTimeoutEnabled: %v, pipeliner %+v, want none", err, s.pipe)
+	}
+	if s, err := New(unbounded, &Config{Pipeline: 2}); err != nil || s.pipe == nil {
+		t.Fatalf("Pipeline 2 without ContextTimeoutEnabled: %v, pipeliner %+v, want one", err, s.pipe)
 	}
 	if s, err := New(client, &Config{Pipeline: -1}); err != nil || s.pipe != nil {
 		t.Fatalf("Pipeline -1: %v, pipeliner %+v, want none", err, s.pipe)
@@ -692,7 +700,7 @@ func TestPipelineAdaptiveRule(t *testing.T) {
 // f, over a client whose first script call is held by the returned hook.
 func adaptiveStore(t *testing.T, f *fakeMono) (*Store, *holdHook) {
 	t.Helper()
-	client := newClient(t, redistest.Server(t))
+	client := newClient(t, redistest.Server(t), func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	h := newHoldHook()
 	client.AddHook(h)
 	s := newStore(t, client, &Config{ClientTime: true})
@@ -793,7 +801,7 @@ func TestPipelineAdaptiveSendsQueueThatWaitedALinger(t *testing.T) {
 // TestPipelineAdaptiveExactUnderLoad decides from 64 goroutines through a
 // default store: pipelined or not, each key admits exactly its limit.
 func TestPipelineAdaptiveExactUnderLoad(t *testing.T) {
-	client := newClient(t, redistest.Server(t))
+	client := newClient(t, redistest.Server(t), func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	h := newHoldHook()
 	close(h.release) // nothing held
 	client.AddHook(h)
@@ -934,4 +942,107 @@ func TestPipelineTimeoutCountsOnceAgainstBreaker(t *testing.T) {
 		t.Fatalf("breaker %v after one pipeline timed out, want closed (one failure)", got)
 	}
 	waitIdle(t, s)
+}
+
+// TestPipelineCallerGoneDoesNotHideTimeout: a pipeline carries A, whose
+// caller's own deadline is short, and B, bounded by the store's Timeout
+// alone, and Redis does not answer. A leaves first (its caller gone: not
+// counted), and B's timeout still counts: the round trip's failure is the
+// first the breaker would count.
+func TestPipelineCallerGoneDoesNotHideTimeout(t *testing.T) {
+	for _, withA := range []bool{false, true} {
+		t.Run(fmt.Sprint("A=", withA), func(t *testing.T) {
+			client := newClient(t, redistest.Server(t), func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+			h := newHoldHook()
+			h.holdPipeline, h.pipelineHeld = make(chan struct{}), make(chan struct{})
+			client.AddHook(h)
+			s := newStore(t, client, &Config{ClientTime: true, Pipeline: 1, Timeout: 400 * time.Millisecond,
+				Breaker: &BreakerConfig{Failures: 1, OpenFor: time.Hour}})
+			p := mustPolicy(t, core.Rule{Name: "pipe", Limit: 100, Window: time.Minute})
+			first, aErr, bErr := make(chan error, 1), make(chan error, 1), make(chan error, 1)
+			go func() { _, err := takeOne(s, context.Background(), p, "k"); first <- err }()
+			<-h.holding
+			n := 0
+			if withA {
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				defer cancel()
+				go func() { _, err := takeOne(s, ctx, p, "k"); aErr <- err }()
+				n++
+				waitQueued(t, s, n)
+			}
+			go func() { _, err := takeOne(s, context.Background(), p, "k"); bErr <- err }()
+			waitQueued(t, s, n+1)
+			close(h.release)
+			if err := <-first; err != nil {
+				t.Fatal(err)
+			}
+			<-h.pipelineHeld
+			if withA {
+				if err := <-aErr; !IsCallerGone(err) || !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("A: %v, want its caller gone at its deadline", err)
+				}
+			}
+			if err := <-bErr; err == nil || IsCallerGone(err) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("B: %v, want the store's timeout", err)
+			}
+			close(h.holdPipeline)
+			waitIdle(t, s)
+			if got := h.sizes(); len(got) != 1 || got[0] != n+1 {
+				t.Fatalf("pipelines %v, want one of %d", got, n+1)
+			}
+			if got := s.State(); got != BreakerOpen {
+				t.Fatalf("breaker %v after B timed out (Failures 1), want open", got)
+			}
+		})
+	}
+}
+
+// goneCtx reports itself canceled once gone is set, without closing its
+// Done channel: a caller canceled between the pipeline's answer and the
+// store's look at its context.
+type goneCtx struct {
+	context.Context
+	gone *atomic.Bool
+}
+
+func (c goneCtx) Err() error {
+	if c.gone.Load() {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestPipelineCallerGoneDoesNotHideFailure: a pipeline of A and B fails
+// (a hook's error, as a broken connection would), and A's caller is gone
+// by the time the answer arrives: B's failure counts.
+func TestPipelineCallerGoneDoesNotHideFailure(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	h := newHoldHook()
+	client.AddHook(h)
+	s := newStore(t, client, &Config{ClientTime: true, Pipeline: 1, Breaker: &BreakerConfig{Failures: 1, OpenFor: time.Hour}})
+	fail := errors.New("pipeline refused by a hook")
+	h.failPipeline = fail
+	var gone atomic.Bool
+	h.beforePipeline = func() { gone.Store(true) }
+	p := mustPolicy(t, core.Rule{Name: "pipe", Limit: 100, Window: time.Minute})
+	first, aErr, bErr := make(chan error, 1), make(chan error, 1), make(chan error, 1)
+	go func() { _, err := takeOne(s, context.Background(), p, "k"); first <- err }()
+	<-h.holding
+	go func() { _, err := takeOne(s, goneCtx{context.Background(), &gone}, p, "k"); aErr <- err }()
+	waitQueued(t, s, 1)
+	go func() { _, err := takeOne(s, context.Background(), p, "k"); bErr <- err }()
+	waitQueued(t, s, 2)
+	close(h.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-aErr; !IsCallerGone(err) {
+		t.Fatalf("A: %v, want its caller gone", err)
+	}
+	if err := <-bErr; !errors.Is(err, fail) || IsCallerGone(err) {
+		t.Fatalf("B: %v, want the pipeline's failure", err)
+	}
+	if got := s.State(); got != BreakerOpen {
+		t.Fatalf("breaker %v after B's pipeline failed (Failures 1), want open", got)
+	}
 }

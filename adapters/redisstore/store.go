@@ -154,8 +154,9 @@ type Config struct {
 	// change, a decision waits at most about 100µs for a pipeline, and under
 	// load Redis is spared most of its per-command network work, its main
 	// cost per decision, and decides more per second (BENCHMARKS.md
-	// measures both). On a Cluster or Ring client the default sends every
-	// decision alone.
+	// measures both). The default needs a client with ContextTimeoutEnabled
+	// (below); on one without it, and on a Cluster or Ring client, it sends
+	// every decision alone.
 	//
 	// A positive value pipelines always: at most Pipeline script calls or
 	// pipelines are in flight at once, and a decision that finds them all
@@ -171,8 +172,9 @@ type Config struct {
 	// decisions. Waiting for a pipeline counts against a decision's Timeout
 	// (and a timeout there against the breaker: Redis is not keeping up),
 	// and a failed pipeline fails every decision it carries, counting once
-	// against the breaker: one round trip failed (a pipeline that outlasts
-	// its decisions' deadlines, too). A pipeline's I/O is bounded by the latest
+	// against the breaker: one round trip failed (with ContextTimeoutEnabled,
+	// a pipeline that outlasts its decisions' deadlines too; without it,
+	// each decision that times out counts). A pipeline's I/O is bounded by the latest
 	// deadline of its decisions when the client has ContextTimeoutEnabled,
 	// which pipelining needs even more than single calls do: without it, a
 	// pipeline stuck on a dead connection holds its decisions until the
@@ -352,7 +354,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 			return nil, fmt.Errorf("redisstore: Config.Pipeline needs a single-node or failover client (*redis.Client), not a %T: a pipeline spanning several nodes waits for the slowest", client)
 		}
 		s.pipe = newPipeliner(client, s.gate, s.timeout, c.Pipeline, 0)
-	case c.Pipeline == 0 && s.place == placeOne:
+	case c.Pipeline == 0 && s.place == placeOne && s.ctxBound:
 		s.pipe = newPipeliner(client, s.gate, s.timeout, autoLanes, autoLinger)
 	}
 	s.onChange = c.OnStateChange
