@@ -354,25 +354,32 @@ func TestPipelineErrorReachesEveryCall(t *testing.T) {
 	// A pipeline that fails before it reaches the server (here in a hook)
 	// fails each of its calls with its error, none with an empty answer.
 	s, h := pipelinedStore(t)
+	failQueued(t, s, h, 3)
+}
+
+// failQueued queues n calls behind the call h holds on the only lane of s,
+// makes their pipeline fail in h, and checks that the held call succeeds
+// and each queued one fails with the pipeline's error.
+func failQueued(t *testing.T, s *Store, h *holdHook, n int) {
+	t.Helper()
 	fail := errors.New("pipeline refused by a hook")
 	h.failPipeline = fail
 	p := mustPolicy(t, core.Rule{Name: "pipe", Algorithm: core.TokenBucket, Limit: 100, Window: time.Minute})
-	const waiting = 3
-	errs := queueBehindHeld(t, s, h, waiting, func() error {
+	errs := queueBehindHeld(t, s, h, n, func() error {
 		_, err := takeOne(s, context.Background(), p, "k")
 		return err
 	})
 	close(h.release)
 	failed := 0
-	for range waiting + 1 {
+	for range n + 1 {
 		if err := <-errs; errors.Is(err, fail) {
 			failed++
 		} else if err != nil {
 			t.Fatal(err)
 		}
 	}
-	if failed != waiting {
-		t.Fatalf("%d calls failed with the pipeline's error, want %d", failed, waiting)
+	if failed != n {
+		t.Fatalf("%d calls failed with the pipeline's error, want %d", failed, n)
 	}
 }
 
@@ -749,31 +756,43 @@ func TestPipelineAdaptiveSendsAloneWhileLanesAreSlow(t *testing.T) {
 	}
 }
 
-func TestPipelineAdaptiveQueuesWhileLanesFreeOften(t *testing.T) {
-	f := newFakeMono()
-	s, h := adaptiveStore(t, f)
-	p := mustPolicy(t, core.Rule{Name: "adaptive", Limit: 100, Window: time.Minute})
+// queueAdaptive returns an adaptive store of one lane on the fake clock f,
+// on which lanes have come free every 20µs, with 3 calls queued behind the
+// call its hook h holds (the clock standing still since). errs receives
+// the 4 calls' errors, p is their policy.
+func queueAdaptive(t *testing.T) (s *Store, h *holdHook, f *fakeMono, p *core.Policy, errs <-chan error) {
+	t.Helper()
+	f = newFakeMono()
+	s, h = adaptiveStore(t, f)
+	p = mustPolicy(t, core.Rule{Name: "adaptive", Limit: 100, Window: time.Minute})
 	frees(s.pipe, f, 20*time.Microsecond, 40)
+	errs = queueBehindHeld(t, s, h, 3, func() error { _, err := takeOne(s, context.Background(), p, "k"); return err })
+	return s, h, f, p, errs
+}
+
+// wantOnePipeline fails t unless h saw one pipeline, of n calls.
+func wantOnePipeline(t *testing.T, h *holdHook, n int) {
+	t.Helper()
+	if got := h.sizes(); len(got) != 1 || got[0] != n {
+		t.Fatalf("pipelines sent: %v, want one of %d calls", got, n)
+	}
+}
+
+func TestPipelineAdaptiveQueuesWhileLanesFreeOften(t *testing.T) {
 	// The clock stands still: the queue has not waited a linger when the
 	// held lane comes free.
-	errs := queueBehindHeld(t, s, h, 3, func() error { _, err := takeOne(s, context.Background(), p, "k"); return err })
+	_, h, _, _, errs := queueAdaptive(t)
 	close(h.release)
 	for range 4 {
 		if err := within(t, errs, "a call"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := h.sizes(); len(got) != 1 || got[0] != 3 {
-		t.Fatalf("pipelines sent: %v, want one of 3 calls", got)
-	}
+	wantOnePipeline(t, h, 3)
 }
 
 func TestPipelineAdaptiveSendsQueueThatWaitedALinger(t *testing.T) {
-	f := newFakeMono()
-	s, h := adaptiveStore(t, f)
-	p := mustPolicy(t, core.Rule{Name: "adaptive", Limit: 100, Window: time.Minute})
-	frees(s.pipe, f, 20*time.Microsecond, 40)
-	errs := queueBehindHeld(t, s, h, 3, func() error { _, err := takeOne(s, context.Background(), p, "k"); return err })
+	s, h, f, p, errs := queueAdaptive(t)
 	// The queue waits a linger without a lane: it goes out on a lane of
 	// its own while the held call still holds the first.
 	f.add(s.pipe.linger)
@@ -782,9 +801,7 @@ func TestPipelineAdaptiveSendsQueueThatWaitedALinger(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := h.sizes(); len(got) != 1 || got[0] != 3 {
-		t.Fatalf("pipelines sent: %v, want one of 3 calls", got)
-	}
+	wantOnePipeline(t, h, 3)
 	close(h.release)
 	if err := within(t, errs, "the held call"); err != nil {
 		t.Fatal(err)
@@ -876,26 +893,7 @@ func TestPipelineFailureCountsOnceAgainstBreaker(t *testing.T) {
 			h := newHoldHook()
 			client.AddHook(h)
 			s := newStore(t, client, &Config{ClientTime: true, Pipeline: 1, Breaker: &BreakerConfig{Failures: failures, OpenFor: time.Hour}})
-			fail := errors.New("pipeline refused by a hook")
-			h.failPipeline = fail
-			p := mustPolicy(t, core.Rule{Name: "pipe", Limit: 100, Window: time.Minute})
-			const waiting = 5
-			errs := queueBehindHeld(t, s, h, waiting, func() error {
-				_, err := takeOne(s, context.Background(), p, "k")
-				return err
-			})
-			close(h.release)
-			failed := 0
-			for range waiting + 1 {
-				if err := <-errs; errors.Is(err, fail) {
-					failed++
-				} else if err != nil {
-					t.Fatal(err)
-				}
-			}
-			if failed != waiting {
-				t.Fatalf("%d calls failed with the pipeline's error, want %d", failed, waiting)
-			}
+			failQueued(t, s, h, 5)
 			want := BreakerClosed
 			if failures == 1 {
 				want = BreakerOpen
