@@ -283,7 +283,8 @@
 // has ContextTimeoutEnabled; otherwise the store waits for the call in a
 // goroutine and abandons it at the deadline (it then ends on the client's
 // ReadTimeout), so setting ContextTimeoutEnabled saves a goroutine per
-// decision. (When the caller's context can never end, as
+// decision, and lets the store pipeline concurrent decisions by default
+// (see below). (When the caller's context can never end, as
 // context.Background, the store's deadline shares one timer per
 // millisecond with other decisions: the deadline given to go-redis is
 // exact, and what waits on the context's Done, such as the abandonment

@@ -94,7 +94,10 @@ type pipeCall struct {
 // breaker counts the first of them it would count (not a caller gone, nor
 // a reply about one call's content) and leaves out the others
 // (countedBefore).
-type pipeRun struct{ counted atomic.Bool }
+type pipeRun struct {
+	counted atomic.Bool
+	faulted bool // a pipeFault names it: the next pipeline needs another (guarded by pipeliner.mu)
+}
 
 // pipeFault is the failure of a call carried by a pipeline of several: it
 // reads and matches (errors.Is, errors.As) as the failure itself.
@@ -172,6 +175,7 @@ func (p *pipeliner) do(ctx context.Context, sc *boxedScript, args []any) ([]int6
 			err := ctx.Err()
 			if c.run != nil {
 				err = &pipeFault{err, c.run} // the round trip outlasted a deadline
+				c.run.faulted = true
 			}
 			p.mu.Unlock()
 			return nil, err
@@ -206,6 +210,7 @@ func (p *pipeliner) free() {
 func (p *pipeliner) drain() {
 	defer p.gate.leave()
 	var batch [maxPipeline]*pipeCall
+	var run *pipeRun // the pipelines' in turn, until a failure names one
 	for sent := false; ; sent = true {
 		p.mu.Lock()
 		if sent {
@@ -232,9 +237,11 @@ func (p *pipeliner) drain() {
 			n++
 		}
 		if n > 1 {
-			// A new one for each pipeline: the breaker may ask about a
-			// failure after the next has gone out.
-			run := new(pipeRun)
+			// A new one after a failure: the breaker may ask about that
+			// failure after the next pipeline has gone out.
+			if run == nil || run.faulted {
+				run = new(pipeRun)
+			}
 			for _, c := range batch[:n] {
 				c.run = run
 			}
@@ -255,6 +262,7 @@ func (p *pipeliner) drain() {
 			}
 			if c.err != nil && c.run != nil {
 				c.err = &pipeFault{c.err, c.run}
+				c.run.faulted = true
 			}
 			c.state = callDone
 			c.done <- struct{}{}

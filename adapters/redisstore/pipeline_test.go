@@ -1044,3 +1044,40 @@ func TestPipelineCallerGoneDoesNotHideFailure(t *testing.T) {
 		t.Fatalf("breaker %v after B's pipeline failed (Failures 1), want open", got)
 	}
 }
+
+// TestPipelineTwoFailedPipelinesCountTwice: two pipelines fail in turn on
+// one lane: two round trips failed, each counted once.
+func TestPipelineTwoFailedPipelinesCountTwice(t *testing.T) {
+	client := newClient(t, redistest.Server(t))
+	h := newHoldHook()
+	h.holdPipeline, h.pipelineHeld = make(chan struct{}), make(chan struct{})
+	client.AddHook(h)
+	s := newStore(t, client, &Config{ClientTime: true, Pipeline: 1, Breaker: &BreakerConfig{Failures: 5, OpenFor: time.Hour}})
+	fail := errors.New("pipeline refused by a hook")
+	h.failPipeline = fail
+	p := mustPolicy(t, core.Rule{Name: "pipe", Limit: 100, Window: time.Minute})
+	errs := queueBehindHeld(t, s, h, 2, func() error { _, err := takeOne(s, context.Background(), p, "k"); return err })
+	close(h.release)
+	<-h.pipelineHeld // the first pipeline, of 2 calls, is out
+	more := make(chan error, 2)
+	for i := range 2 {
+		go func() { _, err := takeOne(s, context.Background(), p, "k"); more <- err }()
+		waitQueued(t, s, i+1)
+	}
+	close(h.holdPipeline)
+	for range 3 {
+		<-errs
+	}
+	for range 2 {
+		if err := <-more; !errors.Is(err, fail) {
+			t.Fatal(err)
+		}
+	}
+	waitIdle(t, s)
+	if got := h.sizes(); len(got) != 2 || got[0] != 2 || got[1] != 2 {
+		t.Fatalf("pipelines %v, want two of 2 calls", got)
+	}
+	if c := s.breaker.Counts(); c.TotalFailures != 2 || c.TotalExclusions != 2 {
+		t.Fatalf("breaker counts %+v, want 2 failures and 2 exclusions", c)
+	}
+}
