@@ -54,14 +54,24 @@ func (tr *transitions) list() []string {
 }
 
 func TestFaultRedisKilled(t *testing.T) {
-	for _, withFallback := range []bool{false, true} {
+	for _, tc := range []struct {
+		withFallback, ctxTimeout bool
+	}{{false, false}, {true, false}, {false, true}, {true, true}} {
+		withFallback := tc.withFallback
 		name := "Errors"
 		if withFallback {
 			name = "Fallback"
 		}
+		if tc.ctxTimeout {
+			// ContextTimeoutEnabled: the store pipelines by default
+			name += "/ContextTimeout"
+		}
 		t.Run(name, func(t *testing.T) {
 			srv := redistest.Start(t)
-			client := newClient(t, srv.Addr(), func(o *redis.Options) { o.MaxRetries = 0 }) // go-redis defaults
+			client := newClient(t, srv.Addr(), func(o *redis.Options) {
+				o.MaxRetries = 0 // go-redis defaults otherwise
+				o.ContextTimeoutEnabled = tc.ctxTimeout
+			})
 			var tr transitions
 			var fallback *core.MemoryStore
 			cfg := &Config{
