@@ -166,21 +166,21 @@ type Config struct {
 	// decisions talk to Redis at once (QueueTimeout). A negative value sends
 	// every decision alone, as a Cluster client does.
 	//
-	// A positive value needs a single-node or failover client; New returns
-	// an error for any other: a pipeline spanning several nodes waits for
-	// the slowest, so one stalled master would stall every master's
-	// decisions. Waiting for a pipeline counts against a decision's Timeout
-	// (and a timeout there against the breaker: Redis is not keeping up),
-	// and a failed pipeline fails every decision it carries, counting once
-	// against the breaker: one round trip failed (with ContextTimeoutEnabled,
-	// a pipeline that outlasts its decisions' deadlines too; without it,
-	// each decision that times out counts). A pipeline's I/O is bounded by the latest
-	// deadline of its decisions when the client has ContextTimeoutEnabled,
-	// which pipelining needs even more than single calls do: without it, a
-	// pipeline stuck on a dead connection holds its decisions until the
-	// client's ReadTimeout (and with a positive Pipeline, its slot, so that
-	// the decisions queued behind it time out). Its commands carry a
-	// context of their own to the client's hooks.
+	// A positive value needs a single-node or failover client; New returns an
+	// error for any other: a pipeline spanning several nodes waits for the
+	// slowest, so one stalled master would stall every master's decisions.
+	// Waiting for a pipeline counts against a decision's Timeout (and a
+	// timeout there against the breaker: Redis is not keeping up), and a
+	// failed pipeline fails every decision it carries, counting once against
+	// the breaker: one round trip failed (with ContextTimeoutEnabled, a
+	// pipeline that outlasts its decisions' deadlines too; without it, each
+	// decision that times out counts). A pipeline's I/O is bounded by the
+	// latest deadline of its decisions when the client has
+	// ContextTimeoutEnabled, which pipelining needs even more than single
+	// calls do: without it, a pipeline stuck on a dead connection holds its
+	// decisions until the client's ReadTimeout (and with a positive Pipeline,
+	// its slot, so that the decisions queued behind it time out). Its commands
+	// carry a context of their own to the client's hooks.
 	Pipeline int
 
 	// Breaker configures the circuit breaker. The default value, nil, means
