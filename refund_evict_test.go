@@ -10,6 +10,19 @@ import (
 	"github.com/limitry/ratelimit/core"
 )
 
+// slowFails is a handler that answers 200, or, for a request with a Slow
+// header, runs during and fails with 502 (a status RefundFailed refunds).
+func slowFails(during func()) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Slow") == "" {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		during()
+		w.WriteHeader(http.StatusBadGateway)
+	})
+}
+
 // TestRefundAfterEvictionKeepsCharge: a key evicted from a full memory
 // store while its handler runs, and charged anew meanwhile, keeps the
 // refunded request's charge, as after a Reset: its record holds only the
@@ -19,11 +32,7 @@ func TestRefundAfterEvictionKeepsCharge(t *testing.T) {
 	var h http.Handler
 	client := "192.0.2.1:1"
 	var during []int
-	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Slow") == "" {
-			w.WriteHeader(http.StatusOK)
-			return
-		}
+	next := slowFails(func() {
 		// While this failed call runs: a flood of other clients evicts
 		// the caller's key, and the caller makes two more calls.
 		for i := 0; i < 64; i++ {
@@ -32,7 +41,6 @@ func TestRefundAfterEvictionKeepsCharge(t *testing.T) {
 		for i := 0; i < 2; i++ {
 			during = append(during, serve(h, mwReq(client)).Code)
 		}
-		w.WriteHeader(http.StatusBadGateway) // refunded
 	})
 	_, h, _ = refundEnv(t, []ratelimit.Layer{{
 		Key:  ratelimit.MustClientIP(),
@@ -62,18 +70,13 @@ func TestRefundBucketEvictedKeepsCharge(t *testing.T) {
 	var clk *core.FakeClock
 	client := "192.0.2.1:1"
 	var during []int
-	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Slow") == "" {
-			w.WriteHeader(http.StatusOK)
-			return
-		}
+	next := slowFails(func() {
 		clk.Advance(500 * time.Millisecond)
 		// Two other clients evict the caller's key (one eviction).
 		serve(h, mwReq("198.51.100.1:1"))
 		serve(h, mwReq("198.51.100.2:1"))
 		clk.Advance(500 * time.Millisecond)
 		during = append(during, serve(h, mwReq(client)).Code) // a fresh record, one charge
-		w.WriteHeader(http.StatusBadGateway)                  // refunded
 	})
 	_, h, clk = refundEnv(t, []ratelimit.Layer{{
 		Key:  ratelimit.MustClientIP(),
