@@ -476,8 +476,19 @@ func (c *ipConfig) keyOfText(a netip.Addr, text string) string {
 	return string(p.AppendTo(buf[:0]))
 }
 
+// keyPeerOnly is key for a ClientIP that believes no forwarding header:
+// the key of the peer's address.
 func (c *ipConfig) keyPeerOnly(r *http.Request) (string, error) {
-	peer, host, ok := parseIPEntryHost(r.RemoteAddr)
+	s := r.RemoteAddr
+	if a, n, ok := parseIPv4Port(s); ok {
+		if c.v4Bits == 32 {
+			// The form net/http gives an IPv4 peer: its text is the
+			// canonical address, and the key is the whole address.
+			return s[:n], nil
+		}
+		return c.keyOfText(a, s[:n]), nil
+	}
+	peer, host, ok := parseIPEntryHostFull(s)
 	if !ok {
 		return "", errBadRemoteAddr
 	}
