@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/limitry/ratelimit/core"
 )
@@ -382,6 +383,7 @@ type Limiter struct {
 
 	routed        bool          // a layer has Routes
 	useCtx        bool          // a decision needs the request's context (see decideOrPeek)
+	resolvers     bool          // a layer has a Resolver
 	resolverDelay time.Duration // the longest MaxDelay of the policies Resolvers list
 	logs          logState
 }
@@ -621,7 +623,7 @@ func New(layers []Layer, opts ...Option) (*Limiter, error) {
 	l.useCtx = !mem || l.slots != nil
 	for i := range l.layers {
 		if l.layers[i].resolver != nil {
-			l.useCtx = true
+			l.useCtx, l.resolvers = true, true
 		}
 	}
 	l.observeRules(policies) // once nothing can refuse them
@@ -1040,7 +1042,7 @@ func (l *Limiter) decideResultWith(r *http.Request, reserve bool, pre []prepared
 
 // decide fills res, except its Layers: it returns n, the number of applied
 // layers whose results are in buf[:n] (0 after an error or a skip). buf,
-// reqs and out hold at least len(l.layers) elements. With reserve, a request
+// reqs and out hold at least len(l.layers) elements, buf's all zero. With reserve, a request
 // meeting a shaping layer takes a waiting-room slot before anything is
 // charged (see [WithMaxWaiting]); the slot stays with res when it must wait.
 func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve bool) int {
@@ -1049,14 +1051,44 @@ func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs [
 
 // decideOrPeek is decide, or with peek, its dry form for [Limiter.Peek].
 func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve, peek bool, pre []preparedLayer) int {
-	res.DryRun = l.cfg.dryRun
 	rs := l.rules.Load()
-	res.rs = rs
-	if l.slots != nil {
-		// A store, slot store or Observer that panics once slots are taken
-		// must not keep them for good.
-		defer l.releaseOnPanic(res)
+	if l.slots != nil || reserve && !l.cfg.dryRun && (rs.maxDelay > 0 || l.resolvers) {
+		// The decision may take in-flight slots or a waiting-room slot.
+		return l.decideHolding(rs, r, res, buf, reqs, out, reserve, peek, pre)
 	}
+	// It takes neither: nothing to give back on a panic, and no deferred
+	// call on the common path.
+	return l.decideLayers(rs, r, res, buf, reqs, out, reserve, peek, pre, nil)
+}
+
+// decideHolding is decideLayers for a decision that may take in-flight
+// slots or a waiting-room slot: a store, slot store or Observer that
+// panics once they are taken must not keep them for good, and a decision
+// that took in-flight slots is settled.
+func (l *Limiter) decideHolding(rs *ruleSet, r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve, peek bool, pre []preparedLayer) int {
+	var s settlement
+	defer l.releaseOnPanic(res)
+	defer func() {
+		if s.due {
+			l.settle(res, buf[:s.n])
+		}
+	}()
+	return l.decideLayers(rs, r, res, buf, reqs, out, reserve, peek, pre, &s)
+}
+
+// settlement is where decideLayers asks decideHolding to settle the
+// layers buf[:n] once it returns (see Limiter.settle).
+type settlement struct {
+	n   int
+	due bool
+}
+
+// decideLayers is decideOrPeek under the rule set rs. It defers nothing: a
+// decision that may take slots comes through decideHolding, with s, which
+// settles them.
+func (l *Limiter) decideLayers(rs *ruleSet, r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve, peek bool, pre []preparedLayer, s *settlement) int {
+	res.DryRun = l.cfg.dryRun
+	res.rs = rs
 	if l.skip(r) {
 		res.Skipped, res.Proceed = true, true
 		return 0
@@ -1173,7 +1205,8 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			shaped, maxDelay = true, max(maxDelay, d)
 		}
 		reqs[n] = core.Request{Policy: p, Key: key, Cost: cost}
-		buf[n] = LayerResult{Key: key, Cost: cost, index: i, resets: l.resetCount(l.layers[i].name, key)}
+		lr := &buf[n] // zero: its other fields are written once decided
+		lr.Key, lr.Cost, lr.index, lr.resets = key, cost, i, l.resetCount(l.layers[i].name, key)
 		n++
 	}
 	if n == 0 {
@@ -1219,13 +1252,8 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			}
 			return 0
 		}
-		res.reserved = true
+		res.reserved = true // given back by decideHolding on a panic
 		l.noteWaitEnd(addNanos(res.at, max(rs.maxDelay, maxDelay)))
-		if l.slots == nil { // with slots, releaseOnPanic is deferred already
-			// A store or Observer that panics from here on must not keep
-			// the slot for good.
-			defer l.releaseOnPanic(res)
-		}
 	}
 	m := n
 	if (peek || tooCostly != nil) && l.slots != nil {
@@ -1258,12 +1286,16 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 			// decided, and their latency measured, from now.
 			res.at = l.cl.NowUnixNano()
 		}
-		defer l.settle(res, buf[:n])
+		s.n, s.due = n, true // settled by decideHolding
 	}
 	ok, err := true, error(nil)
 	switch {
 	case m > 0 && peek:
 		ok, err = l.cl.PeekAt(ctx, time.Unix(0, res.at), reqs[:m], out[:m]) // charges nothing
+	case m == 1 && n == 1 && l.slots == nil:
+		// One layer: the store writes its decision in place.
+		out = unsafe.Slice(&buf[0].Decision, 1)
+		ok, err = l.cl.TakeAtUnixNano(ctx, res.at, reqs[:1], out)
 	case m > 0:
 		ok, err = l.cl.TakeAtUnixNano(ctx, res.at, reqs[:m], out[:m])
 	}
@@ -1304,7 +1336,9 @@ func (l *Limiter) decideOrPeek(r *http.Request, res *Result, buf []LayerResult, 
 		return 0
 	}
 	for j := 0; j < n; j++ {
-		buf[j].Decision = out[j]
+		if &buf[j].Decision != &out[j] { // not written in place
+			buf[j].Decision = out[j]
+		}
 		buf[j].Refused = !out[j].Allowed
 		res.Delay = max(res.Delay, out[j].Delay)
 	}

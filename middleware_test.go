@@ -859,6 +859,32 @@ func TestShapingSlotGivenBackOnPanic(t *testing.T) {
 	}
 }
 
+// TestShapingSlotFromResolverGivenBackOnPanic is
+// TestShapingSlotGivenBackOnPanic for a shaping policy that only a
+// Resolver picks (the layer's own rule does not shape, and the Resolver
+// lists nothing).
+func TestShapingSlotFromResolverGivenBackOnPanic(t *testing.T) {
+	shaping := core.MustPolicy(core.Rule{Name: "shaped", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: 10 * time.Second})
+	e := mwNew(t, []ratelimit.Layer{{
+		Key:      func(r *http.Request) (string, error) { return r.Header.Get("K"), nil },
+		Rule:     core.Rule{Name: "base", Limit: 100, Window: time.Minute},
+		Resolver: core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return shaping, nil }),
+	}}, ratelimit.WithObserver(&panickyObserver{panicAt: 2}), ratelimit.WithMaxWaiting(1))
+	ratelimit.SetWaitFunc(e.l, func(context.Context, time.Duration) error { return nil })
+	e.do(t, mwReq("192.0.2.1:1", "K", "x")) // served at once
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the observer's panic did not reach the handler")
+			}
+		}()
+		e.do(t, mwReq("192.0.2.1:1", "K", "x"))
+	}()
+	if w := ratelimit.Waiting(e.l); w != 0 {
+		t.Fatalf("waiting %d after the panic, want 0", w)
+	}
+}
+
 // TestShapingMaxWaitingResolverDelay: a full waiting room's Retry-After
 // covers the MaxDelay of a shaping policy a Resolver picked for the
 // refused request, though the Resolver lists no policies.
