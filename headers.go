@@ -304,6 +304,11 @@ func ietfValuesPK(rs *ruleSet, ls []LayerResult, speaker int, b []byte) (policy 
 // Decision.Policy (in a Result built by hand) has no item in either: policy
 // is "" when no layer has one.
 func ietfValues(rs *ruleSet, ls []LayerResult, speaker int, b []byte, pks [][pkLen]byte) (policy string, state []byte, remStart, remEnd int) {
+	if len(ls) == 1 && pks == nil && own(rs, &ls[0]) {
+		// The common Result: one layer, under its own policy.
+		b, remStart, remEnd = appendOwnState(b, rs, &ls[0])
+		return rs.rules[ls[0].index].policyItem, b, remStart, remEnd
+	}
 	pk := func(j int) []byte {
 		if pks == nil {
 			return nil
@@ -352,41 +357,48 @@ func ietfValues(rs *ruleSet, ls []LayerResult, speaker int, b []byte, pks [][pkL
 		if len(b) > first {
 			b = append(b, ", "...)
 		}
-		t := d.ResetAfter
-		if ls[j].Refused && d.RetryAfter > 0 {
-			t = d.RetryAfter
+		if pks == nil && own(rs, &ls[j]) {
+			var from, to int
+			if b, from, to = appendOwnState(b, rs, &ls[j]); j == speaker {
+				remStart, remEnd = from, to
+			}
+			continue
 		}
 		start := len(b)
-		var prefix int  // the length of `"name";r=`
-		digitsEnd := -1 // where the digits of r end, when known
-		if pks == nil && own(rs, &ls[j]) {
-			// The layer's own name: its item's prefix is precomputed.
-			sp := rs.rules[ls[j].index].stateItem
-			prefix = len(sp)
-			b = append(b, sp...)
-			b = strconv.AppendInt(b, clampSF(d.Remaining), 10)
-			digitsEnd = len(b)
-			b = append(b, ';')
-			b = append(b, ietfReset...)
-			b = append(b, '=')
-			b = strconv.AppendInt(b, clampSF(ceilSeconds(t)), 10)
-		} else {
-			prefix = len(d.Policy.Name()) + 3 + len(ietfRemaining) + 1
-			b = appendItem(b, d.Policy.Name(), ietfRemaining, d.Remaining, ietfReset, ceilSeconds(t), pk(j))
-		}
+		b = appendItem(b, d.Policy.Name(), ietfRemaining, d.Remaining, ietfReset, ceilSeconds(stateReset(&ls[j])), pk(j))
 		if j == speaker {
 			// The item is `"name";r=<digits>;...`.
-			remStart = start + prefix
-			remEnd = digitsEnd
-			if remEnd < 0 {
-				remEnd = remStart
-				for remEnd < len(b) && b[remEnd] >= '0' && b[remEnd] <= '9' {
-					remEnd++
-				}
+			remStart = start + len(d.Policy.Name()) + 3 + len(ietfRemaining) + 1
+			remEnd = remStart
+			for remEnd < len(b) && b[remEnd] >= '0' && b[remEnd] <= '9' {
+				remEnd++
 			}
 		}
 	}
 	return policy, b, remStart, remEnd
+}
+
+// stateReset is the t of lr's RateLimit member (see [IETFHeaders]).
+func stateReset(lr *LayerResult) time.Duration {
+	if d := &lr.Decision; lr.Refused && d.RetryAfter > 0 {
+		return d.RetryAfter
+	}
+	return lr.Decision.ResetAfter
+}
+
+// appendOwnState appends the RateLimit member of lr, a layer decided under
+// its own policy in rs, whose prefix is precomputed, and returns where the
+// digits of its remaining units start and end in b.
+func appendOwnState(b []byte, rs *ruleSet, lr *LayerResult) (_ []byte, remStart, remEnd int) {
+	b = append(b, rs.rules[lr.index].stateItem...)
+	remStart = len(b)
+	b = strconv.AppendInt(b, clampSF(lr.Decision.Remaining), 10)
+	remEnd = len(b)
+	b = append(b, ';')
+	b = append(b, ietfReset...)
+	b = append(b, '=')
+	b = strconv.AppendInt(b, clampSF(ceilSeconds(stateReset(lr))), 10)
+	return b, remStart, remEnd
 }
 
 // stateItem returns the start of the RateLimit member of the policy named
