@@ -382,7 +382,7 @@ type Limiter struct {
 	epochs [64]atomic.Pointer[epochString]
 
 	routed        bool          // a layer has Routes
-	useCtx        bool          // a decision needs the request's context (see decideOrPeek)
+	useCtx        bool          // a decision needs the request's context (see decideLayers)
 	resolvers     bool          // a layer has a Resolver
 	resolverDelay time.Duration // the longest MaxDelay of the policies Resolvers list
 	logs          logState
@@ -1042,9 +1042,10 @@ func (l *Limiter) decideResultWith(r *http.Request, reserve bool, pre []prepared
 
 // decide fills res, except its Layers: it returns n, the number of applied
 // layers whose results are in buf[:n] (0 after an error or a skip). buf,
-// reqs and out hold at least len(l.layers) elements, buf's all zero. With reserve, a request
-// meeting a shaping layer takes a waiting-room slot before anything is
-// charged (see [WithMaxWaiting]); the slot stays with res when it must wait.
+// reqs and out hold at least len(l.layers) elements, buf's all zero. With
+// reserve, a request meeting a shaping layer takes a waiting-room slot
+// before anything is charged (see [WithMaxWaiting]); the slot stays with
+// res when it must wait.
 func (l *Limiter) decide(r *http.Request, res *Result, buf []LayerResult, reqs []core.Request, out []core.Decision, reserve bool) int {
 	return l.decideOrPeek(r, res, buf, reqs, out, reserve, false, nil)
 }
