@@ -836,52 +836,42 @@ func (o *panickyObserver) ObserveDecision(core.DecisionEvent) {
 
 // TestShapingSlotGivenBackOnPanic: a request that took a waiting-room slot
 // and whose decision panics (here in an Observer) gives the slot back, so
-// that panics, which net/http recovers, cannot fill the room for good.
+// that panics, which net/http recovers, cannot fill the room for good;
+// whether the layer's own rule shapes or only a policy its Resolver picks
+// (listing nothing) does.
 func TestShapingSlotGivenBackOnPanic(t *testing.T) {
 	keyHeader := func(r *http.Request) (string, error) { return r.Header.Get("K"), nil }
-	e := mwNew(t, []ratelimit.Layer{{Key: keyHeader, Rule: core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: 10 * time.Second}}},
-		ratelimit.WithObserver(&panickyObserver{panicAt: 2}), ratelimit.WithMaxWaiting(1))
-	ratelimit.SetWaitFunc(e.l, func(context.Context, time.Duration) error { return nil })
-	e.do(t, mwReq("192.0.2.1:1", "K", "x")) // served at once
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("the observer's panic did not reach the handler")
+	shaping := core.Rule{Name: "shape", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: 10 * time.Second}
+	for _, tc := range []struct {
+		name  string
+		layer ratelimit.Layer
+	}{
+		{"own rule", ratelimit.Layer{Key: keyHeader, Rule: shaping}},
+		{"resolver's policy", ratelimit.Layer{
+			Key:      keyHeader,
+			Rule:     core.Rule{Name: "base", Limit: 100, Window: time.Minute},
+			Resolver: core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return core.MustPolicy(shaping), nil }),
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := mwNew(t, []ratelimit.Layer{tc.layer}, ratelimit.WithObserver(&panickyObserver{panicAt: 2}), ratelimit.WithMaxWaiting(1))
+			ratelimit.SetWaitFunc(e.l, func(context.Context, time.Duration) error { return nil })
+			e.do(t, mwReq("192.0.2.1:1", "K", "x")) // served at once
+			func() {
+				defer func() {
+					if recover() == nil {
+						t.Fatal("the observer's panic did not reach the handler")
+					}
+				}()
+				e.do(t, mwReq("192.0.2.1:1", "K", "x"))
+			}()
+			if w := ratelimit.Waiting(e.l); w != 0 {
+				t.Fatalf("waiting %d after the panic, want 0", w)
 			}
-		}()
-		e.do(t, mwReq("192.0.2.1:1", "K", "x"))
-	}()
-	if w := ratelimit.Waiting(e.l); w != 0 {
-		t.Fatalf("waiting %d after the panic, want 0", w)
-	}
-	if rec := e.do(t, mwReq("192.0.2.1:1", "K", "y")); rec.Code != 200 {
-		t.Fatalf("another key after the panic: %d, want 200", rec.Code)
-	}
-}
-
-// TestShapingSlotFromResolverGivenBackOnPanic is
-// TestShapingSlotGivenBackOnPanic for a shaping policy that only a
-// Resolver picks (the layer's own rule does not shape, and the Resolver
-// lists nothing).
-func TestShapingSlotFromResolverGivenBackOnPanic(t *testing.T) {
-	shaping := core.MustPolicy(core.Rule{Name: "shaped", Algorithm: core.LeakyBucket, Limit: 1, Window: time.Second, MaxDelay: 10 * time.Second})
-	e := mwNew(t, []ratelimit.Layer{{
-		Key:      func(r *http.Request) (string, error) { return r.Header.Get("K"), nil },
-		Rule:     core.Rule{Name: "base", Limit: 100, Window: time.Minute},
-		Resolver: core.ResolverFunc(func(context.Context, string) (*core.Policy, error) { return shaping, nil }),
-	}}, ratelimit.WithObserver(&panickyObserver{panicAt: 2}), ratelimit.WithMaxWaiting(1))
-	ratelimit.SetWaitFunc(e.l, func(context.Context, time.Duration) error { return nil })
-	e.do(t, mwReq("192.0.2.1:1", "K", "x")) // served at once
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("the observer's panic did not reach the handler")
+			if rec := e.do(t, mwReq("192.0.2.1:1", "K", "y")); rec.Code != 200 {
+				t.Fatalf("another key after the panic: %d, want 200", rec.Code)
 			}
-		}()
-		e.do(t, mwReq("192.0.2.1:1", "K", "x"))
-	}()
-	if w := ratelimit.Waiting(e.l); w != 0 {
-		t.Fatalf("waiting %d after the panic, want 0", w)
+		})
 	}
 }
 
