@@ -380,10 +380,11 @@ func ietfValues(rs *ruleSet, ls []LayerResult, speaker int, b []byte, pks [][pkL
 
 // stateReset is the t of lr's RateLimit member (see [IETFHeaders]).
 func stateReset(lr *LayerResult) time.Duration {
-	if d := &lr.Decision; lr.Refused && d.RetryAfter > 0 {
+	d := &lr.Decision
+	if lr.Refused && d.RetryAfter > 0 {
 		return d.RetryAfter
 	}
-	return lr.Decision.ResetAfter
+	return d.ResetAfter
 }
 
 // appendOwnState appends the RateLimit member of lr, a layer decided under
