@@ -101,6 +101,13 @@ func (o *mwObserver) ObserveError(e core.ErrorEvent) {
 	o.mu.Unlock()
 }
 
+// errCount returns the number of errors observed so far.
+func (o *mwObserver) errCount() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.errs)
+}
+
 // mwFailStore is a Store that always fails.
 type mwFailStore struct{ calls atomic.Int64 }
 

@@ -1303,9 +1303,7 @@ func TestStoreFullAfterClientGoneReported(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the client went away
 	rec := e.do(t, mwReq("192.0.2.2:1").WithContext(ctx))
-	obs.mu.Lock()
-	nerr := len(obs.errs)
-	obs.mu.Unlock()
+	nerr := obs.errCount()
 	if nerr != 1 || rec.Code != http.StatusTooManyRequests {
 		t.Fatalf("the Observer saw %d errors, the request was answered %d; want the store-full refusal, reported once and answered 429", nerr, rec.Code)
 	}
@@ -1465,18 +1463,14 @@ func TestPeekClashNotReported(t *testing.T) {
 	if res.Err == nil {
 		t.Fatal("Peek past a clashing Resolver: no error")
 	}
-	obs.mu.Lock()
-	n := len(obs.errs)
-	obs.mu.Unlock()
+	n := obs.errCount()
 	if n != 0 {
 		t.Errorf("a Peek reported %d errors to the Observer, want 0 (as for a failing Resolver or an unsupported policy)", n)
 	}
 	if rec := e.do(t, mwReq("192.0.2.1:1")); rec.Code != http.StatusInternalServerError {
 		t.Fatalf("status %d, want 500", rec.Code)
 	}
-	obs.mu.Lock()
-	n = len(obs.errs)
-	obs.mu.Unlock()
+	n = obs.errCount()
 	if n != 1 {
 		t.Errorf("one request (peeked, then decided) counted %d times in the Observer's errors, want 1", n)
 	}

@@ -136,22 +136,29 @@ func TestRefundHandBuiltListedPolicyNamedAsLayer(t *testing.T) {
 	if !a.Proceed || a.Layers[0].Decision.Policy.Rule().Limit != 1 {
 		t.Fatalf("a: %+v", a)
 	}
-	// The Limiter-built Result is refunded.
+	if !refundBothWays(t, l, a) {
+		t.Fatal("a hand-built Result of a policy the layer's Resolver lists (named as the layer) kept its charge; the Limiter-built one was refunded")
+	}
+}
+
+// refundBothWays refunds a, a Result of l admitted on a quota of one, and
+// checks that it was refunded (the next decision proceeds); then it
+// refunds the same layers in a Result built by hand and reports whether
+// that refund took (the decision after it proceeds).
+func refundBothWays(t *testing.T, l *ratelimit.Limiter, a ratelimit.Result) bool {
+	t.Helper()
 	if err := l.Refund(context.Background(), &a); err != nil {
 		t.Fatal(err)
 	}
 	b := l.Decide(mwReq("192.0.2.1:1"))
 	if !b.Proceed {
-		t.Fatal("Limiter-built Result not refunded")
+		t.Fatal("the Limiter-built Result was not refunded")
 	}
-	// The same layers in a Result built by hand.
 	hb := ratelimit.Result{Proceed: true, Layers: b.Layers}
 	if err := l.Refund(context.Background(), &hb); err != nil {
 		t.Fatal(err)
 	}
-	if !l.Decide(mwReq("192.0.2.1:1")).Proceed {
-		t.Fatal("a hand-built Result of a policy the layer's Resolver lists (named as the layer) kept its charge; the Limiter-built one was refunded")
-	}
+	return l.Decide(mwReq("192.0.2.1:1")).Proceed
 }
 
 // A Resolver that builds its policy per key (a quota read from a
@@ -167,18 +174,7 @@ func TestRefundHandBuiltUnlistedPolicyNamedAsLayer(t *testing.T) {
 	if !a.Proceed || a.Layers[0].Decision.Policy != quota {
 		t.Fatalf("a: %+v", a)
 	}
-	if err := l.Refund(context.Background(), &a); err != nil {
-		t.Fatal(err)
-	}
-	b := l.Decide(mwReq("192.0.2.1:1"))
-	if !b.Proceed {
-		t.Fatal("the Limiter-built Result was not refunded")
-	}
-	hb := ratelimit.Result{Proceed: true, Layers: b.Layers}
-	if err := l.Refund(context.Background(), &hb); err != nil {
-		t.Fatal(err)
-	}
-	if l.Decide(mwReq("192.0.2.1:1")).Proceed {
+	if refundBothWays(t, l, a) {
 		t.Fatal("a hand-built Result of an unlisted policy named as its layer was refunded")
 	}
 }

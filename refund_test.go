@@ -833,9 +833,7 @@ func TestLimiterRefundFailureReported(t *testing.T) {
 			t.Fatal("the refund succeeded")
 		}
 	}
-	obs.mu.Lock()
-	nerr := len(obs.errs)
-	obs.mu.Unlock()
+	nerr := obs.errCount()
 	if nerr != 2 {
 		t.Errorf("%d errors reported to the Observer, want 2", nerr)
 	}
@@ -874,9 +872,7 @@ func TestRefundClientGoneNotReported(t *testing.T) {
 	if err := l.Refund(ctx, &res); !errors.Is(err, context.Canceled) {
 		t.Fatalf("refund: %v, want context.Canceled", err)
 	}
-	obs.mu.Lock()
-	n := len(obs.errs)
-	obs.mu.Unlock()
+	n := obs.errCount()
 	if n != 0 {
 		t.Errorf("%d errors reported to the Observer", n)
 	}
